@@ -1,0 +1,16 @@
+"""decoderlm: decoder-only (GPT-style) transformer language models in PyTorch.
+
+    from decoderlm import ModelConfig, DecoderLM
+    model = DecoderLM(ModelConfig(vocab_size=65, block_size=64, n_layers=2, n_heads=4,
+                                  d_model=64))
+    logits, loss = model(idx, targets)        # idx, targets: [B, T] int64
+"""
+
+from .config import PRESETS, ModelConfig, TrainConfig, get_preset
+from .model import DecoderLM
+from .tokenizers import CharTokenizer, UnknownCharacterError, load_tokenizer
+
+__version__ = "0.1.0"
+
+__all__ = ["ModelConfig", "TrainConfig", "PRESETS", "get_preset", "DecoderLM", "CharTokenizer",
+           "UnknownCharacterError", "load_tokenizer", "__version__"]

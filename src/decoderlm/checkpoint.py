@@ -1,0 +1,135 @@
+"""Saving and loading models: safetensors weights + a JSON config, written atomically.
+
+A checkpoint is a directory, as in Hugging Face transformers:
+
+    config.json         {"model": ModelConfig fields, ...extra entries such as "train"}
+    model.safetensors   the state dict; a tied unembedding is stored once (as tok_emb.weight)
+
+Nothing here unpickles anything.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from .config import ModelConfig
+
+__all__ = ["save_model", "load_model", "normalize_state_dict", "atomic_write",
+           "write_json", "read_json"]
+
+CONFIG_NAME = "config.json"
+WEIGHTS_NAME = "model.safetensors"
+_WRAPPER_PREFIXES = ("module.", "_orig_mod.")  # DDP / DataParallel and torch.compile
+
+
+def atomic_write(path: str | Path, write) -> None:
+    """Create `path` by calling write(tmp_path) on a temporary file in the same directory,
+    fsync-ing it, then renaming it over `path`: a crash leaves either the old file or the new
+    one, never a torn one."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        write(tmp)
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_json(path: str | Path, data: Any) -> None:
+    """Write `data` as indented JSON to `path`, atomically."""
+    text = json.dumps(data, indent=2, ensure_ascii=False) + "\n"
+    atomic_write(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+
+
+def read_json(path: str | Path) -> Any:
+    """Read a JSON file; FileNotFoundError / ValueError name the file on failure."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path} is not valid JSON: {e}") from None
+
+
+def normalize_state_dict(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Strip the leading wrapper prefixes that DDP ("module.") and torch.compile
+    ("_orig_mod.") put before every key, in any order; a prefix inside a key is kept."""
+    out = {}
+    for key, value in state.items():
+        while key.startswith(_WRAPPER_PREFIXES):
+            key = key.split(".", 1)[1]
+        out[key] = value
+    return out
+
+
+def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    while hasattr(model, "_orig_mod") or hasattr(model, "module"):
+        model = getattr(model, "_orig_mod", None) or model.module
+    return model
+
+
+def save_model(model: torch.nn.Module, directory: str | Path,
+               extra_config: dict[str, Any] | None = None) -> None:
+    """Write `model` (a DecoderLM, possibly wrapped by DDP or torch.compile) to `directory`.
+
+    Weights go to model.safetensors (float tensors as they are, keys without wrapper
+    prefixes, the tied unembedding left out), the ModelConfig to config.json["model"], and
+    `extra_config` entries beside it. Each file is written atomically.
+    """
+    model = _unwrap(model)
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    state = normalize_state_dict(model.state_dict())
+    if model.config.tie_embeddings:
+        state.pop("lm_head.weight", None)
+    state = {k: v.detach().contiguous().cpu() for k, v in state.items()}
+    atomic_write(directory / WEIGHTS_NAME, lambda tmp: save_file(state, tmp))
+    write_json(directory / CONFIG_NAME, {"model": model.config.to_dict(), **(extra_config or {})})
+
+
+def load_model(directory: str | Path, map_location: str = "cpu"):
+    """Build a DecoderLM from a directory written by `save_model`, in eval mode.
+
+    Raises:
+        FileNotFoundError: the directory, config.json or model.safetensors is missing.
+        ValueError: config.json has no valid "model" entry, or the weights do not match it
+            (missing, unexpected or mis-shaped tensors, listed in the message).
+    """
+    from .model import DecoderLM
+
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise FileNotFoundError(f"checkpoint directory {directory} not found")
+    config = read_json(directory / CONFIG_NAME)
+    if "model" not in config:
+        raise ValueError(f"{directory / CONFIG_NAME} has no 'model' entry; is this a decoderlm "
+                         f"run directory?")
+    model = DecoderLM(ModelConfig.from_dict(config["model"]))
+    weights = directory / WEIGHTS_NAME
+    if not weights.is_file():
+        raise FileNotFoundError(f"{weights} not found")
+    state = normalize_state_dict(load_file(str(weights), device=map_location))
+    if model.config.tie_embeddings and "tok_emb.weight" in state:
+        state.setdefault("lm_head.weight", state["tok_emb.weight"])
+    expected = model.state_dict()
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    shapes = [f"{k}: file {tuple(state[k].shape)} vs model {tuple(expected[k].shape)}"
+              for k in expected if k in state and state[k].shape != expected[k].shape]
+    if missing or unexpected or shapes:
+        raise ValueError(f"{weights} does not match config.json: missing {missing}, "
+                         f"unexpected {unexpected}, shape mismatches {shapes}")
+    model.load_state_dict(state)
+    return model.to(map_location).eval()

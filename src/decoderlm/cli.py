@@ -1,0 +1,167 @@
+"""The `decoderlm` command: train | sample | presets.
+
+User mistakes (bad flags, missing files, unknown characters, ...) print one line
+`decoderlm: error: ...` and exit with status 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+__all__ = ["main", "build_parser"]
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
+    return value
+
+
+# flag -> (ModelConfig/TrainConfig field, type, help); None means "keep the preset's value"
+_MODEL_FLAGS = {
+    "--n-layers": ("n_layers", _positive_int, "decoder blocks"),
+    "--n-heads": ("n_heads", _positive_int, "attention heads"),
+    "--d-model": ("d_model", _positive_int, "residual stream width"),
+    "--block-size": ("block_size", _positive_int, "context length (characters)"),
+    "--dropout": ("dropout", float, "dropout probability"),
+}
+_TRAIN_FLAGS = {
+    "--max-steps": ("max_steps", _positive_int, "optimizer steps"),
+    "--batch-size": ("batch_size", _positive_int, "sequences per step"),
+    "--lr": ("lr", float, "peak learning rate"),
+    "--min-lr": ("min_lr", float, "final learning rate of the cosine decay"),
+    "--warmup-steps": ("warmup_steps", _non_negative_int, "linear warm-up steps"),
+    "--weight-decay": ("weight_decay", float, "AdamW weight decay"),
+    "--dtype": ("dtype", str, "float32 | bfloat16 (autocast)"),
+    "--eval-interval": ("eval_interval", _positive_int, "steps between validation losses"),
+    "--seed": ("seed", int, "random seed"),
+}
+
+
+def _device(text: str) -> str:
+    import torch
+
+    try:
+        device = torch.device(text)
+    except RuntimeError:
+        raise argparse.ArgumentTypeError(f"unknown device {text!r}; use cpu or cuda") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise argparse.ArgumentTypeError("CUDA is not available on this machine; use --device cpu")
+    return text
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from .config import PRESETS
+
+    parser = argparse.ArgumentParser(
+        prog="decoderlm", description="Train, sample and inspect decoder-only language models.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    p = sub.add_parser("train", help="train a character-level model (the seed experiment)",
+                       description="Train a character-level GPT-style model. With no arguments: "
+                       "the 'default' preset on the embedded WikiText-2 crop.")
+    p.add_argument("--preset", default="default", choices=sorted(PRESETS),
+                   help="named settings (default: %(default)s)")
+    p.add_argument("--data", metavar="PATH",
+                   help="a UTF-8 text file, or a directory with wiki.train.raw (default: the "
+                   "embedded first 300,000 characters of WikiText-2 raw, validation split)")
+    p.add_argument("--dataset", metavar="NAME",
+                   help="e.g. wikitext-2-raw-v1 through the optional `datasets` package (needs "
+                   "the network)")
+    p.add_argument("--max-chars", type=_non_negative_int, metavar="N",
+                   help="use only the first N characters (0: all)")
+    p.add_argument("--out", metavar="DIR", help="run directory (default: runs/<preset>, "
+                   "or runs/<preset>-2, ... if taken)")
+    p.add_argument("--overwrite", action="store_true", help="replace a run already in --out")
+    p.add_argument("--device", type=_device, help="cpu, cuda, ... (default: cuda if available)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    for flag, (_, typ, text) in {**_MODEL_FLAGS, **_TRAIN_FLAGS}.items():
+        p.add_argument(flag, type=typ, help=f"{text} (default: the preset's)")
+
+    s = sub.add_parser("sample", help="print text sampled from a trained model",
+                       description="Sample a continuation of --prompt and print it.")
+    s.add_argument("--run", required=True, metavar="DIR", help="a run directory")
+    s.add_argument("--prompt", default="\n", help="text to continue (default: a newline)")
+    s.add_argument("--max-new-tokens", type=_non_negative_int, default=500, metavar="N")
+    s.add_argument("--temperature", type=float, default=1.0, help="0 is greedy (default: 1.0)")
+    s.add_argument("--top-k", type=_positive_int, metavar="K")
+    s.add_argument("--top-p", type=float, metavar="P")
+    s.add_argument("--seed", type=int, help="the same seed gives the same text")
+    s.add_argument("--device", type=_device, default="cpu")
+
+    sub.add_parser("presets", help="list the named presets")
+    return parser
+
+
+def _cmd_train(args) -> int:
+    from .train import run_experiment
+
+    def pick(flags):
+        return {field: getattr(args, flag[2:].replace("-", "_"))
+                for flag, (field, _, _) in flags.items()
+                if getattr(args, flag[2:].replace("-", "_")) is not None}
+
+    run_experiment(preset=args.preset, data=args.data, out=args.out, overwrite=args.overwrite,
+                   max_chars=args.max_chars, dataset=args.dataset,
+                   model_overrides=pick(_MODEL_FLAGS), train_overrides=pick(_TRAIN_FLAGS),
+                   device=args.device, progress=not args.no_progress)
+    return 0
+
+
+def _cmd_sample(args) -> int:
+    import torch
+
+    from .model import DecoderLM
+    from .tokenizers import load_tokenizer
+
+    model = DecoderLM.from_pretrained(args.run, map_location=args.device)
+    tokenizer = load_tokenizer(args.run)
+    if tokenizer.vocab_size != model.config.vocab_size:
+        raise ValueError(f"the tokenizer in {args.run} has {tokenizer.vocab_size} tokens but the "
+                         f"model expects vocab_size={model.config.vocab_size}")
+    if not args.prompt:
+        raise ValueError("--prompt is empty; give at least one character")
+    idx = torch.tensor([tokenizer.encode(args.prompt)], dtype=torch.long, device=args.device)
+    out = model.generate(idx, args.max_new_tokens, temperature=args.temperature,
+                         top_k=args.top_k, top_p=args.top_p, seed=args.seed)
+    print(tokenizer.decode(out[0, idx.size(1):]))
+    return 0
+
+
+def _cmd_presets(args) -> int:
+    from .config import PRESETS
+
+    for name, preset in PRESETS.items():
+        print(f"{name}: {preset.description}")
+        print(f"    model: {preset.model}")
+        print(f"    train: {preset.train}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the CLI; returns the exit status (0 ok, 2 user error, 130 interrupted)."""
+    args = build_parser().parse_args(argv)
+    command = {"train": _cmd_train, "sample": _cmd_sample, "presets": _cmd_presets}
+    try:
+        return command[args.command](args)
+    except (ValueError, FileNotFoundError, RuntimeError) as e:
+        print(f"decoderlm: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("decoderlm: interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,203 @@
+"""Configuration dataclasses and named presets.
+
+`ModelConfig` fixes the shape of a `DecoderLM`; `TrainConfig` fixes how it is trained.
+Both validate themselves on construction and raise `ValueError` naming the bad field, and
+both round-trip through plain dicts (`to_dict` / `from_dict`), which is how they are stored
+in a run directory's ``config.json``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["ModelConfig", "TrainConfig", "PRESETS", "get_preset"]
+
+
+def _from_dict(cls, data: dict[str, Any]):
+    """Build dataclass `cls` from `data`, refusing unknown keys with a clear message."""
+    if not isinstance(data, dict):
+        raise ValueError(f"{cls.__name__} must be built from a dict, got {type(data).__name__}")
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise ValueError(
+            f"unknown {cls.__name__} field(s) {unknown}; known fields are {sorted(names)}"
+        )
+    return cls(**data)
+
+
+def _check_positive_int(obj, *names: str) -> None:
+    for name in names:
+        value = getattr(obj, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+@dataclass
+class ModelConfig:
+    """Hyperparameters of a GPT-2-style decoder-only transformer.
+
+    Attributes:
+        vocab_size: number of token ids; logits are [B, T, vocab_size].
+        block_size: context length, the most positions one forward pass may see.
+        n_layers: number of decoder blocks.
+        n_heads: attention heads per block; head_dim = d_model / n_heads.
+        d_model: width of the residual stream, x is [B, T, d_model].
+        d_ff: hidden width of the MLP; None means 4 * d_model (GPT-2).
+        dropout: dropout probability on embeddings, attention weights and residual branches
+            (training mode only).
+        bias: whether Linear layers and LayerNorms carry a bias.
+        tie_embeddings: share the unembedding matrix with the token embedding (GPT-2).
+
+    Raises:
+        ValueError: a size is not a positive integer, d_model is not divisible by n_heads,
+            or dropout is outside [0, 1).
+    """
+
+    vocab_size: int = 50257
+    block_size: int = 1024
+    n_layers: int = 12
+    n_heads: int = 12
+    d_model: int = 768
+    d_ff: int | None = None
+    dropout: float = 0.0
+    bias: bool = True
+    tie_embeddings: bool = True
+
+    def __post_init__(self) -> None:
+        if self.d_ff is None:
+            self.d_ff = 4 * self.d_model
+        _check_positive_int(self, "vocab_size", "block_size", "n_layers", "n_heads", "d_model",
+                            "d_ff")
+        if self.d_model % self.n_heads != 0:
+            raise ValueError(
+                f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads}); "
+                f"choose n_heads among the divisors of d_model"
+            )
+        if not 0.0 <= float(self.dropout) < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {self.dropout!r}")
+
+    @property
+    def head_dim(self) -> int:
+        """Width of one attention head: d_model // n_heads."""
+        return self.d_model // self.n_heads
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "ModelConfig":
+        return _from_dict(cls, data)
+
+
+@dataclass
+class TrainConfig:
+    """How a model is trained.
+
+    Attributes:
+        batch_size: sequences per optimizer step; each is block_size + 1 contiguous tokens.
+        max_steps: optimizer steps.
+        lr: peak learning rate of AdamW.
+        min_lr: learning rate at the end of the cosine decay.
+        warmup_steps: steps of linear warm-up from lr / warmup_steps to lr.
+        schedule: "cosine" (linear warm-up, then cosine decay to min_lr) or "constant" (lr at
+            every step, no warm-up).
+        weight_decay: AdamW decoupled weight decay, applied to weight matrices and
+            embeddings only (not to biases or LayerNorm gains).
+        beta1, beta2: AdamW moment coefficients.
+        grad_clip: clip the global gradient norm to this value; None disables clipping.
+        eval_interval: estimate the validation loss every this many steps (and at the end).
+        eval_batches: batches averaged for each validation estimate.
+        log_interval: write a metrics line every this many steps.
+        dtype: "float32", or "bfloat16" for bfloat16 autocast (weights stay float32).
+        val_fraction: fraction of the corpus held out for validation (the last part).
+        seed: seeds torch for initialisation, batches and dropout.
+        sample_chars: characters sampled into samples.txt after training.
+        sample_prompt: prompt of that sample.
+    """
+
+    batch_size: int = 32
+    max_steps: int = 400
+    lr: float = 2e-4
+    min_lr: float = 2e-5
+    warmup_steps: int = 0
+    schedule: str = "constant"
+    weight_decay: float = 1e-2
+    beta1: float = 0.9
+    beta2: float = 0.999
+    grad_clip: float | None = None
+    eval_interval: int = 100
+    eval_batches: int = 20
+    log_interval: int = 10
+    dtype: str = "float32"
+    val_fraction: float = 0.1
+    seed: int = 1337
+    sample_chars: int = 600
+    sample_prompt: str = "T"
+
+    def __post_init__(self) -> None:
+        _check_positive_int(self, "batch_size", "max_steps", "eval_interval", "eval_batches",
+                            "log_interval")
+        if self.warmup_steps < 0:
+            raise ValueError(f"warmup_steps must be >= 0, got {self.warmup_steps}")
+        if self.schedule not in ("cosine", "constant"):
+            raise ValueError(f"schedule must be 'cosine' or 'constant', got {self.schedule!r}")
+        if self.lr <= 0 or self.min_lr < 0 or self.min_lr > self.lr:
+            raise ValueError(f"need 0 <= min_lr <= lr and lr > 0, got lr={self.lr}, "
+                             f"min_lr={self.min_lr}")
+        if self.weight_decay < 0:
+            raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay}")
+        if self.grad_clip is not None and self.grad_clip <= 0:
+            raise ValueError(f"grad_clip must be positive or None, got {self.grad_clip}")
+        if self.dtype not in ("float32", "bfloat16"):
+            raise ValueError(f"dtype must be 'float32' or 'bfloat16', got {self.dtype!r}")
+        if not 0.0 < self.val_fraction < 1.0:
+            raise ValueError(f"val_fraction must be in (0, 1), got {self.val_fraction}")
+        if self.sample_chars < 0:
+            raise ValueError(f"sample_chars must be >= 0, got {self.sample_chars}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "TrainConfig":
+        return _from_dict(cls, data)
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A named run: model hyperparameters (vocab_size is set from the tokenizer) + training."""
+
+    description: str
+    model: dict[str, Any] = field(default_factory=dict)
+    train: dict[str, Any] = field(default_factory=dict)
+
+
+PRESETS: dict[str, Preset] = {
+    "seed-notebook": Preset(
+        description="the seed notebook's run exactly: 3 layers x 128 wide, 4 heads, context 96, "
+        "batch 32, 400 steps of AdamW at lr 2e-4, weight decay 1e-2, no schedule, no clipping",
+        model=dict(block_size=96, n_layers=3, n_heads=4, d_model=128),
+        train=dict(batch_size=32, max_steps=400, lr=2e-4, min_lr=2e-4, warmup_steps=0,
+                   schedule="constant", weight_decay=1e-2, grad_clip=None, dtype="float32",
+                   eval_interval=100),
+    ),
+    "default": Preset(
+        description="what `decoderlm train` runs: a seed-sized model (see README) trained with "
+        "warm-up + cosine decay, a higher learning rate, dropout and bfloat16 autocast",
+        model=dict(block_size=128, n_layers=4, n_heads=4, d_model=128, dropout=0.1),
+        train=dict(batch_size=32, max_steps=2000, lr=3e-3, min_lr=3e-4, warmup_steps=100,
+                   schedule="cosine", weight_decay=0.1, beta2=0.99, grad_clip=1.0,
+                   dtype="bfloat16", eval_interval=250),
+    ),
+}
+
+
+def get_preset(name: str) -> Preset:
+    """Return the preset called `name`; raises ValueError listing the known names."""
+    try:
+        return PRESETS[name]
+    except KeyError:
+        raise ValueError(f"unknown preset {name!r}; known presets: {sorted(PRESETS)}") from None

@@ -1,0 +1,76 @@
+"""Plots of a run: loss curves and attention maps (matplotlib, Agg backend, PNG files)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["plot_loss", "plot_attention"]
+
+
+def _pyplot():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def plot_loss(metrics: list[dict], path: str | Path) -> None:
+    """Plot train and validation loss (nats) against step from metrics.jsonl records.
+
+    Args:
+        metrics: dicts with "step" and "train_loss" and, on evaluation steps, "val_loss".
+        path: the PNG file to write.
+    """
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    train = [(m["step"], m["train_loss"]) for m in metrics if "train_loss" in m]
+    val = [(m["step"], m["val_loss"]) for m in metrics if "val_loss" in m]
+    if train:
+        ax.plot(*zip(*train), label="train", linewidth=1)
+    if val:
+        ax.plot(*zip(*val), "o-", label="validation", linewidth=1.5)
+    ax.set_xlabel("step")
+    ax.set_ylabel("cross-entropy loss (nats per token)")
+    ax.set_title("loss")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_attention(att: np.ndarray, path: str | Path, title: str = "") -> None:
+    """Draw every layer's and head's attention map in one grid (rows: layers, columns: heads).
+
+    Args:
+        att: [n_layers, n_heads, T, T] probabilities; att[l, h, t, s] is the weight of key
+            position s for query position t.
+        path: the PNG file to write.
+        title: a figure title (for example the text of the window).
+
+    Raises:
+        ValueError: att is not 4-D with square maps.
+    """
+    att = np.asarray(att)
+    if att.ndim != 4 or att.shape[-1] != att.shape[-2]:
+        raise ValueError(f"att must be [n_layers, n_heads, T, T], got shape {att.shape}")
+    n_layers, n_heads = att.shape[:2]
+    plt = _pyplot()
+    fig, axes = plt.subplots(n_layers, n_heads, figsize=(2.6 * n_heads + 0.6, 2.6 * n_layers + 0.6),
+                             squeeze=False)
+    for layer in range(n_layers):
+        for head in range(n_heads):
+            ax = axes[layer][head]
+            ax.imshow(att[layer, head], cmap="viridis", vmin=0.0, vmax=1.0,
+                      interpolation="nearest")
+            ax.set_title(f"layer {layer}, head {head}", fontsize=9)
+            ax.set_xlabel("key position", fontsize=8)
+            ax.set_ylabel("query position", fontsize=8)
+            ax.tick_params(labelsize=7)
+    if title:
+        fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
