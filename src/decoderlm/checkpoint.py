@@ -26,6 +26,8 @@ __all__ = ["save_model", "load_model", "normalize_state_dict", "atomic_write",
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
+_UMASK = os.umask(0)
+os.umask(_UMASK)
 _WRAPPER_PREFIXES = ("module.", "_orig_mod.")  # DDP / DataParallel and torch.compile
 
 
@@ -38,6 +40,7 @@ def atomic_write(path: str | Path, write) -> None:
     os.close(fd)
     try:
         write(tmp)
+        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; give the usual file mode
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)

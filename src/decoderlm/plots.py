@@ -41,7 +41,7 @@ def plot_loss(metrics: list[dict], path: str | Path) -> None:
     plt.close(fig)
 
 
-def plot_attention(att: np.ndarray, path: str | Path, title: str = "") -> None:
+def plot_attention(att: np.ndarray, path: str | Path, title: str = ""):
     """Draw every layer's and head's attention map in one grid (rows: layers, columns: heads).
 
     Args:
@@ -49,6 +49,9 @@ def plot_attention(att: np.ndarray, path: str | Path, title: str = "") -> None:
             position s for query position t.
         path: the PNG file to write.
         title: a figure title (for example the text of the window).
+
+    Returns:
+        the (closed) matplotlib Figure; its axes are in row-major (layer, head) order.
 
     Raises:
         ValueError: att is not 4-D with square maps.
@@ -74,3 +77,4 @@ def plot_attention(att: np.ndarray, path: str | Path, title: str = "") -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)
+    return fig

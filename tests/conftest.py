@@ -1,0 +1,31 @@
+import pytest
+import torch
+
+from decoderlm import DecoderLM, ModelConfig
+
+
+def tiny_config(**overrides) -> ModelConfig:
+    """The pitfalls table's TINY model: vocab 65, block 32, 2 layers, 4 heads, d_model 64."""
+    base = dict(vocab_size=65, block_size=32, n_layers=2, n_heads=4, d_model=64, dropout=0.0,
+                bias=True, tie_embeddings=True)
+    return ModelConfig(**{**base, **overrides})
+
+
+def tiny_model(seed: int = 0, **overrides) -> DecoderLM:
+    torch.manual_seed(seed)
+    return DecoderLM(tiny_config(**overrides)).eval()
+
+
+def randomize(model: DecoderLM, seed: int = 0) -> DecoderLM:
+    """Give every parameter (LayerNorm gains and biases too) non-trivial random values, so a
+    test cannot pass because a weight happens to be 0 or 1."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * 0.3 + (1.0 if p.dim() == 1 else 0.0) * 0.5)
+    return model
+
+
+@pytest.fixture
+def tiny():
+    return tiny_model()

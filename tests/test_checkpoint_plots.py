@@ -1,0 +1,93 @@
+import json
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from conftest import randomize, tiny_model
+from decoderlm import DecoderLM
+from decoderlm.checkpoint import atomic_write, normalize_state_dict, save_model
+from decoderlm.plots import plot_attention, plot_loss
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_save_then_load_gives_identical_logits(tmp_path, tied):
+    model = randomize(tiny_model(tie_embeddings=tied))
+    model.save_pretrained(tmp_path, {"train": {"lr": 0.1}})
+    again = DecoderLM.from_pretrained(tmp_path)
+    idx = torch.randint(0, 65, (2, 32))
+    assert torch.equal(model(idx)[0], again(idx)[0])
+    assert again.config == model.config and not again.training
+    assert (again.lm_head.weight is again.tok_emb.weight) == tied
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert config["model"]["d_model"] == 64 and config["train"] == {"lr": 0.1}
+    keys = set(load_file(tmp_path / "model.safetensors"))
+    assert ("lm_head.weight" in keys) == (not tied)
+
+
+def test_compiled_and_ddp_style_prefixes_are_stripped(tmp_path):
+    # pitfalls row 3
+    model = randomize(tiny_model())
+    compiled = torch.compile(model)  # lazy: nothing is compiled until it is called
+    save_model(compiled, tmp_path)
+    assert not any(k.startswith(("_orig_mod", "module")) for k in load_file(tmp_path / "model.safetensors"))
+    idx = torch.randint(0, 65, (1, 32))
+    reference = model(idx)[0]
+    assert torch.equal(DecoderLM.from_pretrained(tmp_path)(idx)[0], reference)
+    state = {k: v for k, v in model.state_dict().items() if k != "lm_head.weight"}
+    for prefix in ("module.", "_orig_mod.", "module._orig_mod."):
+        save_file({prefix + k: v.contiguous() for k, v in state.items()},
+                  tmp_path / "model.safetensors")
+        assert torch.equal(DecoderLM.from_pretrained(tmp_path)(idx)[0], reference)
+    assert normalize_state_dict({"blocks._orig_mod.x": 1}) == {"blocks._orig_mod.x": 1}
+
+
+def test_mismatched_weights_are_reported(tmp_path):
+    tiny_model().save_pretrained(tmp_path)
+    state = load_file(tmp_path / "model.safetensors")
+    state.pop("ln_f.weight")
+    state["extra.weight"] = torch.zeros(2)
+    save_file(state, tmp_path / "model.safetensors")
+    with pytest.raises(ValueError, match=r"missing \['ln_f.weight'\], unexpected \['extra.weight'\]"):
+        DecoderLM.from_pretrained(tmp_path)
+    with pytest.raises(FileNotFoundError):
+        DecoderLM.from_pretrained(tmp_path / "nope")
+
+
+def test_a_crash_during_a_write_keeps_the_previous_file(tmp_path):
+    target = tmp_path / "model.safetensors"
+    target.write_bytes(b"good")
+
+    def crash(tmp):
+        open(tmp, "wb").write(b"half")
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        atomic_write(target, crash)
+    assert target.read_bytes() == b"good"
+    assert [p.name for p in tmp_path.iterdir()] == ["model.safetensors"]
+
+
+@pytest.mark.parametrize("n_layers,n_heads", [(3, 2), (2, 3)])
+def test_attention_plot_has_one_labelled_panel_per_layer_and_head(tmp_path, n_layers, n_heads):
+    # pitfalls row 34
+    att = np.random.default_rng(0).random((n_layers, n_heads, 5, 5))
+    fig = plot_attention(att, tmp_path / "att.png")
+    assert (tmp_path / "att.png").stat().st_size > 0
+    axes = fig.axes
+    assert len(axes) == n_layers * n_heads
+    for i, ax in enumerate(axes):
+        layer, head = divmod(i, n_heads)
+        assert ax.get_title() == f"layer {layer}, head {head}"
+        assert np.array_equal(ax.get_images()[0].get_array(), att[layer, head])
+        assert ax.get_xlabel() == "key position" and ax.get_ylabel() == "query position"
+    with pytest.raises(ValueError, match="n_layers, n_heads, T, T"):
+        plot_attention(att[0], tmp_path / "bad.png")
+
+
+def test_loss_plot_is_written(tmp_path):
+    metrics = [{"step": s, "train_loss": 4.0 / s, "lr": 1e-3} for s in range(1, 20)]
+    metrics[-1]["val_loss"] = 0.5
+    plot_loss(metrics, tmp_path / "loss.png")
+    assert (tmp_path / "loss.png").read_bytes()[:4] == b"\x89PNG"

@@ -1,0 +1,119 @@
+import pytest
+import torch
+
+from conftest import tiny_model
+from decoderlm.generate import filter_logits, generate, sample_next
+
+FOUR = torch.tensor([[0.1, 3.0, 0.2, 2.9]])  # softmax ~ [0.027, 0.495, 0.030, 0.448]
+
+
+@pytest.mark.parametrize("pos_prompt,new", [(1, 200), (40, 10)])
+def test_generation_past_block_size_crops_the_context(pos_prompt, new):
+    # pitfalls row 1(a, b)
+    model = tiny_model(block_size=16)
+    seen = []
+    model.register_forward_pre_hook(lambda m, args: seen.append(args[0].size(1)))
+    out = model.generate(torch.zeros(1, pos_prompt, dtype=torch.long), new, seed=0)
+    assert out.shape == (1, pos_prompt + new)
+    assert len(seen) == new and max(seen) == 16
+
+
+@pytest.mark.parametrize("top_p", [0.0, 1e-9, 0.3])
+@pytest.mark.parametrize("top_k", [None, 2])
+def test_tiny_top_p_keeps_the_most_likely_token(top_p, top_k):
+    # pitfalls row 5
+    for seed in range(100):
+        g = torch.Generator().manual_seed(seed)
+        assert sample_next(FOUR, 1.0, top_k, top_p, g).item() == 1
+    kept = torch.isfinite(filter_logits(FOUR, top_k, top_p))
+    assert kept.tolist() == [[False, True, False, False]]
+
+
+def test_top_p_and_top_k_keep_the_right_sets():
+    assert torch.isfinite(filter_logits(FOUR, top_p=0.6)).tolist() == [[False, True, False, True]]
+    assert torch.isfinite(filter_logits(FOUR, top_k=3)).tolist() == [[False, True, True, True]]
+    assert torch.isfinite(filter_logits(FOUR, top_p=1.0)).all()
+
+
+def test_temperature_zero_is_greedy_and_negative_is_refused():
+    # pitfalls row 6
+    logits = torch.zeros(1, 10)
+    logits[0, 7] = 2.0
+    for seed in range(10):
+        g = torch.Generator().manual_seed(seed)
+        assert sample_next(logits, 0.0, generator=g).item() == 7
+        assert sample_next(logits, 0.0, top_k=5, top_p=0.9, generator=g).item() == 7
+        assert sample_next(logits, 1e-8, generator=g).item() == 7
+    with pytest.raises(ValueError, match="temperature must be >= 0"):
+        sample_next(logits, -1.0)
+    model = tiny_model()
+    prompt = torch.tensor([[3, 1, 4]])
+    greedy = [model.generate(prompt, 20, temperature=0.0, seed=s) for s in range(3)]
+    assert all(torch.equal(greedy[0], g) for g in greedy)
+    assert torch.equal(greedy[0], model.generate(prompt, 20, do_sample=False))
+    assert torch.equal(greedy[0], model.generate(prompt, 20, temperature=1e-8, seed=5))
+    # greedy really is the argmax of the full forward at every step
+    seq = prompt
+    for _ in range(20):
+        seq = torch.cat([seq, model(seq)[0][:, -1].argmax(-1, keepdim=True)], 1)
+    assert torch.equal(seq, greedy[0])
+
+
+def test_sampling_draws_from_the_softmax():
+    # chi-square goodness of fit, df = 3; 16.27 is the 0.999 quantile
+    logits = torch.tensor([[0.5, -1.0, 1.5, 0.0]])
+    probs = logits.softmax(-1)[0]
+    g = torch.Generator().manual_seed(123)
+    n = 20_000
+    draws = torch.stack([sample_next(logits.expand(100, 4), 1.0, generator=g)
+                         for _ in range(n // 100)]).flatten()
+    counts = torch.bincount(draws, minlength=4).double()
+    chi2 = ((counts - n * probs) ** 2 / (n * probs)).sum().item()
+    assert chi2 < 16.27
+
+
+def test_same_seed_same_text_and_bad_controls():
+    model = tiny_model()
+    prompt = torch.tensor([[5, 6]])
+    a = model.generate(prompt, 30, seed=7, top_k=10)
+    assert torch.equal(a, model.generate(prompt, 30, seed=7, top_k=10))
+    assert not torch.equal(a, model.generate(prompt, 30, seed=8, top_k=10))
+    with pytest.raises(ValueError, match="top_k"):
+        model.generate(prompt, 3, top_k=0)
+    with pytest.raises(ValueError, match="top_p"):
+        model.generate(prompt, 3, top_p=1.5)
+    with pytest.raises(ValueError, match="T >= 1"):
+        model.generate(torch.zeros(1, 0, dtype=torch.long), 3)
+
+
+def test_generate_in_train_mode_is_deterministic_and_restores_the_mode():
+    # pitfalls row 17 (d)
+    model = tiny_model(dropout=0.3).train()
+    prompt = torch.tensor([[1, 2, 3]])
+    a = model.generate(prompt, 15, do_sample=False)
+    b = model.generate(prompt, 15, do_sample=False)
+    assert torch.equal(a, b) and model.training
+
+
+def test_non_finite_logits_and_bad_ids_name_the_step(monkeypatch):
+    # pitfalls row 10
+    model = tiny_model()
+    calls = {"n": 0}
+    original = model.forward
+
+    def nan_at_step_3(idx, targets=None):
+        logits, loss = original(idx, targets)
+        calls["n"] += 1
+        if calls["n"] == 4:
+            logits = logits.clone()
+            logits[0, -1, 5] = float("nan")
+        return logits, loss
+
+    monkeypatch.setattr(model, "forward", nan_at_step_3)
+    with pytest.raises(ValueError, match=r"step 3: .*non-finite logits"):
+        generate(model, torch.tensor([[1]]), 10, seed=0)
+    monkeypatch.undo()
+    monkeypatch.setattr(torch, "multinomial",
+                        lambda probs, n, generator=None: torch.full((probs.size(0), 1), -2**63))
+    with pytest.raises(ValueError, match=r"step 0: sampled token id \[-9223372036854775808\]"):
+        generate(model, torch.tensor([[1]]), 10, seed=0)

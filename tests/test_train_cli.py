@@ -1,0 +1,116 @@
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import tiny_model
+from decoderlm import DecoderLM, load_tokenizer
+from decoderlm.cli import main
+from decoderlm.config import TrainConfig
+from decoderlm.train import evaluate, lr_at
+
+TEXT = ("The quick brown fox jumps over the lazy dog. " * 12
+        + "Pack my box with five dozen liquor jugs.\n" * 4)
+SMALL = ["--n-layers", "1", "--n-heads", "2", "--d-model", "16", "--block-size", "16",
+         "--batch-size", "4", "--max-steps", "6", "--eval-interval", "3", "--no-progress"]
+
+
+def test_cosine_schedule_matches_the_formula():
+    cfg = TrainConfig(lr=1e-3, min_lr=1e-4, warmup_steps=10, max_steps=110, schedule="cosine")
+    assert lr_at(0, cfg) == pytest.approx(1e-4)
+    assert lr_at(9, cfg) == pytest.approx(1e-3)
+    assert lr_at(10, cfg) == pytest.approx(1e-3)
+    mid = 10 + 99 / 2
+    assert lr_at(int(mid), cfg) == pytest.approx(
+        1e-4 + 0.5 * 9e-4 * (1 + math.cos(math.pi * (int(mid) - 10) / 99)))
+    assert lr_at(109, cfg) == pytest.approx(1e-4)
+    assert lr_at(50, TrainConfig(lr=2e-4, min_lr=2e-4, schedule="constant")) == 2e-4
+
+
+def test_evaluate_is_deterministic_and_restores_train_mode():
+    # pitfalls row 17 (c)
+    model = tiny_model(dropout=0.2).train()
+    data = torch.randint(0, 65, (500,))
+    a, b = evaluate(model, data), evaluate(model, data)
+    assert a == b and model.training
+    T = model.config.block_size
+    n = (len(data) - 1) // T
+    windows = data[: n * T + 1]
+    x = torch.stack([windows[i * T:(i + 1) * T] for i in range(n)])
+    y = torch.stack([windows[i * T + 1:(i + 1) * T + 1] for i in range(n)])
+    model.eval()
+    assert a == pytest.approx(model(x, y)[1].item(), rel=1e-6)
+
+
+def test_train_writes_a_complete_run_and_sample_is_reproducible(tmp_path, capsys):
+    data = tmp_path / "tiny.txt"
+    data.write_text(TEXT, encoding="utf-8")
+    out = tmp_path / "run"
+    assert main(["train", "--data", str(data), "--out", str(out), *SMALL]) == 0
+    printed = capsys.readouterr().out
+    assert "final validation loss" in printed and "bits/char" in printed and str(out) in printed
+    for name in ("model.safetensors", "config.json", "tokenizer.json", "metrics.jsonl",
+                 "loss.png", "attention.png", "samples.txt"):
+        assert (out / name).stat().st_size > 0, name
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if "val_loss" in r] == [3, 6]
+    assert all({"step", "train_loss", "lr"} <= set(r) for r in records)
+    config = json.loads((out / "config.json").read_text())
+    assert config["model"]["block_size"] == 16 and config["train"]["max_steps"] == 6
+    tok = load_tokenizer(out)
+    assert tok.chars == sorted(set(TEXT))
+    sample = (out / "samples.txt").read_text(encoding="utf-8")
+    assert sample.startswith("T") and len(sample) == 601
+    DecoderLM.from_pretrained(out)
+
+    args = ["sample", "--run", str(out), "--prompt", "The ", "--max-new-tokens", "40",
+            "--seed", "3", "--top-k", "5"]
+    assert main(args) == 0
+    first = capsys.readouterr().out
+    assert main(args) == 0
+    assert capsys.readouterr().out == first and len(first) == 41
+    # the run is never overwritten by accident
+    assert main(["train", "--data", str(data), "--out", str(out), *SMALL]) == 2
+    assert "--overwrite" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args,message", [
+    (["train", "--data", "/no/such/file.txt"], "not found"),
+    (["train", "--max-chars", "100", "--block-size", "64", "--no-progress"],
+     "the validation split has 10 tokens"),
+    (["train", "--n-heads", "3", "--no-progress"], "divisible by n_heads"),
+    (["sample", "--run", "/no/such/run"], "not found"),
+])
+def test_user_mistakes_give_one_line_errors(tmp_path, capsys, args, message, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("decoderlm: error:") and message in err and "Traceback" not in err
+
+
+def test_sample_with_unknown_characters_or_mismatched_tokenizer(tmp_path, capsys):
+    # pitfalls rows 7 and 8
+    data = tmp_path / "tiny.txt"
+    data.write_text(TEXT, encoding="utf-8")
+    out = tmp_path / "run"
+    assert main(["train", "--data", str(data), "--out", str(out), *SMALL]) == 0
+    capsys.readouterr()
+    assert main(["sample", "--run", str(out), "--prompt", "Zebra!"]) == 2
+    err = capsys.readouterr().err
+    assert "'Z' at position 0" in err and "'!' at position 5" in err
+    (out / "tokenizer.json").write_text(json.dumps({"type": "char", "chars": list("abc")}))
+    assert main(["sample", "--run", str(out), "--prompt", "a"]) == 2
+    assert "3 tokens but the model expects vocab_size=" in capsys.readouterr().err
+
+
+def test_console_entry_point_runs_as_a_subprocess(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "decoderlm", "sample", "--run",
+                             str(tmp_path / "missing")], capture_output=True, text=True)
+    assert result.returncode == 2
+    assert result.stderr.startswith("decoderlm: error:") and "Traceback" not in result.stderr
+    result = subprocess.run([sys.executable, "-m", "decoderlm", "presets"], capture_output=True,
+                            text=True)
+    assert result.returncode == 0 and "seed-notebook" in result.stdout
