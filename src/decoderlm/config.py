@@ -144,9 +144,11 @@ class TrainConfig:
             raise ValueError(f"warmup_steps must be >= 0, got {self.warmup_steps}")
         if self.schedule not in ("cosine", "constant"):
             raise ValueError(f"schedule must be 'cosine' or 'constant', got {self.schedule!r}")
-        if self.lr <= 0 or self.min_lr < 0 or self.min_lr > self.lr:
-            raise ValueError(f"need 0 <= min_lr <= lr and lr > 0, got lr={self.lr}, "
-                             f"min_lr={self.min_lr}")
+        if not self.lr > 0:
+            raise ValueError(f"lr must be positive, got {self.lr}")
+        if self.schedule == "cosine" and not 0 <= self.min_lr <= self.lr:
+            raise ValueError(f"the cosine schedule needs 0 <= min_lr <= lr, got lr={self.lr}, "
+                             f"min_lr={self.min_lr}; set --min-lr too")
         if self.weight_decay < 0:
             raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay}")
         if self.grad_clip is not None and self.grad_clip <= 0:
@@ -180,7 +182,7 @@ PRESETS: dict[str, Preset] = {
         description="the seed notebook's run exactly: 3 layers x 128 wide, 4 heads, context 96, "
         "batch 32, 400 steps of AdamW at lr 2e-4, weight decay 1e-2, no schedule, no clipping",
         model=dict(block_size=96, n_layers=3, n_heads=4, d_model=128),
-        train=dict(batch_size=32, max_steps=400, lr=2e-4, min_lr=2e-4, warmup_steps=0,
+        train=dict(batch_size=32, max_steps=400, lr=2e-4, warmup_steps=0,
                    schedule="constant", weight_decay=1e-2, grad_clip=None, dtype="float32",
                    eval_interval=100),
     ),
