@@ -46,8 +46,7 @@ def test_compiled_and_ddp_style_prefixes_are_stripped(tmp_path):
 def test_mismatched_weights_are_reported(tmp_path):
     tiny_model().save_pretrained(tmp_path)
     state = load_file(tmp_path / "model.safetensors")
-    state.pop("ln_f.weight")
-    state["extra.weight"] = torch.zeros(2)
+    state["extra.weight"] = state.pop("ln_f.weight")
     save_file(state, tmp_path / "model.safetensors")
     with pytest.raises(ValueError, match=r"missing \['ln_f.weight'\], unexpected \['extra.weight'\]"):
         DecoderLM.from_pretrained(tmp_path)
@@ -91,3 +90,12 @@ def test_loss_plot_is_written(tmp_path):
     metrics[-1]["val_loss"] = 0.5
     plot_loss(metrics, tmp_path / "loss.png")
     assert (tmp_path / "loss.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_config_that_does_not_match_the_weights_is_refused_before_building(tmp_path):
+    tiny_model().save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["model"]["n_layers"] = 10**12  # building this would exhaust memory
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="do not belong together"):
+        DecoderLM.from_pretrained(tmp_path)

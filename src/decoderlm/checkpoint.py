@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
+from .analysis import count_parameters
 from .config import ModelConfig
 
 __all__ = ["save_model", "load_model", "normalize_state_dict", "atomic_write",
@@ -119,11 +120,19 @@ def load_model(directory: str | Path, map_location: str = "cpu"):
     if "model" not in config:
         raise ValueError(f"{directory / CONFIG_NAME} has no 'model' entry; is this a decoderlm "
                          f"run directory?")
-    model = DecoderLM(ModelConfig.from_dict(config["model"]))
+    model_config = ModelConfig.from_dict(config["model"])
     weights = directory / WEIGHTS_NAME
     if not weights.is_file():
         raise FileNotFoundError(f"{weights} not found")
     state = normalize_state_dict(load_file(str(weights), device=map_location))
+    # compare sizes before building: a corrupt config must not allocate a huge model
+    in_file = sum(t.numel() for k, t in state.items()
+                  if not (model_config.tie_embeddings and k == "lm_head.weight"))
+    expected_total = count_parameters(model_config)["total"]
+    if in_file != expected_total:
+        raise ValueError(f"{weights} holds {in_file:,} parameters but config.json describes a "
+                         f"model with {expected_total:,}; the two files do not belong together")
+    model = DecoderLM(model_config)
     if model.config.tie_embeddings and "tok_emb.weight" in state:
         state.setdefault("lm_head.weight", state["tok_emb.weight"])
     expected = model.state_dict()
