@@ -44,8 +44,10 @@ def test_temperature_zero_is_greedy_and_negative_is_refused():
         assert sample_next(logits, 0.0, generator=g).item() == 7
         assert sample_next(logits, 0.0, top_k=5, top_p=0.9, generator=g).item() == 7
         assert sample_next(logits, 1e-8, generator=g).item() == 7
-    with pytest.raises(ValueError, match="temperature must be >= 0"):
+    with pytest.raises(ValueError, match="temperature must be a finite number >= 0"):
         sample_next(logits, -1.0)
+    with pytest.raises(ValueError, match="temperature must be a finite number"):
+        sample_next(logits, float("nan"))
     model = tiny_model()
     prompt = torch.tensor([[3, 1, 4]])
     greedy = [model.generate(prompt, 20, temperature=0.0, seed=s) for s in range(3)]

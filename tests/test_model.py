@@ -199,7 +199,10 @@ def test_model_can_memorise_one_batch():
     ("n_layers", dict(n_layers=0), "n_layers must be a positive integer"),
     ("d_model", dict(d_model=-8), "d_model must be a positive integer"),
     ("vocab_size", dict(vocab_size=2.5), "vocab_size must be a positive integer"),
-    ("dropout", dict(dropout=1.0), r"dropout must be in \[0, 1\)"),
+    ("dropout", dict(dropout=1.0), r"dropout must be a finite number in \[0.0, 1.0\)"),
+    ("dropout", dict(dropout=float("nan")), "dropout must be a finite number"),
+    ("dropout", dict(dropout=None), "dropout must be a finite number"),
+    ("bias", dict(bias="yes"), "bias must be true or false"),
 ])
 def test_config_validation_names_the_field(field, kwargs, match):
     with pytest.raises(ValueError, match=match):

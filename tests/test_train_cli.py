@@ -83,6 +83,14 @@ def test_train_writes_a_complete_run_and_sample_is_reproducible(tmp_path, capsys
      "the validation split has 10 tokens"),
     (["train", "--n-heads", "3", "--no-progress"], "divisible by n_heads"),
     (["sample", "--run", "/no/such/run"], "not found"),
+    (["train", "--lr", "nan"], "lr must be a finite number"),
+    (["train", "--weight-decay", "-1"], "weight_decay must be a finite number"),
+    (["train", "--max-steps", "0"], "expected an integer >= 1, got '0'"),
+    (["train", "--seed", "99999999999999999999"], "expected an integer in [0, "),
+    (["train", "--device", "meta"], "unknown device 'meta'"),
+    (["train", "--out", ""], "empty string"),
+    (["train", "--data", "."], "has no wiki.train.raw"),
+    (["sample", "--run", ".", "--temperature", "nan"], "not found"),
 ])
 def test_user_mistakes_give_one_line_errors(tmp_path, capsys, args, message, monkeypatch):
     monkeypatch.chdir(tmp_path)
@@ -114,3 +122,60 @@ def test_console_entry_point_runs_as_a_subprocess(tmp_path):
     result = subprocess.run([sys.executable, "-m", "decoderlm", "presets"], capture_output=True,
                             text=True)
     assert result.returncode == 0 and "seed-notebook" in result.stdout
+
+
+def test_argument_errors_are_one_line(capsys):
+    assert main(["train", "--top-k", "3"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("decoderlm: error: unrecognized arguments")
+
+
+def test_out_that_is_a_file_is_refused(tmp_path, capsys):
+    (tmp_path / "afile").write_text("x")
+    data = tmp_path / "tiny.txt"
+    data.write_text(TEXT, encoding="utf-8")
+    for out in ("afile", "afile/sub"):
+        assert main(["train", "--data", str(data), "--out", str(tmp_path / out), *SMALL]) == 2
+        assert "Traceback" not in capsys.readouterr().err
+
+
+def test_a_failed_run_leaves_the_earlier_run_intact(tmp_path, capsys, monkeypatch):
+    import decoderlm.train as train_module
+
+    data = tmp_path / "tiny.txt"
+    data.write_text(TEXT, encoding="utf-8")
+    out = tmp_path / "run"
+    assert main(["train", "--data", str(data), "--out", str(out), *SMALL]) == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    real_train = train_module.train
+
+    def diverge(model, cfg, train_ids, val_ids, metrics_path, progress):
+        real_train(model, cfg, train_ids, val_ids, metrics_path, progress)
+        raise ValueError("the training loss became nan at step 6")
+
+    monkeypatch.setattr(train_module, "train", diverge)
+    assert main(["train", "--data", str(data), "--out", str(out), "--overwrite", *SMALL]) == 2
+    assert "became nan" in capsys.readouterr().err
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert (tmp_path / "run.partial" / "metrics.jsonl").read_text().count("\n") == 2
+    monkeypatch.undo()
+    assert main(["train", "--data", str(data), "--out", str(out), "--overwrite", *SMALL]) == 0
+    assert not (tmp_path / "run.partial").exists()
+
+
+def test_damaged_run_files_give_clear_errors(tmp_path, capsys):
+    data = tmp_path / "tiny.txt"
+    data.write_text(TEXT, encoding="utf-8")
+    out = tmp_path / "run"
+    assert main(["train", "--data", str(data), "--out", str(out), *SMALL]) == 0
+    capsys.readouterr()
+    weights = (out / "model.safetensors").read_bytes()
+    (out / "model.safetensors").write_bytes(weights[:1000])
+    assert main(["sample", "--run", str(out)]) == 2
+    assert "not a readable safetensors file" in capsys.readouterr().err
+    (out / "model.safetensors").write_bytes(weights)
+    for text, message in (("42", "has no 'model' entry"), ("\xff\xfe", "not valid UTF-8 JSON")):
+        (out / "config.json").write_bytes(text.encode("latin-1"))
+        assert main(["sample", "--run", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert message in err and "config.json" in err

@@ -63,8 +63,8 @@ def read_json(path: str | Path) -> Any:
         raise FileNotFoundError(f"{path} not found")
     try:
         return json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path} is not valid JSON: {e}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path} is not valid UTF-8 JSON: {e}") from None
 
 
 def normalize_state_dict(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -115,16 +115,20 @@ def load_model(directory: str | Path, map_location: str = "cpu"):
 
     directory = Path(directory)
     if not directory.is_dir():
-        raise FileNotFoundError(f"checkpoint directory {directory} not found")
+        raise FileNotFoundError(f"checkpoint directory {directory} not found (or not a "
+                                f"directory)")
     config = read_json(directory / CONFIG_NAME)
-    if "model" not in config:
+    if not isinstance(config, dict) or not isinstance(config.get("model"), dict):
         raise ValueError(f"{directory / CONFIG_NAME} has no 'model' entry; is this a decoderlm "
                          f"run directory?")
     model_config = ModelConfig.from_dict(config["model"])
     weights = directory / WEIGHTS_NAME
     if not weights.is_file():
         raise FileNotFoundError(f"{weights} not found")
-    state = normalize_state_dict(load_file(str(weights), device=map_location))
+    try:
+        state = normalize_state_dict(load_file(str(weights), device=map_location))
+    except Exception as e:  # safetensors raises its own error type for a damaged file
+        raise ValueError(f"{weights} is not a readable safetensors file ({e})") from None
     # compare sizes before building: a corrupt config must not allocate a huge model
     in_file = sum(t.numel() for k, t in state.items()
                   if not (model_config.tie_embeddings and k == "lm_head.weight"))

@@ -7,25 +7,34 @@ User mistakes (bad flags, missing files, unknown characters, ...) print one line
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 __all__ = ["main", "build_parser"]
 
 
-def _int_at_least(minimum: int):
-    """An argparse type: an integer >= minimum, with a message naming the bound."""
+def _int_in(minimum: int, maximum: int | None = None):
+    """An argparse type: an integer in [minimum, maximum), with a message naming the bounds."""
     def parse(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
             value = None
-        if value is None or value < minimum:
-            raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {text!r}")
+        if value is None or value < minimum or (maximum is not None and value >= maximum):
+            bound = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum})"
+            raise argparse.ArgumentTypeError(f"expected an integer {bound}, got {text!r}")
         return value
     return parse
 
 
-_positive_int, _non_negative_int = _int_at_least(1), _int_at_least(0)
+_positive_int, _non_negative_int, _seed = _int_in(1), _int_in(0), _int_in(0, 2**63)
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with a one-line error: `decoderlm: error: ...`, exit status 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"decoderlm: error: {message} (see `{self.prog} --help`)\n")
 
 
 # flag -> (ModelConfig/TrainConfig field, type, help); None means "keep the preset's value"
@@ -45,26 +54,34 @@ _TRAIN_FLAGS = {
     "--weight-decay": ("weight_decay", float, "AdamW weight decay"),
     "--dtype": ("dtype", str, "float32 | bfloat16 (autocast)"),
     "--eval-interval": ("eval_interval", _positive_int, "steps between validation losses"),
-    "--seed": ("seed", int, "random seed"),
+    "--seed": ("seed", _seed, "random seed"),
 }
 
 
 def _device(text: str) -> str:
     import torch
 
-    try:
-        device = torch.device(text)
-    except RuntimeError:
-        raise argparse.ArgumentTypeError(f"unknown device {text!r}; use cpu or cuda") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise argparse.ArgumentTypeError("CUDA is not available on this machine; use --device cpu")
+    kind = text.split(":")[0]
+    available = {"cpu": True, "cuda": torch.cuda.is_available(),
+                 "mps": torch.backends.mps.is_available()}
+    if kind not in available:
+        raise argparse.ArgumentTypeError(f"unknown device {text!r}; use cpu, cuda or mps")
+    if not available[kind]:
+        raise argparse.ArgumentTypeError(f"{kind} is not available on this machine; use "
+                                         f"--device cpu")
+    return text
+
+
+def _non_empty(text: str) -> str:
+    if not text.strip():
+        raise argparse.ArgumentTypeError("expected a directory name, got an empty string")
     return text
 
 
 def build_parser() -> argparse.ArgumentParser:
     from .config import PRESETS
 
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="decoderlm", description="Train, sample and inspect decoder-only language models.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
@@ -81,7 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "the network)")
     p.add_argument("--max-chars", type=_non_negative_int, metavar="N",
                    help="use only the first N characters (0: all)")
-    p.add_argument("--out", metavar="DIR", help="run directory (default: runs/<preset>, "
+    p.add_argument("--out", metavar="DIR", type=_non_empty, help="run directory (default: runs/<preset>, "
                    "or runs/<preset>-2, ... if taken)")
     p.add_argument("--overwrite", action="store_true", help="replace a run already in --out")
     p.add_argument("--device", type=_device, help="cpu, cuda, ... (default: cuda if available)")
@@ -92,12 +109,13 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("sample", help="print text sampled from a trained model",
                        description="Sample a continuation of --prompt and print it.")
     s.add_argument("--run", required=True, metavar="DIR", help="a run directory")
-    s.add_argument("--prompt", default="\n", help="text to continue (default: a newline)")
+    s.add_argument("--prompt", help="text to continue (default: a newline, or the first "
+                   "character of the vocabulary if it has no newline)")
     s.add_argument("--max-new-tokens", type=_non_negative_int, default=500, metavar="N")
     s.add_argument("--temperature", type=float, default=1.0, help="0 is greedy (default: 1.0)")
     s.add_argument("--top-k", type=_positive_int, metavar="K")
     s.add_argument("--top-p", type=float, metavar="P")
-    s.add_argument("--seed", type=int, help="the same seed gives the same text")
+    s.add_argument("--seed", type=_seed, help="the same seed gives the same text")
     s.add_argument("--device", type=_device, default="cpu")
 
     sub.add_parser("presets", help="list the named presets")
@@ -130,6 +148,8 @@ def _cmd_sample(args) -> int:
     if tokenizer.vocab_size != model.config.vocab_size:
         raise ValueError(f"the tokenizer in {args.run} has {tokenizer.vocab_size} tokens but the "
                          f"model expects vocab_size={model.config.vocab_size}")
+    if args.prompt is None:
+        args.prompt = "\n" if "\n" in tokenizer.stoi else tokenizer.chars[0]
     if not args.prompt:
         raise ValueError("--prompt is empty; give at least one character")
     idx = torch.tensor([tokenizer.encode(args.prompt)], dtype=torch.long, device=args.device)
@@ -151,11 +171,17 @@ def _cmd_presets(args) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns the exit status (0 ok, 2 user error, 130 interrupted)."""
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as exit_:  # --help (0) or a bad argument (2, message already printed)
+        return exit_.code
     command = {"train": _cmd_train, "sample": _cmd_sample, "presets": _cmd_presets}
     try:
         return command[args.command](args)
-    except (ValueError, FileNotFoundError, RuntimeError) as e:
+    except BrokenPipeError:  # e.g. `decoderlm sample ... | head`: stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    except (ValueError, OSError, RuntimeError) as e:
         print(f"decoderlm: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

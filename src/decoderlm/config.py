@@ -9,6 +9,7 @@ in a run directory's ``config.json``.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,11 +29,28 @@ def _from_dict(cls, data: dict[str, Any]):
     return cls(**data)
 
 
-def _check_positive_int(obj, *names: str) -> None:
+def _check_int(obj, *names: str, low: int = 1, high: int | None = None) -> None:
+    """Raise ValueError unless each named field is an integer in [low, high)."""
     for name in names:
         value = getattr(obj, name)
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if (isinstance(value, bool) or not isinstance(value, int) or value < low
+                or (high is not None and value >= high)):
+            bound = "a positive integer" if low == 1 and high is None else (
+                f"an integer >= {low}" if high is None else f"an integer in [{low}, {high})")
+            raise ValueError(f"{name} must be {bound}, got {value!r}")
+
+
+def _check_real(obj, name: str, low: float, high: float = math.inf,
+                low_open: bool = False, high_open: bool = False) -> None:
+    """Raise ValueError unless getattr(obj, name) is a finite real number in the interval."""
+    value = getattr(obj, name)
+    ok = (isinstance(value, (int, float)) and not isinstance(value, bool)
+          and math.isfinite(value)
+          and (value > low if low_open else value >= low)
+          and (value < high if high_open else value <= high))
+    if not ok:
+        interval = f"{'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}"
+        raise ValueError(f"{name} must be a finite number in {interval}, got {value!r}")
 
 
 @dataclass
@@ -69,15 +87,17 @@ class ModelConfig:
     def __post_init__(self) -> None:
         if self.d_ff is None:
             self.d_ff = 4 * self.d_model
-        _check_positive_int(self, "vocab_size", "block_size", "n_layers", "n_heads", "d_model",
+        _check_int(self, "vocab_size", "block_size", "n_layers", "n_heads", "d_model",
                             "d_ff")
         if self.d_model % self.n_heads != 0:
             raise ValueError(
                 f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads}); "
                 f"choose n_heads among the divisors of d_model"
             )
-        if not 0.0 <= float(self.dropout) < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {self.dropout!r}")
+        _check_real(self, "dropout", 0.0, 1.0, high_open=True)
+        for name in ("bias", "tie_embeddings"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
 
     @property
     def head_dim(self) -> int:
@@ -109,7 +129,8 @@ class TrainConfig:
         beta1, beta2: AdamW moment coefficients.
         grad_clip: clip the global gradient norm to this value; None disables clipping.
         eval_interval: estimate the validation loss every this many steps (and at the end).
-        eval_batches: batches averaged for each validation estimate.
+        eval_batches: each validation estimate covers at most eval_batches * batch_size
+            non-overlapping windows, spread evenly over the validation split.
         log_interval: write a metrics line every this many steps.
         dtype: "float32", or "bfloat16" for bfloat16 autocast (weights stay float32).
         val_fraction: fraction of the corpus held out for validation (the last part).
@@ -138,27 +159,23 @@ class TrainConfig:
     sample_prompt: str = "T"
 
     def __post_init__(self) -> None:
-        _check_positive_int(self, "batch_size", "max_steps", "eval_interval", "eval_batches",
-                            "log_interval")
-        if self.warmup_steps < 0:
-            raise ValueError(f"warmup_steps must be >= 0, got {self.warmup_steps}")
+        _check_int(self, "batch_size", "max_steps", "eval_interval", "eval_batches",
+                   "log_interval")
+        _check_int(self, "warmup_steps", "sample_chars", low=0)
+        _check_int(self, "seed", low=0, high=2**63)
         if self.schedule not in ("cosine", "constant"):
             raise ValueError(f"schedule must be 'cosine' or 'constant', got {self.schedule!r}")
-        if not self.lr > 0:
-            raise ValueError(f"lr must be positive, got {self.lr}")
-        if self.schedule == "cosine" and not 0 <= self.min_lr <= self.lr:
-            raise ValueError(f"the cosine schedule needs 0 <= min_lr <= lr, got lr={self.lr}, "
-                             f"min_lr={self.min_lr}; set --min-lr too")
-        if self.weight_decay < 0:
-            raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay}")
-        if self.grad_clip is not None and self.grad_clip <= 0:
-            raise ValueError(f"grad_clip must be positive or None, got {self.grad_clip}")
+        _check_real(self, "lr", 0.0, low_open=True)
+        if self.schedule == "cosine":
+            _check_real(self, "min_lr", 0.0, self.lr)
+        _check_real(self, "weight_decay", 0.0)
+        _check_real(self, "beta1", 0.0, 1.0, high_open=True)
+        _check_real(self, "beta2", 0.0, 1.0, high_open=True)
+        if self.grad_clip is not None:
+            _check_real(self, "grad_clip", 0.0, low_open=True)
         if self.dtype not in ("float32", "bfloat16"):
             raise ValueError(f"dtype must be 'float32' or 'bfloat16', got {self.dtype!r}")
-        if not 0.0 < self.val_fraction < 1.0:
-            raise ValueError(f"val_fraction must be in (0, 1), got {self.val_fraction}")
-        if self.sample_chars < 0:
-            raise ValueError(f"sample_chars must be >= 0, got {self.sample_chars}")
+        _check_real(self, "val_fraction", 0.0, 1.0, low_open=True, high_open=True)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

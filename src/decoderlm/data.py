@@ -66,8 +66,10 @@ def load_text(path: str | Path | None = None, max_chars: int | None = None,
                     f"directory {path} has no {WIKITEXT_FILES[0]}; pass a UTF-8 text file, or a "
                     f"directory holding the WikiText files {list(WIKITEXT_FILES)}")
             path = train
-        elif not path.is_file():
+        elif not path.exists():
             raise FileNotFoundError(f"data file {path} not found")
+        elif not path.is_file():
+            raise ValueError(f"{path} is not a regular file; pass a UTF-8 text file")
         text, source = _read_utf8(path), str(path)
     if max_chars:
         text = text[:max_chars]

@@ -6,6 +6,8 @@ context), so any number of new tokens can be generated without an index error.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 __all__ = ["generate", "sample_next", "filter_logits"]
@@ -40,8 +42,9 @@ def filter_logits(logits: torch.Tensor, top_k: int | None = None,
 
 
 def _check_controls(temperature: float, top_k: int | None, top_p: float | None) -> None:
-    if temperature < 0:
-        raise ValueError(f"temperature must be >= 0 (0 means greedy), got {temperature}")
+    if not (math.isfinite(temperature) and temperature >= 0):
+        raise ValueError(f"temperature must be a finite number >= 0 (0 means greedy), got "
+                         f"{temperature}")
     if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int)
                               or top_k < 1):
         raise ValueError(f"top_k must be a positive integer or None, got {top_k!r}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -63,6 +64,8 @@ def plot_attention(att: np.ndarray, path: str | Path, title: str = ""):
     plt = _pyplot()
     fig, axes = plt.subplots(n_layers, n_heads, figsize=(2.6 * n_heads + 0.6, 2.6 * n_layers + 0.6),
                              squeeze=False)
+    from matplotlib.ticker import MaxNLocator
+
     for layer in range(n_layers):
         for head in range(n_heads):
             ax = axes[layer][head]
@@ -72,9 +75,13 @@ def plot_attention(att: np.ndarray, path: str | Path, title: str = ""):
             ax.set_xlabel("key position", fontsize=8)
             ax.set_ylabel("query position", fontsize=8)
             ax.tick_params(labelsize=7)
-    if title:
-        fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+            ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    if title:  # shown literally: "$" would start matplotlib's math mode
+        fig.suptitle(title.replace("$", r"\$"), fontsize=9)
+    with warnings.catch_warnings():  # characters the font lacks are drawn as boxes
+        warnings.filterwarnings("ignore", message="Glyph .* missing from")
+        fig.tight_layout()
+        fig.savefig(path, dpi=90)
     plt.close(fig)
     return fig

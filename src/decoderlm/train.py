@@ -11,6 +11,8 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import os
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -163,8 +165,9 @@ def train(model: DecoderLM, cfg: TrainConfig, train_ids: torch.Tensor, val_ids: 
             optimizer.step()
             loss_value = loss.item()
             if not math.isfinite(loss_value):
-                raise ValueError(f"the training loss became {loss_value} at step {step + 1}; "
-                                 f"lower the learning rate (now {lr:.3g}) or use float32")
+                raise ValueError(f"the training loss became {loss_value} at step {step + 1} "
+                                 f"(lr {lr:.3g}); try a lower learning rate, weight decay or "
+                                 f"float32; metrics so far are in {metrics_path}")
             loss_sum, loss_n = loss_sum + loss_value, loss_n + 1
             done = step + 1
             elapsed = time.perf_counter() - start
@@ -230,7 +233,9 @@ def run_experiment(preset: str = "default", data: str | Path | None = None,
     vocabulary, splits 90/10, trains with the preset's settings (plus overrides), and writes
     into the run directory: model.safetensors, config.json, tokenizer.json, metrics.jsonl,
     loss.png, attention.png (every layer and head on the first 64 validation characters) and
-    samples.txt (sample_chars characters from sample_prompt).
+    samples.txt (sample_chars characters from sample_prompt). The files are written into
+    <out>.partial first and moved into `out` at the end: a run that fails (or is interrupted)
+    leaves its metrics in <out>.partial and never touches `out`.
 
     Args:
         preset: a name from `decoderlm.config.PRESETS`.
@@ -258,28 +263,36 @@ def run_experiment(preset: str = "default", data: str | Path | None = None,
     check_split("validation", val_ids, model_cfg.block_size)
 
     out_dir = Path(out) if out is not None else _free_run_dir(preset)
-    if out is not None and (out_dir / "model.safetensors").exists() and not overwrite:
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ValueError(f"--out {out_dir} is a file, not a directory")
+    if (out_dir / "model.safetensors").exists() and not overwrite:
         raise ValueError(f"{out_dir} already holds a trained model; pass --overwrite to replace "
                          f"it or choose another --out")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    metrics_path = out_dir / "metrics.jsonl"
-    metrics_path.unlink(missing_ok=True)
+    # The run is built in <out>.partial and moved into place only when complete, so a failed
+    # run neither leaves a half-written run under the run's name nor damages an earlier one.
+    stage = out_dir.with_name(out_dir.name + ".partial")
+    shutil.rmtree(stage, ignore_errors=True)
+    stage.mkdir(parents=True)
 
     torch.manual_seed(train_cfg.seed)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     model = DecoderLM(model_cfg).to(device)
     log(f"data: {source}: {len(text):,} characters, vocabulary {tokenizer.vocab_size}, "
         f"train {len(train_ids):,} / validation {len(val_ids):,} tokens")
-    log(f"model: {model.num_parameters():,} parameters ({model_cfg.n_layers} layers, "
-        f"d_model {model_cfg.d_model}, {model_cfg.n_heads} heads, block_size "
+    log(f"model: {model.num_parameters():,} parameters (n_layers {model_cfg.n_layers}, "
+        f"d_model {model_cfg.d_model}, n_heads {model_cfg.n_heads}, block_size "
         f"{model_cfg.block_size}); preset {preset!r}, {train_cfg.max_steps} steps, "
         f"{train_cfg.dtype} on {device}")
-    result = train(model, train_cfg, train_ids, val_ids, metrics_path, progress)
+    result = train(model, train_cfg, train_ids, val_ids, stage / "metrics.jsonl", progress)
 
-    model.save_pretrained(out_dir, {"train": train_cfg.to_dict(), "preset": preset,
-                                    "data": source})
-    tokenizer.save_pretrained(out_dir)
-    _write_artifacts(model, tokenizer, train_cfg, result, val_ids, out_dir)
+    model.save_pretrained(stage, {"train": train_cfg.to_dict(), "preset": preset,
+                                  "data": source})
+    tokenizer.save_pretrained(stage)
+    _write_artifacts(model, tokenizer, train_cfg, result, val_ids, stage)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for path in stage.iterdir():
+        os.replace(path, out_dir / path.name)
+    stage.rmdir()
     summary = RunSummary(out_dir, result.val_loss, result.val_loss / LN2, result.elapsed_s,
                          result.tokens_per_s, source)
     log(f"final validation loss {summary.val_loss:.4f} nats/char = {summary.val_bpc:.4f} "
@@ -299,7 +312,7 @@ def _write_artifacts(model, tokenizer, cfg: TrainConfig, result: TrainResult,
     model.eval()
     with torch.no_grad():
         _, att = model.forward_with_attention(window.to(model.lm_head.weight.device))
-    shown = tokenizer.decode(window[0]).replace("$", r"\$")
+    shown = tokenizer.decode(window[0])
     plot_attention(att[:, 0].cpu().numpy(), out_dir / "attention.png",
                    title=f"attention on validation characters 0-{window.size(1) - 1}: "
                          f"{shown!r}")
