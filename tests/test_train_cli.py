@@ -18,6 +18,15 @@ SMALL = ["--n-layers", "1", "--n-heads", "2", "--d-model", "16", "--block-size",
          "--batch-size", "4", "--max-steps", "6", "--eval-interval", "3", "--no-progress"]
 
 
+def train_small(tmp_path, *extra) -> tuple:
+    """Train the SMALL model on TEXT into tmp_path/run; returns (data file, run dir)."""
+    data = tmp_path / "tiny.txt"
+    data.write_text(TEXT, encoding="utf-8")
+    out = tmp_path / "run"
+    assert main(["train", "--data", str(data), "--out", str(out), *SMALL, *extra]) == 0
+    return data, out
+
+
 def test_cosine_schedule_matches_the_formula():
     cfg = TrainConfig(lr=1e-3, min_lr=1e-4, warmup_steps=10, max_steps=110, schedule="cosine")
     assert lr_at(0, cfg) == pytest.approx(1e-4)
@@ -46,10 +55,7 @@ def test_evaluate_is_deterministic_and_restores_train_mode():
 
 
 def test_train_writes_a_complete_run_and_sample_is_reproducible(tmp_path, capsys):
-    data = tmp_path / "tiny.txt"
-    data.write_text(TEXT, encoding="utf-8")
-    out = tmp_path / "run"
-    assert main(["train", "--data", str(data), "--out", str(out), *SMALL]) == 0
+    data, out = train_small(tmp_path)
     printed = capsys.readouterr().out
     assert "final validation loss" in printed and "bits/char" in printed and str(out) in printed
     for name in ("model.safetensors", "config.json", "tokenizer.json", "metrics.jsonl",
@@ -101,10 +107,7 @@ def test_user_mistakes_give_one_line_errors(tmp_path, capsys, args, message, mon
 
 def test_sample_with_unknown_characters_or_mismatched_tokenizer(tmp_path, capsys):
     # pitfalls rows 7 and 8
-    data = tmp_path / "tiny.txt"
-    data.write_text(TEXT, encoding="utf-8")
-    out = tmp_path / "run"
-    assert main(["train", "--data", str(data), "--out", str(out), *SMALL]) == 0
+    data, out = train_small(tmp_path)
     capsys.readouterr()
     assert main(["sample", "--run", str(out), "--prompt", "Zebra!"]) == 2
     err = capsys.readouterr().err
@@ -142,10 +145,7 @@ def test_out_that_is_a_file_is_refused(tmp_path, capsys):
 def test_a_failed_run_leaves_the_earlier_run_intact(tmp_path, capsys, monkeypatch):
     import decoderlm.train as train_module
 
-    data = tmp_path / "tiny.txt"
-    data.write_text(TEXT, encoding="utf-8")
-    out = tmp_path / "run"
-    assert main(["train", "--data", str(data), "--out", str(out), *SMALL]) == 0
+    data, out = train_small(tmp_path)
     before = {p.name: p.read_bytes() for p in out.iterdir()}
     real_train = train_module.train
 
@@ -164,10 +164,7 @@ def test_a_failed_run_leaves_the_earlier_run_intact(tmp_path, capsys, monkeypatc
 
 
 def test_damaged_run_files_give_clear_errors(tmp_path, capsys):
-    data = tmp_path / "tiny.txt"
-    data.write_text(TEXT, encoding="utf-8")
-    out = tmp_path / "run"
-    assert main(["train", "--data", str(data), "--out", str(out), *SMALL]) == 0
+    data, out = train_small(tmp_path)
     capsys.readouterr()
     weights = (out / "model.safetensors").read_bytes()
     (out / "model.safetensors").write_bytes(weights[:1000])
