@@ -53,9 +53,18 @@ def _check_real(obj, name: str, low: float, high: float = math.inf,
         raise ValueError(f"{name} must be a finite number in {interval}, got {value!r}")
 
 
+_CHOICES = {
+    "pos_encoding": ("learned", "sinusoidal", "rope"),
+    "norm_position": ("pre", "post"),
+    "norm": ("layernorm", "rmsnorm"),
+    "mlp": ("gelu", "swiglu"),
+    "activation": ("gelu", "gelu_tanh"),
+}
+
+
 @dataclass
 class ModelConfig:
-    """Hyperparameters of a GPT-2-style decoder-only transformer.
+    """Hyperparameters of a decoder-only transformer (GPT-2 by default).
 
     Attributes:
         vocab_size: number of token ids; logits are [B, T, vocab_size].
@@ -63,15 +72,31 @@ class ModelConfig:
         n_layers: number of decoder blocks.
         n_heads: attention heads per block; head_dim = d_model / n_heads.
         d_model: width of the residual stream, x is [B, T, d_model].
-        d_ff: hidden width of the MLP; None means 4 * d_model (GPT-2).
+        d_ff: hidden width of the MLP; None means 4 * d_model for "gelu" (GPT-2) and Llama's
+            rule for "swiglu": 2/3 * 4 * d_model rounded up to a multiple of 256.
         dropout: dropout probability on embeddings, attention weights and residual branches
             (training mode only).
         bias: whether Linear layers and LayerNorms carry a bias.
         tie_embeddings: share the unembedding matrix with the token embedding (GPT-2).
+        pos_encoding: "learned" (GPT-2: a trained [block_size, d_model] table added to the
+            token embeddings), "sinusoidal" (Vaswani et al. 2017, section 3.5: a fixed table,
+            PE(pos, 2i) = sin(pos / 10000^(2i / d_model)), PE(pos, 2i+1) = cos(same), added)
+            or "rope" (rotary, Su et al. 2021: q and k of every head rotated by position;
+            the half-split layout of GPT-NeoX and Hugging Face Llama).
+        rope_base: the rotary base theta (10,000 in Su et al. and Llama).
+        norm_position: "pre" (GPT-2: x + f(norm(x)), plus a final norm) or "post" (Vaswani
+            et al.: norm(x + f(x)), no final norm).
+        norm: "layernorm" (Ba et al. 2016) or "rmsnorm" (Zhang & Sennrich 2019; no bias).
+        norm_eps: epsilon of the norms.
+        mlp: "gelu" (Linear -> activation -> Linear) or "swiglu" (Shazeer 2020, as in Llama:
+            proj(silu(gate(x)) * fc(x))).
+        activation: the GELU of the "gelu" MLP: "gelu" is exact (erf), "gelu_tanh" is the tanh
+            approximation GPT-2's released weights were trained with.
 
     Raises:
         ValueError: a size is not a positive integer, d_model is not divisible by n_heads,
-            or dropout is outside [0, 1).
+            head_dim is odd with rope, dropout is outside [0, 1), or an option is not one of
+            its choices.
     """
 
     vocab_size: int = 50257
@@ -83,18 +108,36 @@ class ModelConfig:
     dropout: float = 0.0
     bias: bool = True
     tie_embeddings: bool = True
+    pos_encoding: str = "learned"
+    rope_base: float = 10000.0
+    norm_position: str = "pre"
+    norm: str = "layernorm"
+    norm_eps: float = 1e-5
+    mlp: str = "gelu"
+    activation: str = "gelu"
 
     def __post_init__(self) -> None:
+        for name, choices in _CHOICES.items():
+            if getattr(self, name) not in choices:
+                raise ValueError(f"{name} must be one of {list(choices)}, got "
+                                 f"{getattr(self, name)!r}")
+        _check_int(self, "vocab_size", "block_size", "n_layers", "n_heads", "d_model")
         if self.d_ff is None:
             self.d_ff = 4 * self.d_model
-        _check_int(self, "vocab_size", "block_size", "n_layers", "n_heads", "d_model",
-                            "d_ff")
+            if self.mlp == "swiglu":
+                self.d_ff = 256 * math.ceil(int(8 * self.d_model / 3) / 256)
+        _check_int(self, "d_ff")
         if self.d_model % self.n_heads != 0:
             raise ValueError(
                 f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads}); "
                 f"choose n_heads among the divisors of d_model"
             )
+        if self.pos_encoding == "rope" and self.head_dim % 2:
+            raise ValueError(f"rope needs an even head_dim, got d_model / n_heads = "
+                             f"{self.head_dim}")
         _check_real(self, "dropout", 0.0, 1.0, high_open=True)
+        _check_real(self, "rope_base", 1.0, low_open=True)
+        _check_real(self, "norm_eps", 0.0, low_open=True)
         for name in ("bias", "tie_embeddings"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")

@@ -1,15 +1,16 @@
-"""The whole model: causal self-attention, MLP, decoder block and `DecoderLM`.
+"""The whole model: positions, norms, causal self-attention, MLP, decoder block, `DecoderLM`.
 
-A GPT-2-style decoder-only transformer (Radford et al. 2019), read top to bottom:
+A decoder-only transformer, GPT-2 style by default (Radford et al. 2019), read top to bottom:
 
-    x = tok_emb(idx) + pos_emb(0..T-1)                 # [B, T, d_model]
-    for each block:  x = x + attn(ln_1(x))             # pre-norm residual branches
-                     x = x + mlp(ln_2(x))
-    logits = lm_head(ln_f(x))                          # [B, T, vocab_size]
+    x = tok_emb(idx) [+ positions (learned or sinusoidal)]    # [B, T, d_model]
+    for each block (pre-norm):  x = x + attn(norm_1(x))       # rope rotates q, k inside attn
+                                x = x + mlp(norm_2(x))
+              (post-norm):      x = norm_1(x + attn(x)); x = norm_2(x + mlp(x))
+    logits = lm_head(norm_f(x))  (pre-norm; post-norm has no final norm)   # [B, T, vocab_size]
 
 Attention is scaled dot-product attention (Vaswani et al. 2017, eq. 1):
 softmax(q k^T / sqrt(head_dim) + causal mask) v, with future positions set to -inf before
-the softmax so they get exactly zero weight.
+the softmax so they get exactly zero weight. The options are described in `ModelConfig`.
 """
 
 from __future__ import annotations
@@ -23,7 +24,63 @@ import torch.nn.functional as F
 
 from .config import ModelConfig
 
-__all__ = ["DecoderLM", "CausalSelfAttention", "MLP", "Block", "causal_attention"]
+__all__ = ["DecoderLM", "CausalSelfAttention", "MLP", "Block", "RMSNorm", "causal_attention",
+           "sinusoidal_positions", "rope_cos_sin", "apply_rope"]
+
+
+def sinusoidal_positions(T: int, d_model: int) -> torch.Tensor:
+    """The fixed position table of Vaswani et al. 2017, section 3.5, [T, d_model] float32:
+    PE(pos, 2i) = sin(pos / 10000^(2i / d_model)), PE(pos, 2i + 1) = cos(pos / 10000^(2i /
+    d_model))."""
+    pos = torch.arange(T, dtype=torch.float64)[:, None]
+    angle = pos / 10000.0 ** (torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)
+    pe = torch.zeros(T, d_model, dtype=torch.float64)
+    pe[:, 0::2] = torch.sin(angle)
+    pe[:, 1::2] = torch.cos(angle[:, : d_model // 2])
+    return pe.float()
+
+
+def rope_cos_sin(T: int, head_dim: int, base: float = 10000.0) -> tuple[torch.Tensor,
+                                                                          torch.Tensor]:
+    """cos and sin of the rotary angles m * theta_i, theta_i = base^(-2i / head_dim)
+    (Su et al. 2021, eq. 15), for positions m = 0..T-1: two [T, head_dim / 2] float32."""
+    inv_freq = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    angle = torch.arange(T, dtype=torch.float64)[:, None] * inv_freq[None, :]
+    return torch.cos(angle).float(), torch.sin(angle).float()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate x [B, n_heads, T, head_dim] by position (cos, sin: [T, head_dim / 2]).
+
+    Half-split layout (GPT-NeoX, Hugging Face Llama): feature j of the first half and feature
+    j of the second half form the pair rotated by angle m * theta_j. Weights trained with the
+    interleaved layout (pairs 2j, 2j + 1; Meta's Llama) need their q/k projection rows
+    permuted to use it.
+    """
+    half = x.size(-1) // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+
+
+class RMSNorm(nn.Module):
+    """x / sqrt(mean(x^2) + eps) * weight over the last dimension (Zhang & Sennrich 2019,
+    eq. 4). x [..., d] -> [..., d]."""
+
+    def __init__(self, d: int, eps: float = 1e-5):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(d))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(x, (x.size(-1),), self.weight, self.eps)
+
+
+def make_norm(config: ModelConfig) -> nn.Module:
+    """The norm the config asks for, over d_model."""
+    if config.norm == "rmsnorm":
+        return RMSNorm(config.d_model, config.norm_eps)
+    return nn.LayerNorm(config.d_model, eps=config.norm_eps, bias=config.bias)
 
 
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -53,7 +110,8 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 class CausalSelfAttention(nn.Module):
     """Multi-head causal self-attention with one fused QKV projection.
 
-    forward(x [B, T, d_model], need_weights=False) -> (y [B, T, d_model], att | None).
+    forward(x [B, T, d_model], rope=None, need_weights=False) -> (y [B, T, d_model], att | None);
+    rope is (cos, sin) [T, head_dim / 2] when the config's pos_encoding is "rope".
     The default path calls `F.scaled_dot_product_attention(is_causal=True)` (fused kernels);
     with need_weights=True it runs `causal_attention` and also returns att [B, n_heads, T, T].
     """
@@ -66,10 +124,12 @@ class CausalSelfAttention(nn.Module):
         self.proj = nn.Linear(config.d_model, config.d_model, bias=config.bias)
         self.resid_dropout = nn.Dropout(config.dropout)
 
-    def forward(self, x: torch.Tensor, need_weights: bool = False):
+    def forward(self, x: torch.Tensor, rope: tuple | None = None, need_weights: bool = False):
         B, T, C = x.shape
         q, k, v = (t.view(B, T, self.n_heads, C // self.n_heads).transpose(1, 2)
                    for t in self.qkv(x).split(C, dim=2))
+        if rope is not None:
+            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         dropout_p = self.dropout if self.training else 0.0
         if need_weights:
             y, att = causal_attention(q, k, v, dropout_p)
@@ -81,38 +141,54 @@ class CausalSelfAttention(nn.Module):
 
 
 class MLP(nn.Module):
-    """Position-wise feed-forward: Linear(d_model, d_ff) -> GELU (exact, erf) -> Linear(d_ff,
-    d_model) -> dropout. x [B, T, d_model] -> [B, T, d_model]."""
+    """Position-wise feed-forward, x [B, T, d_model] -> [B, T, d_model].
+
+    "gelu": proj(GELU(fc(x))), GELU exact (erf) or tanh-approximate per config.activation.
+    "swiglu": proj(silu(gate(x)) * fc(x)) (Shazeer 2020, eq. 6 with Swish_1 = SiLU).
+    Dropout on the output.
+    """
 
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.fc = nn.Linear(config.d_model, config.d_ff, bias=config.bias)
+        self.gate = (nn.Linear(config.d_model, config.d_ff, bias=config.bias)
+                     if config.mlp == "swiglu" else None)
         self.proj = nn.Linear(config.d_ff, config.d_model, bias=config.bias)
+        self.approximate = "tanh" if config.activation == "gelu_tanh" else "none"
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.dropout(self.proj(F.gelu(self.fc(x))))
+        if self.gate is not None:
+            h = F.silu(self.gate(x)) * self.fc(x)
+        else:
+            h = F.gelu(self.fc(x), approximate=self.approximate)
+        return self.dropout(self.proj(h))
 
 
 class Block(nn.Module):
-    """One pre-norm decoder block: x + attn(ln_1(x)), then x + mlp(ln_2(x))."""
+    """One decoder block. Pre-norm (GPT-2): x + attn(ln_1(x)), then x + mlp(ln_2(x)).
+    Post-norm (Vaswani et al. 2017): ln_1(x + attn(x)), then ln_2(x + mlp(x))."""
 
     def __init__(self, config: ModelConfig):
         super().__init__()
-        self.ln_1 = nn.LayerNorm(config.d_model, bias=config.bias)
+        self.pre_norm = config.norm_position == "pre"
+        self.ln_1 = make_norm(config)
         self.attn = CausalSelfAttention(config)
-        self.ln_2 = nn.LayerNorm(config.d_model, bias=config.bias)
+        self.ln_2 = make_norm(config)
         self.mlp = MLP(config)
 
-    def forward(self, x: torch.Tensor, need_weights: bool = False):
-        a, att = self.attn(self.ln_1(x), need_weights)
-        x = x + a
-        x = x + self.mlp(self.ln_2(x))
-        return x, att
+    def forward(self, x: torch.Tensor, rope: tuple | None = None, need_weights: bool = False):
+        if self.pre_norm:
+            a, att = self.attn(self.ln_1(x), rope, need_weights)
+            x = x + a
+            return x + self.mlp(self.ln_2(x)), att
+        a, att = self.attn(x, rope, need_weights)
+        x = self.ln_1(x + a)
+        return self.ln_2(x + self.mlp(x)), att
 
 
 class DecoderLM(nn.Module):
-    """A GPT-2-style decoder-only language model.
+    """A decoder-only language model (GPT-2 style unless the config says otherwise).
 
     Args:
         config: the `ModelConfig`.
@@ -126,10 +202,20 @@ class DecoderLM(nn.Module):
         super().__init__()
         self.config = config
         self.tok_emb = nn.Embedding(config.vocab_size, config.d_model)
-        self.pos_emb = nn.Embedding(config.block_size, config.d_model)
+        self.pos_emb = (nn.Embedding(config.block_size, config.d_model)
+                        if config.pos_encoding == "learned" else None)
+        # fixed tables are buffers, rebuilt from the config, not stored in checkpoints
+        if config.pos_encoding == "sinusoidal":
+            self.register_buffer("pos_table", sinusoidal_positions(config.block_size,
+                                                                   config.d_model),
+                                 persistent=False)
+        if config.pos_encoding == "rope":
+            cos, sin = rope_cos_sin(config.block_size, config.head_dim, config.rope_base)
+            self.register_buffer("rope_cos", cos, persistent=False)
+            self.register_buffer("rope_sin", sin, persistent=False)
         self.drop = nn.Dropout(config.dropout)
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layers))
-        self.ln_f = nn.LayerNorm(config.d_model, bias=config.bias)
+        self.ln_f = make_norm(config) if config.norm_position == "pre" else None
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
         if config.tie_embeddings:
             self.lm_head.weight = self.tok_emb.weight
@@ -165,13 +251,22 @@ class DecoderLM(nn.Module):
 
     def _run(self, idx: torch.Tensor, need_weights: bool):
         self._check_input(idx)
-        pos = torch.arange(idx.size(1), device=idx.device)
-        x = self.drop(self.tok_emb(idx) + self.pos_emb(pos))
+        T = idx.size(1)
+        x, rope = self.tok_emb(idx), None
+        if self.pos_emb is not None:
+            x = x + self.pos_emb(torch.arange(T, device=idx.device))
+        elif self.config.pos_encoding == "sinusoidal":
+            x = x + self.pos_table[:T]
+        else:
+            rope = (self.rope_cos[:T], self.rope_sin[:T])
+        x = self.drop(x)
         atts = []
         for block in self.blocks:
-            x, att = block(x, need_weights)
+            x, att = block(x, rope, need_weights)
             atts.append(att)
-        return self.lm_head(self.ln_f(x)), atts
+        if self.ln_f is not None:
+            x = self.ln_f(x)
+        return self.lm_head(x), atts
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
         """Logits for every position, and the next-token loss when targets are given.
@@ -213,11 +308,12 @@ class DecoderLM(nn.Module):
     def num_parameters(self, non_embedding: bool = False) -> int:
         """Number of unique parameters (a tied matrix counts once).
 
-        non_embedding=True leaves out the position table (the nanoGPT convention: the token
-        embedding stays in because it is also the unembedding when tied).
+        non_embedding=True leaves out the learned position table, if any (the nanoGPT
+        convention: the token embedding stays in because it is also the unembedding when
+        tied). Fixed sinusoidal and rotary tables are buffers, not parameters.
         """
         n = sum(p.numel() for p in self.parameters())
-        return n - self.pos_emb.weight.numel() if non_embedding else n
+        return n - self.pos_emb.weight.numel() if non_embedding and self.pos_emb is not None else n
 
     @torch.no_grad()
     def generate(self, idx: torch.Tensor, max_new_tokens: int, **kwargs) -> torch.Tensor:

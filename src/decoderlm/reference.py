@@ -1,11 +1,17 @@
 """The DecoderLM forward pass in plain NumPy: a test oracle and a teaching aid.
 
-Written from the formulas, not from the torch code, in float64:
+Written from the formulas, not from the torch code, in float64, for every ModelConfig option:
 
-    LayerNorm(x)   = (x - mean) / sqrt(var + 1e-5) * g + b         (Ba et al. 2016)
+    LayerNorm(x)   = (x - mean) / sqrt(var + eps) * g + b           (Ba et al. 2016)
+    RMSNorm(x)     = x / sqrt(mean(x^2) + eps) * g                   (Zhang & Sennrich 2019)
     Attention(Q,K,V) = softmax(Q K^T / sqrt(d_k) + M) V,  M[t, s] = -inf for s > t
                                                             (Vaswani et al. 2017, eq. 1)
-    GELU(x)        = x * Phi(x) = 0.5 x (1 + erf(x / sqrt(2)))     (Hendrycks & Gimpel 2016)
+    GELU(x)        = x * Phi(x) = 0.5 x (1 + erf(x / sqrt(2)))      (Hendrycks & Gimpel 2016)
+    GELU_tanh(x)   = 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3)))
+    SwiGLU(x)      = (SiLU(x W_gate) * x W_fc) W_proj, SiLU(z) = z / (1 + e^-z)  (Shazeer 2020)
+    sinusoidal PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(...)  (Vaswani 3.5)
+    RoPE: the pair (x_j, x_{j + d_k/2}) read as the complex number x_j + i x_{j + d_k/2} is
+          multiplied by e^(i m theta_j), theta_j = base^(-2j / d_k)   (Su et al. 2021, eq. 12)
 
 Usage:
     params = {k: v.numpy() for k, v in model.state_dict().items()}
@@ -18,7 +24,8 @@ import math
 
 import numpy as np
 
-__all__ = ["forward", "layer_norm", "gelu", "softmax", "causal_self_attention"]
+__all__ = ["forward", "layer_norm", "rms_norm", "gelu", "gelu_tanh", "silu", "softmax",
+           "sinusoidal_table", "rope", "causal_self_attention"]
 
 _erf = np.vectorize(math.erf)
 
@@ -29,6 +36,40 @@ def layer_norm(x: np.ndarray, g: np.ndarray, b: np.ndarray | None, eps: float = 
     var = ((x - mean) ** 2).mean(axis=-1, keepdims=True)
     y = (x - mean) / np.sqrt(var + eps) * g
     return y if b is None else y + b
+
+
+def rms_norm(x: np.ndarray, g: np.ndarray, eps: float = 1e-5):
+    """Divide the last axis of x by its root mean square, then scale."""
+    return x / np.sqrt((x ** 2).mean(axis=-1, keepdims=True) + eps) * g
+
+
+def gelu_tanh(x: np.ndarray) -> np.ndarray:
+    """The tanh approximation of GELU used by GPT-2."""
+    return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    """SiLU (Swish with beta 1): x * sigmoid(x)."""
+    return x / (1.0 + np.exp(-x))
+
+
+def sinusoidal_table(T: int, d: int) -> np.ndarray:
+    """[T, d]: column 2i is sin(pos / 10000^(2i/d)), column 2i+1 is cos of the same angle."""
+    pe = np.zeros((T, d))
+    for pos in range(T):
+        for col in range(d):
+            angle = pos / 10000.0 ** ((col - col % 2) / d)
+            pe[pos, col] = math.sin(angle) if col % 2 == 0 else math.cos(angle)
+    return pe
+
+
+def rope(x: np.ndarray, base: float) -> np.ndarray:
+    """Rotate x [B, H, T, d_k] by position, as complex multiplication of the half-split pairs."""
+    half = x.shape[-1] // 2
+    z = x[..., :half] + 1j * x[..., half:]
+    theta = base ** (-2.0 * np.arange(half) / x.shape[-1])
+    z = z * np.exp(1j * np.arange(x.shape[-2])[:, None] * theta[None, :])
+    return np.concatenate([z.real, z.imag], axis=-1)
 
 
 def gelu(x: np.ndarray) -> np.ndarray:
@@ -48,13 +89,17 @@ def _linear(x, params, name):
     return y if bias is None else y + bias
 
 
-def causal_self_attention(x: np.ndarray, params: dict, prefix: str, n_heads: int):
-    """x [B, T, d_model] -> (y [B, T, d_model], att [B, n_heads, T, T])."""
+def causal_self_attention(x: np.ndarray, params: dict, prefix: str, n_heads: int,
+                          rope_base: float | None = None):
+    """x [B, T, d_model] -> (y [B, T, d_model], att [B, n_heads, T, T]); rope_base set means
+    q and k are rotated by position first."""
     B, T, C = x.shape
     d_k = C // n_heads
     qkv = _linear(x, params, f"{prefix}.qkv")
     q, k, v = (qkv[..., i * C:(i + 1) * C].reshape(B, T, n_heads, d_k).transpose(0, 2, 1, 3)
                for i in range(3))
+    if rope_base is not None:
+        q, k = rope(q, rope_base), rope(k, rope_base)
     scores = q @ k.transpose(0, 1, 3, 2) / math.sqrt(d_k)
     future = np.triu(np.ones((T, T), dtype=bool), k=1)
     att = softmax(np.where(future, -np.inf, scores))
@@ -68,7 +113,7 @@ def forward(params: dict[str, np.ndarray], config, idx: np.ndarray) -> np.ndarra
     Args:
         params: the model's state dict as NumPy arrays (keys as in `DecoderLM.state_dict()`;
             if "lm_head.weight" is absent, the token embedding is used: tied weights).
-        config: the ModelConfig (needs n_layers, n_heads).
+        config: the ModelConfig.
         idx: [B, T] integer token ids, T <= block_size.
 
     Returns:
@@ -76,14 +121,36 @@ def forward(params: dict[str, np.ndarray], config, idx: np.ndarray) -> np.ndarra
     """
     p = {k: np.asarray(v, dtype=np.float64) for k, v in params.items()}
     T = idx.shape[1]
-    x = p["tok_emb.weight"][idx] + p["pos_emb.weight"][:T]
+
+    def norm(x, name):
+        if config.norm == "rmsnorm":
+            return rms_norm(x, p[f"{name}.weight"], config.norm_eps)
+        return layer_norm(x, p[f"{name}.weight"], p.get(f"{name}.bias"), config.norm_eps)
+
+    def mlp(x, pre):
+        if config.mlp == "swiglu":
+            h = silu(_linear(x, p, f"{pre}.mlp.gate")) * _linear(x, p, f"{pre}.mlp.fc")
+        else:
+            act = gelu_tanh if config.activation == "gelu_tanh" else gelu
+            h = act(_linear(x, p, f"{pre}.mlp.fc"))
+        return _linear(h, p, f"{pre}.mlp.proj")
+
+    x = p["tok_emb.weight"][idx]
+    if config.pos_encoding == "learned":
+        x = x + p["pos_emb.weight"][:T]
+    elif config.pos_encoding == "sinusoidal":
+        x = x + sinusoidal_table(T, config.d_model)
+    rope_base = config.rope_base if config.pos_encoding == "rope" else None
     for i in range(config.n_layers):
         pre = f"blocks.{i}"
-        a, _ = causal_self_attention(
-            layer_norm(x, p[f"{pre}.ln_1.weight"], p.get(f"{pre}.ln_1.bias")), p,
-            f"{pre}.attn", config.n_heads)
-        x = x + a
-        h = layer_norm(x, p[f"{pre}.ln_2.weight"], p.get(f"{pre}.ln_2.bias"))
-        x = x + _linear(gelu(_linear(h, p, f"{pre}.mlp.fc")), p, f"{pre}.mlp.proj")
-    x = layer_norm(x, p["ln_f.weight"], p.get("ln_f.bias"))
+        if config.norm_position == "pre":
+            x = x + causal_self_attention(norm(x, f"{pre}.ln_1"), p, f"{pre}.attn",
+                                          config.n_heads, rope_base)[0]
+            x = x + mlp(norm(x, f"{pre}.ln_2"), pre)
+        else:
+            x = norm(x + causal_self_attention(x, p, f"{pre}.attn", config.n_heads,
+                                               rope_base)[0], f"{pre}.ln_1")
+            x = norm(x + mlp(x, pre), f"{pre}.ln_2")
+    if config.norm_position == "pre":
+        x = norm(x, "ln_f")
     return x @ p.get("lm_head.weight", p["tok_emb.weight"]).T
