@@ -99,3 +99,23 @@ def test_gpt2_presets_have_the_released_sizes():
         with torch.device("meta"):
             assert DecoderLM(cfg).num_parameters() == total
         assert cfg.activation == "gelu_tanh" and cfg.vocab_size == 50257
+
+
+def test_params_command(tmp_path, capsys):
+    import json
+
+    from decoderlm.cli import main
+
+    assert main(["params", "--preset", "gpt2", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["parameters"]["total"] == report["parameters_of_modules"] == 124_439_808
+    assert report["flops_per_token"]["palm"]["training"] > report["flops_per_token"]["kaplan"][
+        "training"]
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"model": {**PRESETS["llama-tiny"].model, "n_layers": 2}}))
+    assert main(["params", "--config", str(config), "--batch-size", "2", "--seq-len", "64",
+                 "--dtype", "bf16"]) == 0
+    out = capsys.readouterr().out
+    assert "parameters:" in out and "kv_cache" in out and "GiB" in out
+    assert main(["params", "--preset", "gpt2", "--seq-len", "2048"]) == 2
+    assert "block_size=1024" in capsys.readouterr().err

@@ -1,4 +1,4 @@
-"""The `decoderlm` command: train | sample | presets.
+"""The `decoderlm` command: train | sample | presets | params.
 
 User mistakes (bad flags, missing files, unknown characters, ...) print one line
 `decoderlm: error: ...` and exit with status 2, never a traceback.
@@ -119,6 +119,18 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--device", type=_device, default="cpu")
 
     sub.add_parser("presets", help="list the named presets")
+
+    a = sub.add_parser("params", help="parameter, FLOP and memory counts of a model",
+                       description="Closed-form parameter count (checked against a model built "
+                       "on the meta device), FLOPs per token and memory, from hyperparameters.")
+    source = a.add_mutually_exclusive_group(required=True)
+    source.add_argument("--preset", choices=sorted(PRESETS))
+    source.add_argument("--config", metavar="FILE", help="a config.json (a run's, or ModelConfig "
+                        "fields as a JSON object)")
+    a.add_argument("--batch-size", type=_positive_int, default=1, metavar="B")
+    a.add_argument("--seq-len", type=_positive_int, metavar="T", help="default: block_size")
+    a.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], default="fp32")
+    a.add_argument("--json", action="store_true", help="print JSON instead of a table")
     return parser
 
 
@@ -160,12 +172,65 @@ def _cmd_sample(args) -> int:
 
 
 def _cmd_presets(args) -> int:
-    from .config import PRESETS
+    from .analysis import count_parameters
+    from .config import PRESETS, ModelConfig
 
     for name, preset in PRESETS.items():
-        print(f"{name}: {preset.description}")
+        total = count_parameters(ModelConfig.from_dict(preset.model))["total"]
+        print(f"{name} ({total:,} parameters): {preset.description}")
         print(f"    model: {preset.model}")
-        print(f"    train: {preset.train}")
+        if preset.train:
+            print(f"    train: {preset.train}")
+    return 0
+
+
+def _cmd_params(args) -> int:
+    import json
+
+    import torch
+
+    from .analysis import count_parameters, flops_per_token, memory_bytes
+    from .checkpoint import read_json
+    from .config import ModelConfig, get_preset
+    from .model import DecoderLM
+
+    if args.preset:
+        config = ModelConfig.from_dict(get_preset(args.preset).model)
+    else:
+        data = read_json(args.config)
+        data = data.get("model", data) if isinstance(data, dict) else data
+        config = ModelConfig.from_dict(data)
+    counts = count_parameters(config)
+    with torch.device("meta"):  # the real modules, without allocating their memory
+        built = DecoderLM(config).num_parameters()
+    if built != counts["total"]:
+        raise RuntimeError(f"internal error: formula {counts['total']} != modules {built}")
+    T = args.seq_len or config.block_size
+    report = {
+        "config": config.to_dict(), "parameters": counts, "parameters_of_modules": built,
+        "flops_per_token": {c: flops_per_token(config, T, c) for c in ("kaplan", "palm")},
+        "memory_bytes": memory_bytes(config, args.batch_size, T, args.dtype),
+        "memory_bytes_checkpointed": memory_bytes(config, args.batch_size, T, args.dtype, True),
+        "batch_size": args.batch_size, "seq_len": T, "dtype": args.dtype,
+    }
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 0
+    gib = 2 ** 30
+    print(f"parameters: {counts['total']:,} (modules on the meta device: {built:,}); "
+          f"non-embedding {counts['non_embedding']:,}")
+    for part in ("embeddings", "attention", "mlp", "norms", "head"):
+        print(f"  {part:<11} {counts[part]:>15,}")
+    k, p = report["flops_per_token"]["kaplan"], report["flops_per_token"]["palm"]
+    print(f"FLOPs per token at T={T}: forward {k['forward']:,}, training {k['training']:,} "
+          f"(Kaplan: causal attention); PaLM convention (full T x T): training "
+          f"{p['training']:,}; per sequence (Kaplan): training {k['training_per_sequence']:,}")
+    m, c = report["memory_bytes"], report["memory_bytes_checkpointed"]
+    print(f"memory at batch {args.batch_size}, T={T}, {args.dtype}:")
+    for key in ("weights", "gradients", "adamw", "activations", "training_total", "kv_cache"):
+        print(f"  {key:<15} {m[key]:>16,} bytes = {m[key] / gib:9.3f} GiB")
+    print(f"  activations with activation checkpointing: {c['activations'] / gib:.3f} GiB "
+          f"(training total {c['training_total'] / gib:.3f} GiB)")
     return 0
 
 
@@ -175,7 +240,8 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
     except SystemExit as exit_:  # --help (0) or a bad argument (2, message already printed)
         return exit_.code
-    command = {"train": _cmd_train, "sample": _cmd_sample, "presets": _cmd_presets}
+    command = {"train": _cmd_train, "sample": _cmd_sample, "presets": _cmd_presets,
+               "params": _cmd_params}
     try:
         return command[args.command](args)
     except BrokenPipeError:  # e.g. `decoderlm sample ... | head`: stop quietly
