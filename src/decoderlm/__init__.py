@@ -8,9 +8,9 @@
 
 from .config import PRESETS, ModelConfig, TrainConfig, get_preset
 from .model import DecoderLM
-from .tokenizers import CharTokenizer, UnknownCharacterError, load_tokenizer
+from .tokenizers import CharTokenizer, GPT2Tokenizer, UnknownCharacterError, load_tokenizer
 
 __version__ = "0.1.0"
 
 __all__ = ["ModelConfig", "TrainConfig", "PRESETS", "get_preset", "DecoderLM", "CharTokenizer",
-           "UnknownCharacterError", "load_tokenizer", "__version__"]
+           "GPT2Tokenizer", "UnknownCharacterError", "load_tokenizer", "__version__"]

@@ -108,9 +108,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("sample", help="print text sampled from a trained model",
                        description="Sample a continuation of --prompt and print it.")
-    s.add_argument("--run", required=True, metavar="DIR", help="a run directory")
+    model_source = s.add_mutually_exclusive_group(required=True)
+    model_source.add_argument("--run", metavar="DIR", help="a run directory")
+    model_source.add_argument("--hf", metavar="DIR", help="a Hugging Face GPT-2 checkpoint "
+                              "directory (config.json + model.safetensors); GPT-2 BPE tokenizer")
     s.add_argument("--prompt", help="text to continue (default: a newline, or the first "
-                   "character of the vocabulary if it has no newline)")
+                   "character of a character vocabulary without one; <|endoftext|> for GPT-2)")
     s.add_argument("--max-new-tokens", type=_non_negative_int, default=500, metavar="N")
     s.add_argument("--temperature", type=float, default=1.0, help="0 is greedy (default: 1.0)")
     s.add_argument("--top-k", type=_positive_int, metavar="K")
@@ -153,15 +156,22 @@ def _cmd_sample(args) -> int:
     import torch
 
     from .model import DecoderLM
-    from .tokenizers import load_tokenizer
+    from .tokenizers import CharTokenizer, GPT2Tokenizer, load_tokenizer
 
-    model = DecoderLM.from_pretrained(args.run, map_location=args.device)
-    tokenizer = load_tokenizer(args.run)
+    if args.hf:
+        from .hf import load_gpt2
+        model, tokenizer = load_gpt2(args.hf, map_location=args.device), GPT2Tokenizer()
+    else:
+        model = DecoderLM.from_pretrained(args.run, map_location=args.device)
+        tokenizer = load_tokenizer(args.run)
     if tokenizer.vocab_size != model.config.vocab_size:
-        raise ValueError(f"the tokenizer in {args.run} has {tokenizer.vocab_size} tokens but the "
-                         f"model expects vocab_size={model.config.vocab_size}")
+        raise ValueError(f"the tokenizer of {args.run or args.hf} has {tokenizer.vocab_size} "
+                         f"tokens but the model expects vocab_size={model.config.vocab_size}")
     if args.prompt is None:
-        args.prompt = "\n" if "\n" in tokenizer.stoi else tokenizer.chars[0]
+        if isinstance(tokenizer, CharTokenizer):
+            args.prompt = "\n" if "\n" in tokenizer.stoi else tokenizer.chars[0]
+        else:
+            args.prompt = "<|endoftext|>"
     if not args.prompt:
         raise ValueError("--prompt is empty; give at least one character")
     idx = torch.tensor([tokenizer.encode(args.prompt)], dtype=torch.long, device=args.device)

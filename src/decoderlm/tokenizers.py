@@ -1,8 +1,11 @@
 """Tokenizers: text <-> token ids.
 
 `CharTokenizer` is the seed notebook's character-level tokenizer: the vocabulary is the sorted
-set of characters of the corpus (code-point order), id i is the i-th character. It is saved
-with the model as tokenizer.json, so a checkpoint always decodes with its own vocabulary.
+set of characters of the corpus (code-point order), id i is the i-th character.
+`GPT2Tokenizer` is OpenAI's GPT-2 byte-level BPE (50,257 ids, `<|endoftext|>` = 50256), run by
+tiktoken from the encoder.json and vocab.bpe files the package ships (no network).
+Both have encode / decode / vocab_size / save_pretrained / from_pretrained; a tokenizer is
+saved with the model as tokenizer.json, so a checkpoint always decodes with its own vocabulary.
 """
 
 from __future__ import annotations
@@ -11,9 +14,13 @@ from pathlib import Path
 
 from .checkpoint import read_json, write_json
 
-__all__ = ["CharTokenizer", "UnknownCharacterError", "load_tokenizer"]
+__all__ = ["CharTokenizer", "GPT2Tokenizer", "UnknownCharacterError", "load_tokenizer"]
 
 TOKENIZER_NAME = "tokenizer.json"
+GPT2_BPE_DIR = Path(__file__).parent / "bpe"
+# sha256 of OpenAI's originals, as tiktoken pins them
+_GPT2_HASHES = {"vocab.bpe": "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5",
+                "encoder.json": "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783"}
 
 
 class UnknownCharacterError(ValueError):
@@ -114,7 +121,80 @@ class CharTokenizer:
         return f"CharTokenizer(vocab_size={self.vocab_size})"
 
 
-def load_tokenizer(directory: str | Path) -> CharTokenizer:
+class GPT2Tokenizer:
+    """GPT-2's byte-level BPE (Radford et al. 2019), through tiktoken.
+
+    Args:
+        bpe_dir: a directory holding encoder.json and vocab.bpe (default: the copies shipped
+            in the package; their sha256 must match OpenAI's originals).
+
+    encode(text) -> list[int] treats "<|endoftext|>" in the text as the special token 50256;
+    every other string encodes (byte-level: no unknown characters).
+
+    Raises:
+        FileNotFoundError: a BPE file is missing. ValueError: a file's hash does not match.
+    """
+
+    kind = "gpt2"
+    eot_token = 50256
+
+    def __init__(self, bpe_dir: str | Path | None = None):
+        import tiktoken
+        from tiktoken.load import data_gym_to_mergeable_bpe_ranks
+        from tiktoken_ext.openai_public import r50k_pat_str
+
+        bpe_dir = Path(bpe_dir) if bpe_dir is not None else GPT2_BPE_DIR
+        for name in _GPT2_HASHES:
+            if not (bpe_dir / name).is_file():
+                raise FileNotFoundError(f"{bpe_dir / name} not found; the GPT-2 tokenizer needs "
+                                        f"encoder.json and vocab.bpe")
+        ranks = data_gym_to_mergeable_bpe_ranks(
+            str(bpe_dir / "vocab.bpe"), str(bpe_dir / "encoder.json"),
+            vocab_bpe_hash=_GPT2_HASHES["vocab.bpe"],
+            encoder_json_hash=_GPT2_HASHES["encoder.json"])
+        self.encoding = tiktoken.Encoding(name="gpt2", pat_str=r50k_pat_str,
+                                          mergeable_ranks=ranks,
+                                          special_tokens={"<|endoftext|>": self.eot_token},
+                                          explicit_n_vocab=50257)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.encoding.n_vocab
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of `text` (ints in [0, 50257))."""
+        return self.encoding.encode(text, allowed_special={"<|endoftext|>"})
+
+    def decode(self, ids) -> str:
+        """Text of token ids; bytes that do not form valid UTF-8 become U+FFFD.
+
+        Raises:
+            ValueError: an id is outside [0, 50257).
+        """
+        ids = [int(i) for i in ids]
+        bad = [i for i in ids if not 0 <= i < self.vocab_size]
+        if bad:
+            raise ValueError(f"token ids {bad[:5]} are outside [0, {self.vocab_size}) for GPT-2")
+        return self.encoding.decode(ids)
+
+    def save_pretrained(self, directory: str | Path) -> None:
+        """Write tokenizer.json ({"type": "gpt2"}) into `directory`."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        write_json(directory / TOKENIZER_NAME, {"type": self.kind})
+
+    @classmethod
+    def from_pretrained(cls, directory: str | Path) -> "GPT2Tokenizer":
+        tok = load_tokenizer(directory)
+        if not isinstance(tok, cls):
+            raise ValueError(f"{directory} holds a {tok.kind!r} tokenizer, not {cls.kind!r}")
+        return tok
+
+    def __repr__(self) -> str:
+        return "GPT2Tokenizer(vocab_size=50257)"
+
+
+def load_tokenizer(directory: str | Path) -> CharTokenizer | GPT2Tokenizer:
     """Load the tokenizer saved in a run directory (tokenizer.json).
 
     Raises:
@@ -125,5 +205,7 @@ def load_tokenizer(directory: str | Path) -> CharTokenizer:
     kind = data.get("type") if isinstance(data, dict) else None
     if kind == "char" and isinstance(data.get("chars"), list):
         return CharTokenizer(data["chars"])
+    if kind == "gpt2":
+        return GPT2Tokenizer()
     raise ValueError(f"{Path(directory) / TOKENIZER_NAME}: unknown or malformed tokenizer "
                      f"(type {kind!r})")

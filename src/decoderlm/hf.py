@@ -1,0 +1,157 @@
+"""Hugging Face GPT-2 checkpoints in and out.
+
+A transformers GPT-2 directory holds config.json (model_type "gpt2": n_embd, n_layer, n_head,
+n_positions, vocab_size, activation_function, layer_norm_epsilon, ...) and model.safetensors
+(or pytorch_model.bin). Its names map onto `DecoderLM`'s:
+
+    transformer.wte / wpe            -> tok_emb / pos_emb
+    transformer.h.i.ln_1, ln_2       -> blocks.i.ln_1, ln_2
+    transformer.h.i.attn.c_attn      -> blocks.i.attn.qkv      (Conv1D: weight is [in, out])
+    transformer.h.i.attn.c_proj      -> blocks.i.attn.proj     (Conv1D)
+    transformer.h.i.mlp.c_fc, c_proj -> blocks.i.mlp.fc, proj  (Conv1D)
+    transformer.ln_f, lm_head        -> ln_f, lm_head
+
+GPT-2's Conv1D stores y = x W + b with W [in, out], so exactly those four matrices per layer
+are transposed for nn.Linear ([out, in]); older checkpoints' mask buffers (attn.bias,
+attn.masked_bias) are ignored. transformers itself is needed only by the tests.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from .checkpoint import atomic_write, read_json, write_json
+from .config import ModelConfig
+from .model import DecoderLM
+
+__all__ = ["load_gpt2", "save_gpt2"]
+
+_CONV1D = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")
+_BLOCK_NAMES = {"ln_1": "ln_1", "ln_2": "ln_2", "attn.c_attn": "attn.qkv",
+                "attn.c_proj": "attn.proj", "mlp.c_fc": "mlp.fc", "mlp.c_proj": "mlp.proj"}
+_TOP_NAMES = {"wte": "tok_emb", "wpe": "pos_emb", "ln_f": "ln_f"}
+_ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu_fast":
+                "gelu_tanh", "gelu": "gelu"}
+
+
+def _config_from_hf(hf: dict, source: Path) -> ModelConfig:
+    if hf.get("model_type") != "gpt2":
+        raise ValueError(f"{source} is not a GPT-2 config (model_type {hf.get('model_type')!r})")
+    activation = _ACTIVATIONS.get(hf.get("activation_function", "gelu_new"))
+    unsupported = [k for k, bad in (("scale_attn_by_inverse_layer_idx", True),
+                                    ("scale_attn_weights", False), ("add_cross_attention", True))
+                   if hf.get(k, not bad) == bad]
+    if activation is None or unsupported:
+        raise ValueError(f"{source}: unsupported GPT-2 options: activation_function "
+                         f"{hf.get('activation_function')!r}, {unsupported}")
+    return ModelConfig(vocab_size=hf["vocab_size"], block_size=hf["n_positions"],
+                       n_layers=hf["n_layer"], n_heads=hf["n_head"], d_model=hf["n_embd"],
+                       d_ff=hf.get("n_inner") or 4 * hf["n_embd"],
+                       dropout=float(hf.get("resid_pdrop", 0.0)), bias=True,
+                       tie_embeddings=hf.get("tie_word_embeddings", True),
+                       activation=activation, norm_eps=hf.get("layer_norm_epsilon", 1e-5))
+
+
+def _read_hf_weights(directory: Path) -> dict[str, torch.Tensor]:
+    index = directory / "model.safetensors.index.json"
+    if (directory / "model.safetensors").is_file():
+        return load_file(str(directory / "model.safetensors"))
+    if index.is_file():
+        shards = sorted(set(read_json(index)["weight_map"].values()))
+        return {k: v for shard in shards for k, v in load_file(str(directory / shard)).items()}
+    if (directory / "pytorch_model.bin").is_file():
+        return torch.load(directory / "pytorch_model.bin", map_location="cpu", weights_only=True)
+    raise FileNotFoundError(f"{directory} has no model.safetensors, "
+                            f"model.safetensors.index.json or pytorch_model.bin")
+
+
+def load_gpt2(directory: str | Path, map_location: str = "cpu") -> DecoderLM:
+    """Load a transformers GPT-2 checkpoint directory as a DecoderLM (eval mode).
+
+    Returns a model whose logits equal GPT2LMHeadModel's (tanh GELU, LayerNorm epsilon and
+    tying as in config.json).
+
+    Raises:
+        FileNotFoundError: no config.json or weights. ValueError: not GPT-2, unsupported
+        options, or missing / unexpected / mis-shaped tensors (named in the message).
+    """
+    directory = Path(directory)
+    config = _config_from_hf(read_json(directory / "config.json"), directory / "config.json")
+    state = {}
+    for key, tensor in _read_hf_weights(directory).items():
+        key = key.removeprefix("transformer.")
+        parts = key.split(".")
+        if parts[0] == "h":
+            module = ".".join(parts[2:-1])
+            if module == "attn" and parts[-1] in ("bias", "masked_bias"):
+                continue  # the causal-mask buffers of older checkpoints
+            if module not in _BLOCK_NAMES:
+                raise ValueError(f"unexpected tensor {key!r} in {directory}")
+            if module in _CONV1D and parts[-1] == "weight":
+                tensor = tensor.t()
+            key = f"blocks.{parts[1]}.{_BLOCK_NAMES[module]}.{parts[-1]}"
+        elif parts[0] in _TOP_NAMES:
+            key = f"{_TOP_NAMES[parts[0]]}.{parts[-1]}"
+        elif key != "lm_head.weight":
+            raise ValueError(f"unexpected tensor {key!r} in {directory}")
+        state[key] = tensor.contiguous()
+    if config.tie_embeddings:
+        state["lm_head.weight"] = state.get("tok_emb.weight")
+    model = DecoderLM(config)
+    expected = model.state_dict()
+    missing = sorted(k for k in expected if state.get(k) is None)
+    shapes = [f"{k}: {tuple(state[k].shape)} vs {tuple(v.shape)}" for k, v in expected.items()
+              if state.get(k) is not None and state[k].shape != v.shape]
+    if missing or shapes:
+        raise ValueError(f"{directory} does not hold a complete GPT-2: missing {missing}, "
+                         f"shape mismatches {shapes}")
+    model.load_state_dict({k: v.float() for k, v in state.items()})
+    return model.to(map_location).eval()
+
+
+def save_gpt2(model: DecoderLM, directory: str | Path) -> None:
+    """Write `model` as a transformers GPT-2 directory (config.json + model.safetensors) that
+    `GPT2LMHeadModel.from_pretrained` loads with the same logits.
+
+    Raises:
+        ValueError: the model is not GPT-2 shaped (needs pre-norm, learned positions,
+            LayerNorm with bias, the GELU MLP with d_ff any width).
+    """
+    c = model.config
+    wrong = {k: getattr(c, k) for k, want in (("norm_position", "pre"), ("pos_encoding",
+             "learned"), ("norm", "layernorm"), ("mlp", "gelu"), ("bias", True))
+             if getattr(c, k) != want}
+    if wrong:
+        raise ValueError(f"only GPT-2-shaped models can be exported; this one has {wrong}")
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    names = {v: k for k, v in _BLOCK_NAMES.items()}
+    out = {}
+    for key, tensor in model.state_dict().items():
+        parts = key.split(".")
+        if parts[0] == "blocks":
+            module = names[".".join(parts[2:-1])]
+            if module in _CONV1D and parts[-1] == "weight":
+                tensor = tensor.t()
+            key = f"transformer.h.{parts[1]}.{module}.{parts[-1]}"
+        elif key == "lm_head.weight":
+            if c.tie_embeddings:
+                continue
+        else:
+            key = "transformer." + {v: k for k, v in _TOP_NAMES.items()}[parts[0]] + "." + parts[-1]
+        out[key] = tensor.detach().cpu().contiguous()
+    atomic_write(directory / "model.safetensors",
+                 lambda tmp: save_file(out, tmp, metadata={"format": "pt"}))
+    write_json(directory / "config.json", {
+        "model_type": "gpt2", "architectures": ["GPT2LMHeadModel"],
+        "vocab_size": c.vocab_size, "n_positions": c.block_size, "n_embd": c.d_model,
+        "n_layer": c.n_layers, "n_head": c.n_heads,
+        "n_inner": None if c.d_ff == 4 * c.d_model else c.d_ff,
+        "activation_function": "gelu_new" if c.activation == "gelu_tanh" else "gelu",
+        "layer_norm_epsilon": c.norm_eps, "tie_word_embeddings": c.tie_embeddings,
+        "resid_pdrop": c.dropout, "embd_pdrop": c.dropout, "attn_pdrop": c.dropout,
+        "bos_token_id": 50256, "eos_token_id": 50256,
+    })

@@ -1,0 +1,122 @@
+"""Interop with Hugging Face transformers' GPT-2, checked against transformers itself."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from conftest import randomize, tiny_model
+from decoderlm import GPT2Tokenizer
+from decoderlm.hf import load_gpt2, save_gpt2
+
+transformers = pytest.importorskip("transformers")
+
+SHARED_BPE = Path(__file__).resolve().parents[2] / "shared" / "data" / "gpt2-bpe"
+BPE_DIR = Path(__import__("decoderlm").__file__).parent / "bpe"
+
+
+def hf_model(tie=True, seed=0):
+    torch.manual_seed(seed)
+    cfg = transformers.GPT2Config(vocab_size=101, n_positions=32, n_embd=64, n_layer=2, n_head=4,
+                                  tie_word_embeddings=tie, bos_token_id=0, eos_token_id=0)
+    model = transformers.GPT2LMHeadModel(cfg).eval()
+    with torch.no_grad():  # non-trivial norms and biases
+        for name, p in model.named_parameters():
+            if p.dim() == 1:
+                p.copy_(torch.randn_like(p) * 0.2 + (1.0 if "ln" in name and "weight" in name
+                                                      else 0.0))
+    return model
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_a_transformers_gpt2_loads_with_the_same_logits(tmp_path, tie):
+    ref = hf_model(tie)
+    ref.save_pretrained(tmp_path)
+    model = load_gpt2(tmp_path)
+    assert model.config.activation == "gelu_tanh"  # pitfalls row 24: imported GPT-2 is tanh
+    idx = torch.randint(0, 101, (2, 32))
+    with torch.no_grad():
+        expected = ref(idx).logits
+    assert (model(idx)[0] - expected).abs().max() < 1e-4
+
+
+def test_old_layout_with_mask_buffers_and_a_bin_file(tmp_path):
+    # pitfalls row 23: no "transformer." prefix, attn.bias / attn.masked_bias buffers,
+    # pytorch_model.bin loaded with weights_only=True
+    ref = hf_model()
+    ref.save_pretrained(tmp_path)
+    state = load_file(tmp_path / "model.safetensors")
+    (tmp_path / "model.safetensors").unlink()
+    old = {k.removeprefix("transformer."): v for k, v in state.items()}
+    for i in range(2):
+        old[f"h.{i}.attn.bias"] = torch.tril(torch.ones(1, 1, 32, 32))
+        old[f"h.{i}.attn.masked_bias"] = torch.tensor(-1e4)
+    torch.save(old, tmp_path / "pytorch_model.bin")
+    idx = torch.randint(0, 101, (1, 32))
+    with torch.no_grad():
+        expected = ref(idx).logits
+    assert (load_gpt2(tmp_path)(idx)[0] - expected).abs().max() < 1e-4
+    del old["h.1.mlp.c_fc.weight"]
+    torch.save(old, tmp_path / "pytorch_model.bin")
+    with pytest.raises(ValueError, match=r"missing \['blocks.1.mlp.fc.weight'\]"):
+        load_gpt2(tmp_path)
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_an_exported_model_loads_in_transformers_with_the_same_logits(tmp_path, tie):
+    model = randomize(tiny_model(tie_embeddings=tie, activation="gelu_tanh"), seed=2)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(0.5)
+    save_gpt2(model, tmp_path)
+    ref = transformers.GPT2LMHeadModel.from_pretrained(tmp_path).eval()
+    idx = torch.randint(0, 65, (2, 32))
+    with torch.no_grad():
+        assert (ref(idx).logits - model(idx)[0]).abs().max() < 1e-4
+    assert torch.equal(load_gpt2(tmp_path)(idx)[0], model(idx)[0])
+    with pytest.raises(ValueError, match="only GPT-2-shaped"):
+        save_gpt2(tiny_model(pos_encoding="rope"), tmp_path / "rope")
+
+
+def test_gpt2_tokenizer_matches_transformers_on_wikitext_with_unicode():
+    tok = GPT2Tokenizer()
+    assert tok.encode("Hello world") == [15496, 995]
+    assert tok.encode("<|endoftext|>") == [50256] and tok.vocab_size == 50257
+    from decoderlm.data import EMBEDDED_CORPUS
+    text = EMBEDDED_CORPUS.read_text(encoding="utf-8")
+    start = text.index("Senjō") if "Senjō" in text else text.index("é") - 2000
+    paragraph = text[start - 1500:start + 1500]
+    assert any(ord(c) > 127 for c in paragraph)
+    files = SHARED_BPE if SHARED_BPE.is_dir() else BPE_DIR
+    hf = None  # transformers 5 names the files vocab / merges, 4.x vocab_file / merges_file
+    for names in (("vocab", "merges"), ("vocab_file", "merges_file")):
+        try:
+            hf = transformers.GPT2TokenizerFast(**{names[0]: str(files / "encoder.json"),
+                                                   names[1]: str(files / "vocab.bpe")})
+        except (TypeError, ValueError):
+            continue
+        if len(hf) == 50257:
+            break
+    assert hf is not None and len(hf) == 50257
+    ids = tok.encode(paragraph)
+    assert ids == hf(paragraph)["input_ids"]
+    assert tok.decode(ids) == paragraph
+
+
+def test_sample_command_reads_a_transformers_checkpoint(tmp_path, capsys):
+    from decoderlm.cli import main
+
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(vocab_size=50257, n_positions=16, n_embd=16, n_layer=1,
+                                  n_head=2)
+    transformers.GPT2LMHeadModel(cfg).save_pretrained(tmp_path)
+    args = ["sample", "--hf", str(tmp_path), "--prompt", "Hello", "--max-new-tokens", "8",
+            "--seed", "4"]
+    assert main(args) == 0
+    first = capsys.readouterr().out
+    assert main(args) == 0
+    assert capsys.readouterr().out == first and first.strip()
+    assert main(["sample", "--hf", str(tmp_path / "missing")]) == 2
+    assert "config.json not found" in capsys.readouterr().err
