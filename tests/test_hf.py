@@ -120,3 +120,16 @@ def test_sample_command_reads_a_transformers_checkpoint(tmp_path, capsys):
     assert capsys.readouterr().out == first and first.strip()
     assert main(["sample", "--hf", str(tmp_path / "missing")]) == 2
     assert "config.json not found" in capsys.readouterr().err
+
+
+def test_gpt2_tokenizer_saves_and_a_char_model_refuses_it(tmp_path, capsys):
+    # pitfalls row 8: no silent pairing of a 65-character model with the 50,257-token BPE
+    from decoderlm import load_tokenizer
+    from decoderlm.cli import main
+
+    GPT2Tokenizer().save_pretrained(tmp_path)
+    assert isinstance(load_tokenizer(tmp_path), GPT2Tokenizer)
+    assert GPT2Tokenizer.from_pretrained(tmp_path).encode(" Hello") == [18435]
+    tiny_model().save_pretrained(tmp_path)
+    assert main(["sample", "--run", str(tmp_path), "--prompt", "a"]) == 2
+    assert "50257 tokens but the model expects vocab_size=65" in capsys.readouterr().err

@@ -38,7 +38,34 @@ class UnknownCharacterError(ValueError):
                          f"remove them from the text or train on a corpus that contains them")
 
 
-class CharTokenizer:
+class _Saved:
+    """save_pretrained / from_pretrained through tokenizer.json, shared by the tokenizers."""
+
+    kind = ""
+
+    def _saved_fields(self) -> dict:
+        return {}
+
+    def save_pretrained(self, directory: str | Path) -> None:
+        """Write tokenizer.json ({"type": kind, ...}) into `directory` (created if missing)."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        write_json(directory / TOKENIZER_NAME, {"type": self.kind, **self._saved_fields()})
+
+    @classmethod
+    def from_pretrained(cls, directory: str | Path):
+        """Read tokenizer.json from `directory`.
+
+        Raises:
+            FileNotFoundError: no tokenizer.json. ValueError: it holds another kind.
+        """
+        tok = load_tokenizer(directory)
+        if not isinstance(tok, cls):
+            raise ValueError(f"{directory} holds a {tok.kind!r} tokenizer, not {cls.kind!r}")
+        return tok
+
+
+class CharTokenizer(_Saved):
     """Character-level tokenizer.
 
     Args:
@@ -103,25 +130,14 @@ class CharTokenizer:
                              f"character tokenizer")
         return "".join(self.chars[i] for i in ids)
 
-    def save_pretrained(self, directory: str | Path) -> None:
-        """Write tokenizer.json ({"type": "char", "chars": [...]}) into `directory`."""
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        write_json(directory / TOKENIZER_NAME, {"type": self.kind, "chars": self.chars})
-
-    @classmethod
-    def from_pretrained(cls, directory: str | Path) -> "CharTokenizer":
-        """Read tokenizer.json from `directory`; raises FileNotFoundError / ValueError."""
-        tok = load_tokenizer(directory)
-        if not isinstance(tok, cls):
-            raise ValueError(f"{directory} holds a {tok.kind!r} tokenizer, not {cls.kind!r}")
-        return tok
+    def _saved_fields(self) -> dict:
+        return {"chars": self.chars}
 
     def __repr__(self) -> str:
         return f"CharTokenizer(vocab_size={self.vocab_size})"
 
 
-class GPT2Tokenizer:
+class GPT2Tokenizer(_Saved):
     """GPT-2's byte-level BPE (Radford et al. 2019), through tiktoken.
 
     Args:
@@ -176,19 +192,6 @@ class GPT2Tokenizer:
         if bad:
             raise ValueError(f"token ids {bad[:5]} are outside [0, {self.vocab_size}) for GPT-2")
         return self.encoding.decode(ids)
-
-    def save_pretrained(self, directory: str | Path) -> None:
-        """Write tokenizer.json ({"type": "gpt2"}) into `directory`."""
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        write_json(directory / TOKENIZER_NAME, {"type": self.kind})
-
-    @classmethod
-    def from_pretrained(cls, directory: str | Path) -> "GPT2Tokenizer":
-        tok = load_tokenizer(directory)
-        if not isinstance(tok, cls):
-            raise ValueError(f"{directory} holds a {tok.kind!r} tokenizer, not {cls.kind!r}")
-        return tok
 
     def __repr__(self) -> str:
         return "GPT2Tokenizer(vocab_size=50257)"
