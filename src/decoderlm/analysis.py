@@ -135,7 +135,9 @@ def memory_bytes(config: ModelConfig, batch_size: int = 1, seq_len: int | None =
     checkpointing only each block's input (d per token per layer) is kept, plus one block's
     activations while it is recomputed. kv_cache: 2 n_layers B T d_model x bytes (Pope et al.
     2022), what inference keeps for T cached positions. training_total = weights + gradients +
-    adamw + activations.
+    adamw + activations. training_peak adds loss_backward_transient: at the start of backward
+    the gradients of the log-probabilities and of the logits (2 B T vocab_size float32) live
+    beside all the activations; with a large vocabulary this is the step's high-water mark.
 
     Raises:
         ValueError: unknown dtype, or seq_len outside 1..block_size.
@@ -153,4 +155,6 @@ def memory_bytes(config: ModelConfig, batch_size: int = 1, seq_len: int | None =
            "activations": activations,
            "kv_cache": 2 * config.n_layers * batch_size * T * config.d_model * b}
     out["training_total"] = out["weights"] + out["gradients"] + out["adamw"] + activations
+    out["loss_backward_transient"] = 2 * batch_size * T * config.vocab_size * 4
+    out["training_peak"] = out["training_total"] + out["loss_backward_transient"]
     return out

@@ -237,7 +237,8 @@ def _cmd_params(args) -> int:
           f"{p['training']:,}; per sequence (Kaplan): training {k['training_per_sequence']:,}")
     m, c = report["memory_bytes"], report["memory_bytes_checkpointed"]
     print(f"memory at batch {args.batch_size}, T={T}, {args.dtype}:")
-    for key in ("weights", "gradients", "adamw", "activations", "training_total", "kv_cache"):
+    for key in ("weights", "gradients", "adamw", "activations", "training_total",
+                "training_peak", "kv_cache"):
         print(f"  {key:<15} {m[key]:>16,} bytes = {m[key] / gib:9.3f} GiB")
     print(f"  activations with activation checkpointing: {c['activations'] / gib:.3f} GiB "
           f"(training total {c['training_total'] / gib:.3f} GiB)")
