@@ -119,3 +119,13 @@ def test_params_command(tmp_path, capsys):
     assert "parameters:" in out and "kv_cache" in out and "GiB" in out
     assert main(["params", "--preset", "gpt2", "--seq-len", "2048"]) == 2
     assert "block_size=1024" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_every_preset_counts_the_same_by_formula_and_by_modules(name):
+    from decoderlm.analysis import count_parameters
+
+    cfg = ModelConfig(**PRESETS[name].model)
+    with torch.device("meta"):
+        model = DecoderLM(cfg)
+    assert count_parameters(cfg)["total"] == model.num_parameters()
