@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from .config import ModelConfig
 
 __all__ = ["DecoderLM", "CausalSelfAttention", "MLP", "Block", "RMSNorm", "causal_attention",
-           "sinusoidal_positions", "rope_cos_sin", "apply_rope"]
+           "sinusoidal_positions", "rope_cos_sin", "apply_rope", "rope_interleaved_to_half"]
 
 
 def sinusoidal_positions(T: int, d_model: int) -> torch.Tensor:
@@ -61,6 +61,16 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     x1, x2 = x[..., :half], x[..., half:]
     cos, sin = cos.to(x.dtype), sin.to(x.dtype)
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+
+
+def rope_interleaved_to_half(weight: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """Permute the rows of a q or k projection weight [n_heads * head_dim, d_in] trained with
+    the interleaved rotary layout (pairs 2j, 2j + 1; Meta's Llama, RoFormer) into the
+    half-split layout `apply_rope` uses (pairs j, j + head_dim / 2). Scores q.k, and so the
+    logits, are unchanged."""
+    head_dim = weight.size(0) // n_heads
+    rows = torch.arange(weight.size(0)).view(n_heads, head_dim // 2, 2).transpose(1, 2)
+    return weight[rows.reshape(-1)]
 
 
 class RMSNorm(nn.Module):
