@@ -133,3 +133,47 @@ def test_gpt2_tokenizer_saves_and_a_char_model_refuses_it(tmp_path, capsys):
     tiny_model().save_pretrained(tmp_path)
     assert main(["sample", "--run", str(tmp_path), "--prompt", "a"]) == 2
     assert "50257 tokens but the model expects vocab_size=65" in capsys.readouterr().err
+
+
+def test_damaged_or_foreign_gpt2_directories_give_clear_errors(tmp_path):
+    good = tmp_path / "good"
+    hf_model().save_pretrained(good)
+    config = json.loads((good / "config.json").read_text())
+    weights = (good / "model.safetensors").read_bytes()
+
+    def variant(name, config_data=config, weight_bytes=weights):
+        d = tmp_path / name
+        d.mkdir()
+        (d / "config.json").write_text(json.dumps(config_data))
+        if weight_bytes is not None:
+            (d / "model.safetensors").write_bytes(weight_bytes)
+        return d
+
+    cases = [
+        (variant("trunc", weight_bytes=weights[: len(weights) // 2]), ValueError,
+         "not a readable safetensors file"),
+        (variant("list", [1]), ValueError, "not a GPT-2 config"),
+        (variant("nokeys", {"model_type": "gpt2"}), ValueError, "lacks the GPT-2 fields"),
+        (variant("llama", {**config, "model_type": "llama"}), ValueError, "model_type 'llama'"),
+        (variant("cross", {**config, "add_cross_attention": True}), ValueError,
+         r"unsupported GPT-2 options: add_cross_attention=True$"),
+        (variant("fewer", {**config, "n_layer": 1}), ValueError, r"unexpected \['blocks.1"),
+        (variant("nullpdrop", {**config, "resid_pdrop": None}), None, None),
+        (variant("noweights", weight_bytes=None), FileNotFoundError, "no model.safetensors"),
+    ]
+    bad_bin = variant("badbin", weight_bytes=None)
+    (bad_bin / "pytorch_model.bin").write_bytes(b"not a pickle at all")
+    cases.append((bad_bin, ValueError, "could not be read as plain tensors"))
+    for directory, error, match in cases:
+        if error is None:
+            load_gpt2(directory)
+            continue
+        with pytest.raises(error, match=match):
+            load_gpt2(directory)
+
+
+def test_save_gpt2_unwraps_compiled_models(tmp_path):
+    model = tiny_model()
+    save_gpt2(torch.compile(model), tmp_path)
+    idx = torch.randint(0, 65, (1, 8))
+    assert torch.equal(load_gpt2(tmp_path)(idx)[0], model(idx)[0])

@@ -22,7 +22,7 @@ from safetensors.torch import load_file, save_file
 from .analysis import count_parameters
 from .config import ModelConfig
 
-__all__ = ["save_model", "load_model", "normalize_state_dict", "atomic_write",
+__all__ = ["save_model", "load_model", "normalize_state_dict", "unwrap_model", "atomic_write",
            "write_json", "read_json"]
 
 CONFIG_NAME = "config.json"
@@ -78,7 +78,8 @@ def normalize_state_dict(state: dict[str, torch.Tensor]) -> dict[str, torch.Tens
     return out
 
 
-def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
+def unwrap_model(model: torch.nn.Module) -> torch.nn.Module:
+    """The model inside torch.compile / DDP / DataParallel wrappers (any nesting)."""
     while hasattr(model, "_orig_mod") or hasattr(model, "module"):
         model = getattr(model, "_orig_mod", None) or model.module
     return model
@@ -92,7 +93,7 @@ def save_model(model: torch.nn.Module, directory: str | Path,
     prefixes, the tied unembedding left out), the ModelConfig to config.json["model"], and
     `extra_config` entries beside it. Each file is written atomically.
     """
-    model = _unwrap(model)
+    model = unwrap_model(model)
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     state = normalize_state_dict(model.state_dict())

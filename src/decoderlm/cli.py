@@ -196,6 +196,7 @@ def _cmd_presets(args) -> int:
 
 def _cmd_params(args) -> int:
     import json
+    from pathlib import Path
 
     import torch
 
@@ -207,7 +208,8 @@ def _cmd_params(args) -> int:
     if args.preset:
         config = ModelConfig.from_dict(get_preset(args.preset).model)
     else:
-        data = read_json(args.config)
+        path = Path(args.config)
+        data = read_json(path / "config.json" if path.is_dir() else path)
         data = data.get("model", data) if isinstance(data, dict) else data
         config = ModelConfig.from_dict(data)
     counts = count_parameters(config)
@@ -228,7 +230,7 @@ def _cmd_params(args) -> int:
         return 0
     gib = 2 ** 30
     print(f"parameters: {counts['total']:,} (modules on the meta device: {built:,}); "
-          f"non-embedding {counts['non_embedding']:,}")
+          f"non-embedding (total minus the position table) {counts['non_embedding']:,}")
     for part in ("embeddings", "attention", "mlp", "norms", "head"):
         print(f"  {part:<11} {counts[part]:>15,}")
     k, p = report["flops_per_token"]["kaplan"], report["flops_per_token"]["palm"]

@@ -121,12 +121,13 @@ class ModelConfig:
             if getattr(self, name) not in choices:
                 raise ValueError(f"{name} must be one of {list(choices)}, got "
                                  f"{getattr(self, name)!r}")
-        _check_int(self, "vocab_size", "block_size", "n_layers", "n_heads", "d_model")
+        _check_int(self, "vocab_size", "block_size", "n_layers", "n_heads", "d_model",
+                   high=2**31)
         if self.d_ff is None:
             self.d_ff = 4 * self.d_model
             if self.mlp == "swiglu":
                 self.d_ff = 256 * math.ceil(int(8 * self.d_model / 3) / 256)
-        _check_int(self, "d_ff")
+        _check_int(self, "d_ff", high=2**31)
         if self.d_model % self.n_heads != 0:
             raise ValueError(
                 f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads}); "

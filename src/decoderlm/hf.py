@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from .checkpoint import atomic_write, read_json, write_json
+from .checkpoint import unwrap_model, atomic_write, read_json, write_json
 from .config import ModelConfig
 from .model import DecoderLM
 
@@ -38,34 +38,63 @@ _ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu
 
 
 def _config_from_hf(hf: dict, source: Path) -> ModelConfig:
-    if hf.get("model_type") != "gpt2":
-        raise ValueError(f"{source} is not a GPT-2 config (model_type {hf.get('model_type')!r})")
+    if not isinstance(hf, dict) or hf.get("model_type") != "gpt2":
+        model_type = hf.get("model_type") if isinstance(hf, dict) else None
+        raise ValueError(f"{source} is not a GPT-2 config (model_type {model_type!r})")
+    missing = [k for k in ("vocab_size", "n_positions", "n_layer", "n_head", "n_embd")
+               if k not in hf]
+    if missing:
+        raise ValueError(f"{source} lacks the GPT-2 fields {missing}")
     activation = _ACTIVATIONS.get(hf.get("activation_function", "gelu_new"))
-    unsupported = [k for k, bad in (("scale_attn_by_inverse_layer_idx", True),
-                                    ("scale_attn_weights", False), ("add_cross_attention", True))
-                   if hf.get(k, not bad) == bad]
-    if activation is None or unsupported:
-        raise ValueError(f"{source}: unsupported GPT-2 options: activation_function "
-                         f"{hf.get('activation_function')!r}, {unsupported}")
-    return ModelConfig(vocab_size=hf["vocab_size"], block_size=hf["n_positions"],
-                       n_layers=hf["n_layer"], n_heads=hf["n_head"], d_model=hf["n_embd"],
-                       d_ff=hf.get("n_inner") or 4 * hf["n_embd"],
-                       dropout=float(hf.get("resid_pdrop", 0.0)), bias=True,
-                       tie_embeddings=hf.get("tie_word_embeddings", True),
-                       activation=activation, norm_eps=hf.get("layer_norm_epsilon", 1e-5))
+    unsupported = [f"{k}={hf[k]!r}" for k, bad in (("scale_attn_by_inverse_layer_idx", True),
+                                                    ("scale_attn_weights", False),
+                                                    ("add_cross_attention", True))
+                   if k in hf and hf[k] == bad]
+    if activation is None:
+        unsupported.insert(0, f"activation_function={hf.get('activation_function')!r}")
+    if unsupported:
+        raise ValueError(f"{source}: unsupported GPT-2 options: {', '.join(unsupported)}")
+    try:
+        return ModelConfig(vocab_size=hf["vocab_size"], block_size=hf["n_positions"],
+                           n_layers=hf["n_layer"], n_heads=hf["n_head"], d_model=hf["n_embd"],
+                           d_ff=hf.get("n_inner") or 4 * hf["n_embd"],
+                           dropout=hf.get("resid_pdrop") or 0.0, bias=True,
+                           tie_embeddings=hf.get("tie_word_embeddings", True),
+                           activation=activation, norm_eps=hf.get("layer_norm_epsilon", 1e-5))
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{source}: {e} (GPT-2 names: n_positions = block_size, n_layer = "
+                         f"n_layers, n_head = n_heads, n_embd = d_model, resid_pdrop = dropout)"
+                         ) from None
 
 
 def _read_hf_weights(directory: Path) -> dict[str, torch.Tensor]:
     index = directory / "model.safetensors.index.json"
     if (directory / "model.safetensors").is_file():
-        return load_file(str(directory / "model.safetensors"))
-    if index.is_file():
-        shards = sorted(set(read_json(index)["weight_map"].values()))
-        return {k: v for shard in shards for k, v in load_file(str(directory / shard)).items()}
-    if (directory / "pytorch_model.bin").is_file():
-        return torch.load(directory / "pytorch_model.bin", map_location="cpu", weights_only=True)
-    raise FileNotFoundError(f"{directory} has no model.safetensors, "
-                            f"model.safetensors.index.json or pytorch_model.bin")
+        files = [directory / "model.safetensors"]
+    elif index.is_file():
+        index_data = read_json(index)
+        weight_map = index_data.get("weight_map") if isinstance(index_data, dict) else None
+        if not isinstance(weight_map, dict):
+            raise ValueError(f"{index} has no weight_map")
+        files = [directory / shard for shard in sorted(set(weight_map.values()))]
+    elif (directory / "pytorch_model.bin").is_file():
+        try:
+            return torch.load(directory / "pytorch_model.bin", map_location="cpu",
+                              weights_only=True)
+        except Exception as e:  # not a plain tensor file: refused, never executed
+            first_line = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise ValueError(f"{directory / 'pytorch_model.bin'} could not be read as plain "
+                             f"tensors (torch.load weights_only=True): {first_line}") from None
+    else:
+        raise FileNotFoundError(f"{directory} has no model.safetensors, "
+                                f"model.safetensors.index.json or pytorch_model.bin")
+    state = {}
+    for file in files:
+        try:
+            state.update(load_file(str(file)))
+        except Exception as e:  # safetensors raises its own error type for a damaged file
+            raise ValueError(f"{file} is not a readable safetensors file ({e})") from None
+    return state
 
 
 def load_gpt2(directory: str | Path, map_location: str = "cpu") -> DecoderLM:
@@ -76,7 +105,8 @@ def load_gpt2(directory: str | Path, map_location: str = "cpu") -> DecoderLM:
 
     Raises:
         FileNotFoundError: no config.json or weights. ValueError: not GPT-2, unsupported
-        options, or missing / unexpected / mis-shaped tensors (named in the message).
+        options, unreadable weight files, or missing / unexpected / mis-shaped tensors (named
+        in the message).
     """
     directory = Path(directory)
     config = _config_from_hf(read_json(directory / "config.json"), directory / "config.json")
@@ -103,11 +133,12 @@ def load_gpt2(directory: str | Path, map_location: str = "cpu") -> DecoderLM:
     model = DecoderLM(config)
     expected = model.state_dict()
     missing = sorted(k for k in expected if state.get(k) is None)
+    unexpected = sorted(set(state) - set(expected))
     shapes = [f"{k}: {tuple(state[k].shape)} vs {tuple(v.shape)}" for k, v in expected.items()
               if state.get(k) is not None and state[k].shape != v.shape]
-    if missing or shapes:
-        raise ValueError(f"{directory} does not hold a complete GPT-2: missing {missing}, "
-                         f"shape mismatches {shapes}")
+    if missing or unexpected or shapes:
+        raise ValueError(f"{directory}: the weights do not match config.json: missing "
+                         f"{missing}, unexpected {unexpected}, shape mismatches {shapes}")
     model.load_state_dict({k: v.float() for k, v in state.items()})
     return model.to(map_location).eval()
 
@@ -120,6 +151,7 @@ def save_gpt2(model: DecoderLM, directory: str | Path) -> None:
         ValueError: the model is not GPT-2 shaped (needs pre-norm, learned positions,
             LayerNorm with bias, the GELU MLP with d_ff any width).
     """
+    model = unwrap_model(model)
     c = model.config
     wrong = {k: getattr(c, k) for k, want in (("norm_position", "pre"), ("pos_encoding",
              "learned"), ("norm", "layernorm"), ("mlp", "gelu"), ("bias", True))
