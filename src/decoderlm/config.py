@@ -35,8 +35,9 @@ def _check_int(obj, *names: str, low: int = 1, high: int | None = None) -> None:
         value = getattr(obj, name)
         if (isinstance(value, bool) or not isinstance(value, int) or value < low
                 or (high is not None and value >= high)):
-            bound = "a positive integer" if low == 1 and high is None else (
-                f"an integer >= {low}" if high is None else f"an integer in [{low}, {high})")
+            bound = "a positive integer" if low == 1 else f"an integer >= {low}"
+            if high is not None:
+                bound += f" below {high:,}"
             raise ValueError(f"{name} must be {bound}, got {value!r}")
 
 
