@@ -95,7 +95,7 @@ def test_loss_plot_is_written(tmp_path):
 def test_a_config_that_does_not_match_the_weights_is_refused_before_building(tmp_path):
     tiny_model().save_pretrained(tmp_path)
     config = json.loads((tmp_path / "config.json").read_text())
-    config["model"]["n_layers"] = 10**12  # building this would exhaust memory
+    config["model"]["n_layers"] = 10**6  # building this would exhaust memory
     (tmp_path / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match="do not belong together"):
         DecoderLM.from_pretrained(tmp_path)
