@@ -11,11 +11,12 @@ FOUR = torch.tensor([[0.1, 3.0, 0.2, 2.9]])  # softmax ~ [0.027, 0.495, 0.030, 0
 def test_generation_past_block_size_crops_the_context(pos_prompt, new):
     # pitfalls row 1(a, b)
     model = tiny_model(block_size=16)
-    seen = []
-    model.register_forward_pre_hook(lambda m, args: seen.append(args[0].size(1)))
+    seen, positions = [], []
+    model.tok_emb.register_forward_pre_hook(lambda m, args: seen.append(args[0].size(1)))
+    model.pos_emb.register_forward_pre_hook(lambda m, args: positions.append(int(args[0].max())))
     out = model.generate(torch.zeros(1, pos_prompt, dtype=torch.long), new, seed=0)
     assert out.shape == (1, pos_prompt + new)
-    assert len(seen) == new and max(seen) == 16
+    assert len(seen) == new and max(seen) <= 16 and max(positions) == 15
 
 
 @pytest.mark.parametrize("top_p", [0.0, 1e-9, 0.3])
@@ -101,17 +102,17 @@ def test_non_finite_logits_and_bad_ids_name_the_step(monkeypatch):
     # pitfalls row 10
     model = tiny_model()
     calls = {"n": 0}
-    original = model.forward
+    original = model.forward_cached
 
-    def nan_at_step_3(idx, targets=None):
-        logits, loss = original(idx, targets)
+    def nan_at_step_3(*args):
+        logits = original(*args)
         calls["n"] += 1
         if calls["n"] == 4:
             logits = logits.clone()
             logits[0, -1, 5] = float("nan")
-        return logits, loss
+        return logits
 
-    monkeypatch.setattr(model, "forward", nan_at_step_3)
+    monkeypatch.setattr(model, "forward_cached", nan_at_step_3)
     with pytest.raises(ValueError, match=r"step 3: .*non-finite logits"):
         generate(model, torch.tensor([[1]]), 10, seed=0)
     monkeypatch.undo()

@@ -1,7 +1,8 @@
-"""Sampling from a DecoderLM: temperature, top-k, top-p, greedy, seeds.
+"""Sampling from a DecoderLM: a KV cache, temperature, top-k, top-p, greedy, seeds, left
+padding, streaming.
 
-The loop feeds the model the last block_size tokens of the running sequence (a sliding
-context), so any number of new tokens can be generated without an index error.
+The context slides past block_size (the cache is rebuilt from the last block_size tokens), so
+any number of new tokens can be generated without an index error.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import math
 
 import torch
 
-__all__ = ["generate", "sample_next", "filter_logits"]
+__all__ = ["generate", "stream_generate", "sample_next", "filter_logits", "KVCache"]
 
 
 def filter_logits(logits: torch.Tensor, top_k: int | None = None,
@@ -82,43 +83,66 @@ def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | Non
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 
-@torch.no_grad()
-def generate(model, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
-             top_k: int | None = None, top_p: float | None = None, do_sample: bool = True,
-             seed: int | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
-    """Extend idx by max_new_tokens tokens sampled from `model`.
+class KVCache:
+    """Keys and values of every layer for decoding: k[l], v[l] [B, n_heads, block_size,
+    head_dim] in the model's dtype, of which the first `length` positions are filled."""
 
-    Args:
-        model: a DecoderLM; it runs in eval mode here (no dropout) and its mode is restored.
-        idx: [B, T] int64 prompt ids, T >= 1 (T may exceed block_size: only the last
-            block_size tokens are seen).
-        max_new_tokens: number of tokens to append, >= 0.
-        temperature, top_k, top_p: see `sample_next`; do_sample=False is greedy decoding.
-        seed: seeds a fresh torch.Generator so the same call gives the same tokens.
-        generator: a torch.Generator to draw from instead (ignored when seed is given).
+    def __init__(self, model, batch_size: int, device, dtype):
+        c = model.config
+        shape = (batch_size, c.n_heads, c.block_size, c.head_dim)
+        self.k = [torch.empty(shape, device=device, dtype=dtype) for _ in range(c.n_layers)]
+        self.v = [torch.empty(shape, device=device, dtype=dtype) for _ in range(c.n_layers)]
+        self.length = 0
 
-    Returns:
-        [B, T + max_new_tokens] int64.
 
-    Raises:
-        ValueError: bad controls, an empty prompt, non-finite logits (the message names the
-            step), or a sampled id outside the vocabulary.
-    """
-    _check_controls(temperature, top_k, top_p)
+def _check_generate_args(idx, max_new_tokens, attention_mask):
     if idx.dim() != 2 or idx.size(1) == 0:
         raise ValueError(f"idx must be [B, T] with T >= 1, got shape {tuple(idx.shape)}")
     if max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    if attention_mask is not None:
+        if attention_mask.shape != idx.shape:
+            raise ValueError(f"attention_mask must have idx's shape {tuple(idx.shape)}, got "
+                             f"{tuple(attention_mask.shape)}")
+        if not attention_mask.bool()[:, -1].all():
+            raise ValueError("prompts must be left-padded: the last column of attention_mask "
+                             "must be all ones")
+
+
+@torch.no_grad()
+def stream_generate(model, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
+                    top_k: int | None = None, top_p: float | None = None,
+                    do_sample: bool = True, seed: int | None = None,
+                    generator: torch.Generator | None = None,
+                    attention_mask: torch.Tensor | None = None, use_cache: bool = True):
+    """Yield the next token of every row, [B] int64, max_new_tokens times; see `generate`."""
+    _check_controls(temperature, top_k, top_p)
+    _check_generate_args(idx, max_new_tokens, attention_mask)
     if not do_sample:
         temperature = 0.0
     if seed is not None:
         generator = torch.Generator(device=idx.device).manual_seed(seed)
     block_size, vocab_size = model.config.block_size, model.config.vocab_size
+    mask = (torch.ones_like(idx, dtype=torch.bool) if attention_mask is None
+            else attention_mask.to(device=idx.device, dtype=torch.bool))
+    dtype = model.lm_head.weight.dtype
     was_training = model.training
     model.eval()
+    cache, ids = None, idx
     try:
         for step in range(max_new_tokens):
-            logits, _ = model(idx[:, -block_size:])
+            if cache is not None and cache.length < block_size:  # one new token
+                positions = positions[:, -1:] + 1
+                logits = model.forward_cached(ids[:, -1:], cache, positions,
+                                              mask[:, -cache.length - 1:], last_only=True)
+            else:  # prefill: the prompt, or a rebuild of the last block_size tokens
+                window, window_mask = ids[:, -block_size:], mask[:, -block_size:]
+                positions = (window_mask.long().cumsum(1) - 1).clamp(min=0)
+                cache = KVCache(model, ids.size(0), ids.device, dtype)
+                logits = model.forward_cached(window, cache, positions, window_mask,
+                                              last_only=True)
+                if not use_cache:
+                    cache = None
             try:
                 nxt = sample_next(logits[:, -1, :], temperature, top_k, top_p, generator)
             except ValueError as e:
@@ -126,7 +150,46 @@ def generate(model, idx: torch.Tensor, max_new_tokens: int, temperature: float =
             if int(nxt.min()) < 0 or int(nxt.max()) >= vocab_size:
                 raise ValueError(f"step {step}: sampled token id {nxt.tolist()} is outside "
                                  f"[0, {vocab_size})")
-            idx = torch.cat([idx, nxt[:, None]], dim=1)
+            ids = torch.cat([ids, nxt[:, None]], dim=1)
+            mask = torch.cat([mask, mask.new_ones(mask.size(0), 1)], dim=1)
+            yield nxt
     finally:
         model.train(was_training)
-    return idx
+
+
+@torch.no_grad()
+def generate(model, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
+             top_k: int | None = None, top_p: float | None = None, do_sample: bool = True,
+             seed: int | None = None, generator: torch.Generator | None = None,
+             attention_mask: torch.Tensor | None = None,
+             use_cache: bool = True) -> torch.Tensor:
+    """Extend idx by max_new_tokens tokens sampled from `model`, with a KV cache.
+
+    One forward pass over the prompt fills the cache (a `KVCache`: per layer [B, n_heads,
+    block_size, head_dim]); then each new token is one forward pass of one position. When
+    the sequence outgrows block_size the context slides: the cache is rebuilt from the last
+    block_size tokens (every position encoding is trained on block_size positions only), so
+    the tokens equal those of rerunning the full forward on the last block_size tokens.
+
+    Args:
+        model: a DecoderLM; it runs in eval mode here (no dropout) and its mode is restored.
+        idx: [B, T] int64 prompt ids, T >= 1 (T may exceed block_size).
+        max_new_tokens: number of tokens to append, >= 0.
+        temperature, top_k, top_p: see `sample_next`; do_sample=False is greedy decoding.
+        seed: seeds a fresh torch.Generator so the same call gives the same tokens.
+        generator: a torch.Generator to draw from instead (ignored when seed is given).
+        attention_mask: [B, T] 1 for prompt tokens, 0 for left padding (prompts of different
+            lengths in one batch); positions count real tokens only, so each row gets the
+            tokens it would get alone (while the batch fits in block_size).
+        use_cache: False reruns the whole window at every step (for checking).
+
+    Returns:
+        [B, T + max_new_tokens] int64.
+
+    Raises:
+        ValueError: bad controls or prompt, non-finite logits (the message names the step), or
+            a sampled id outside the vocabulary.
+    """
+    new = list(stream_generate(model, idx, max_new_tokens, temperature, top_k, top_p,
+                               do_sample, seed, generator, attention_mask, use_cache))
+    return torch.cat([idx, torch.stack(new, dim=1)], dim=1) if new else idx.clone()

@@ -120,8 +120,11 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 class CausalSelfAttention(nn.Module):
     """Multi-head causal self-attention with one fused QKV projection.
 
-    forward(x [B, T, d_model], rope=None, need_weights=False) -> (y [B, T, d_model], att | None);
-    rope is (cos, sin) [T, head_dim / 2] when the config's pos_encoding is "rope".
+    forward(x [B, T, d_model], rope=None, need_weights=False, cache=None, mask=None) ->
+    (y [B, T, d_model], att | None); rope is (cos, sin) [T or B x 1 x T, head_dim / 2] when the
+    config's pos_encoding is "rope". For cached decoding, cache = (k_buf, v_buf, start): the
+    new keys and values are written at positions start.. of the [B, n_heads, T_max, head_dim]
+    buffers and attention runs over all start + T of them under `mask` (bool [B, 1, T, S]).
     The default path calls `F.scaled_dot_product_attention(is_causal=True)` (fused kernels);
     with need_weights=True it runs `causal_attention` and also returns att [B, n_heads, T, T].
     """
@@ -134,14 +137,22 @@ class CausalSelfAttention(nn.Module):
         self.proj = nn.Linear(config.d_model, config.d_model, bias=config.bias)
         self.resid_dropout = nn.Dropout(config.dropout)
 
-    def forward(self, x: torch.Tensor, rope: tuple | None = None, need_weights: bool = False):
+    def forward(self, x: torch.Tensor, rope: tuple | None = None, need_weights: bool = False,
+                cache: tuple | None = None, mask: torch.Tensor | None = None):
         B, T, C = x.shape
         q, k, v = (t.view(B, T, self.n_heads, C // self.n_heads).transpose(1, 2)
                    for t in self.qkv(x).split(C, dim=2))
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         dropout_p = self.dropout if self.training else 0.0
-        if need_weights:
+        if cache is not None:  # (k_buf, v_buf [B, n_heads, T_max, head_dim], start)
+            k_buf, v_buf, start = cache
+            k_buf[:, :, start:start + T] = k
+            v_buf[:, :, start:start + T] = v
+            k, v = k_buf[:, :, :start + T], v_buf[:, :, :start + T]
+        if mask is not None:  # bool [B, 1, T, S], True where query t may attend to key s
+            y, att = F.scaled_dot_product_attention(q, k, v, attn_mask=mask), None
+        elif need_weights:
             y, att = causal_attention(q, k, v, dropout_p)
         else:
             y, att = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p,
@@ -187,12 +198,13 @@ class Block(nn.Module):
         self.ln_2 = make_norm(config)
         self.mlp = MLP(config)
 
-    def forward(self, x: torch.Tensor, rope: tuple | None = None, need_weights: bool = False):
+    def forward(self, x: torch.Tensor, rope: tuple | None = None, need_weights: bool = False,
+                cache: tuple | None = None, mask: torch.Tensor | None = None):
         if self.pre_norm:
-            a, att = self.attn(self.ln_1(x), rope, need_weights)
+            a, att = self.attn(self.ln_1(x), rope, need_weights, cache, mask)
             x = x + a
             return x + self.mlp(self.ln_2(x)), att
-        a, att = self.attn(x, rope, need_weights)
+        a, att = self.attn(x, rope, need_weights, cache, mask)
         x = self.ln_1(x + a)
         return self.ln_2(x + self.mlp(x)), att
 
@@ -259,21 +271,26 @@ class DecoderLM(nn.Module):
                                  f"got ids from {lo} to {hi}; was the input encoded with this "
                                  f"model's tokenizer?")
 
-    def _run(self, idx: torch.Tensor, need_weights: bool):
+    def _run(self, idx: torch.Tensor, need_weights: bool, position_ids=None, caches=None,
+             mask=None, last_only: bool = False):
         self._check_input(idx)
-        T = idx.size(1)
+        pos = torch.arange(idx.size(1), device=idx.device) if position_ids is None \
+            else position_ids
         x, rope = self.tok_emb(idx), None
         if self.pos_emb is not None:
-            x = x + self.pos_emb(torch.arange(T, device=idx.device))
+            x = x + self.pos_emb(pos)
         elif self.config.pos_encoding == "sinusoidal":
-            x = x + self.pos_table[:T]
+            x = x + self.pos_table[pos]
         else:
-            rope = (self.rope_cos[:T], self.rope_sin[:T])
+            cos, sin = self.rope_cos[pos], self.rope_sin[pos]
+            rope = (cos[:, None], sin[:, None]) if pos.dim() == 2 else (cos, sin)
         x = self.drop(x)
         atts = []
-        for block in self.blocks:
-            x, att = block(x, rope, need_weights)
+        for i, block in enumerate(self.blocks):
+            x, att = block(x, rope, need_weights, None if caches is None else caches[i], mask)
             atts.append(att)
+        if last_only:  # decoding needs only the next token's logits
+            x = x[:, -1:]
         if self.ln_f is not None:
             x = self.ln_f(x)
         return self.lm_head(x), atts
@@ -314,6 +331,34 @@ class DecoderLM(nn.Module):
         """
         logits, atts = self._run(idx, need_weights=True)
         return logits, torch.stack(atts)
+
+    def forward_cached(self, idx: torch.Tensor, cache, position_ids: torch.Tensor,
+                       key_mask: torch.Tensor, last_only: bool = False) -> torch.Tensor:
+        """Logits of new tokens given the keys and values of the earlier ones (decoding).
+
+        Args:
+            idx: [B, T] int64, the new tokens.
+            cache: a `decoderlm.generate.KVCache` holding cache.length earlier positions; the
+                new keys and values are appended to it (its length grows by T).
+            position_ids: [B, T] int64, each new token's position (< block_size).
+            key_mask: [B, cache.length + T] bool, False for padding (never attended to).
+            last_only: compute the logits of the last position only.
+
+        Returns:
+            logits [B, T, vocab_size] ([B, 1, vocab_size] with last_only).
+        """
+        T, start = idx.size(1), cache.length
+        S = start + T
+        causal = torch.ones(T, S, dtype=torch.bool, device=idx.device).tril(start)
+        # a padding query may see no key at all; letting every query see itself keeps every
+        # softmax row finite (no NaN); the outputs at padding are never used
+        itself = torch.arange(S, device=idx.device) == \
+            (torch.arange(T, device=idx.device) + start)[:, None]
+        mask = (causal[None] & key_mask[:, None, :]) | itself[None]
+        caches = [(k, v, start) for k, v in zip(cache.k, cache.v)]
+        logits, _ = self._run(idx, False, position_ids, caches, mask[:, None], last_only)
+        cache.length = S
+        return logits
 
     def num_parameters(self, non_embedding: bool = False) -> int:
         """Number of unique parameters (a tied matrix counts once).

@@ -1,0 +1,95 @@
+"""Cached decoding against the model itself: the full forward pass at every step."""
+
+import pytest
+import torch
+
+from conftest import randomize, tiny_model
+from decoderlm.generate import KVCache, stream_generate
+
+
+def greedy_by_full_forward(model, prompt, n):
+    """The oracle: rerun the model on the last block_size tokens for every new token."""
+    seq = prompt
+    for _ in range(n):
+        logits, _ = model(seq[:, -model.config.block_size:])
+        seq = torch.cat([seq, logits[:, -1].argmax(-1, keepdim=True)], dim=1)
+    return seq
+
+
+@pytest.mark.parametrize("overrides", [{"pos_encoding": "learned"},
+                                       {"pos_encoding": "sinusoidal"},
+                                       {"pos_encoding": "rope"},
+                                       {"pos_encoding": "rope", "norm_position": "post",
+                                        "norm": "rmsnorm", "mlp": "swiglu", "d_ff": 96}])
+def test_cached_greedy_equals_full_forward_for_200_tokens_past_block_size(overrides):
+    model = randomize(tiny_model(block_size=16, **overrides), seed=1)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(0.4)
+    prompt = torch.randint(0, 65, (2, 5))
+    expected = greedy_by_full_forward(model, prompt, 200)
+    assert torch.equal(model.generate(prompt, 200, do_sample=False), expected)
+    assert torch.equal(model.generate(prompt, 200, do_sample=False, use_cache=False), expected)
+
+
+@pytest.mark.parametrize("pos", ["learned", "rope"])
+def test_per_step_logits_and_positions_match_the_full_forward(pos):
+    # pitfalls row 11: 5-token prompt, 20 new tokens, position of step t is 5 + t
+    model = randomize(tiny_model(pos_encoding=pos), seed=2)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(0.4)
+    seq = torch.randint(0, 65, (1, 5))
+    cache = KVCache(model, 1, "cpu", torch.float32)
+    with torch.no_grad():
+        logits = model.forward_cached(seq, cache, torch.arange(5)[None],
+                                      torch.ones(1, 5, dtype=torch.bool))
+        for t in range(20):
+            full, _ = model(seq)
+            assert torch.allclose(logits[:, -1], full[:, -1], atol=1e-5, rtol=1e-5)
+            nxt = full[:, -1].argmax(-1, keepdim=True)
+            seq = torch.cat([seq, nxt], dim=1)
+            assert cache.length == 5 + t
+            logits = model.forward_cached(nxt, cache, torch.tensor([[5 + t]]),
+                                          torch.ones(1, 6 + t, dtype=torch.bool))
+
+
+def test_a_request_longer_than_the_cache_rolls_instead_of_failing():
+    # pitfalls row 2 (ii): block_size 16, prompt 10, 20 new tokens
+    model = tiny_model(block_size=16)
+    prompt = torch.randint(0, 65, (1, 10))
+    out = model.generate(prompt, 20, do_sample=False)
+    assert out.shape == (1, 30)
+    assert torch.equal(out, greedy_by_full_forward(model, prompt, 20))
+
+
+@pytest.mark.parametrize("pos", ["learned", "sinusoidal", "rope"])
+def test_left_padded_batch_matches_each_prompt_alone(pos):
+    # pitfalls row 13 (a): prompts of lengths 3 and 6, left-padded to 6
+    model = randomize(tiny_model(pos_encoding=pos), seed=3)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(0.4)
+    short, long = torch.randint(0, 65, (1, 3)), torch.randint(0, 65, (1, 6))
+    batch = torch.cat([torch.cat([torch.zeros(1, 3, dtype=torch.long), short], 1), long])
+    mask = torch.tensor([[0, 0, 0, 1, 1, 1], [1, 1, 1, 1, 1, 1]])
+    cache = KVCache(model, 2, "cpu", torch.float32)
+    positions = (mask.cumsum(1) - 1).clamp(min=0)
+    with torch.no_grad():
+        logits = model.forward_cached(batch, cache, positions, mask.bool())
+    assert torch.isfinite(logits).all()
+    assert torch.allclose(logits[0, 3:], model(short)[0][0], atol=1e-5, rtol=1e-5)
+    assert torch.allclose(logits[1], model(long)[0][0], atol=1e-5, rtol=1e-5)
+    together = model.generate(batch, 8, do_sample=False, attention_mask=mask)
+    assert torch.equal(together[0, 3:], model.generate(short, 8, do_sample=False)[0])
+    assert torch.equal(together[1], model.generate(long, 8, do_sample=False)[0])
+    with pytest.raises(ValueError, match="left-padded"):
+        model.generate(batch, 2, attention_mask=torch.tensor([[1, 1, 1, 0, 0, 0]] * 2))
+
+
+def test_streaming_yields_the_same_tokens_as_generate():
+    model = tiny_model()
+    prompt = torch.randint(0, 65, (2, 4))
+    streamed = torch.stack(list(stream_generate(model, prompt, 12, seed=9, top_k=7)), dim=1)
+    assert torch.equal(torch.cat([prompt, streamed], 1), model.generate(prompt, 12, seed=9,
+                                                                         top_k=7))
