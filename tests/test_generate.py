@@ -104,8 +104,8 @@ def test_non_finite_logits_and_bad_ids_name_the_step(monkeypatch):
     calls = {"n": 0}
     original = model.forward_cached
 
-    def nan_at_step_3(*args):
-        logits = original(*args)
+    def nan_at_step_3(*args, **kwargs):
+        logits = original(*args, **kwargs)
         calls["n"] += 1
         if calls["n"] == 4:
             logits = logits.clone()
