@@ -93,3 +93,20 @@ def test_streaming_yields_the_same_tokens_as_generate():
     streamed = torch.stack(list(stream_generate(model, prompt, 12, seed=9, top_k=7)), dim=1)
     assert torch.equal(torch.cat([prompt, streamed], 1), model.generate(prompt, 12, seed=9,
                                                                          top_k=7))
+
+
+def test_stop_token_ids_end_rows_early():
+    model = tiny_model()
+    prompt = torch.randint(0, 65, (2, 3))
+    free = model.generate(prompt, 30, do_sample=False)
+    first = free[0, 3 + 4].item()  # stop at row 0's 5th new token
+    out = model.generate(prompt, 30, do_sample=False, stop=[first], pad_token_id=-7)
+    row0 = out[0, 3:].tolist()
+    k = row0.index(first)
+    assert row0[: k + 1] == free[0, 3:3 + k + 1].tolist()
+    assert all(t == -7 for t in row0[k + 1:])
+    stop_pair = free[1, 3 + 5:3 + 7].tolist()
+    single = model.generate(prompt[1:], 30, do_sample=False, stop=[stop_pair])
+    assert single[0, -2:].tolist() == stop_pair and single.size(1) <= 3 + 7
+    with pytest.raises(ValueError, match="stop must hold token ids"):
+        model.generate(prompt, 3, stop=[[]])

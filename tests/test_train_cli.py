@@ -176,3 +176,25 @@ def test_damaged_run_files_give_clear_errors(tmp_path, capsys):
         assert main(["sample", "--run", str(out)]) == 2
         err = capsys.readouterr().err
         assert message in err and "config.json" in err
+
+
+def test_sample_several_prompts_samples_and_stop_text(tmp_path, capsys):
+    data, out = train_small(tmp_path)
+    capsys.readouterr()
+    base = ["sample", "--run", str(out), "--max-new-tokens", "30", "--seed", "5"]
+    assert main(base + ["--prompt", "The "]) == 0
+    alone = capsys.readouterr().out
+    assert main(base + ["--prompt", "The ", "--prompt", "Pack", "--num-samples", "2"]) == 0
+    parts = capsys.readouterr().out.split("\n---\n")
+    assert len(parts) == 4 and parts[0] == alone
+    (tmp_path / "prompts.txt").write_text("The \nPack\n", encoding="utf-8")
+    assert main(base + ["--prompt-file", str(tmp_path / "prompts.txt")]) == 0
+    from_file = capsys.readouterr().out.split("\n---\n")
+    assert from_file[0] == parts[0] and from_file[1] == parts[2]
+    stop = alone[5:7]  # two characters from the middle of the sample
+    assert main(base + ["--prompt", "The ", "--stop", stop]) == 0
+    cut = capsys.readouterr().out
+    assert cut == alone[: alone.index(stop)] + "\n"
+    assert main(base + ["--prompt", "The ", "--prompt", "Zz!"]) == 2  # checked before sampling
+    captured = capsys.readouterr()
+    assert captured.out == "" and "'!'" in captured.err

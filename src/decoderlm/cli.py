@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 
 __all__ = ["main", "build_parser"]
 
@@ -112,8 +113,14 @@ def build_parser() -> argparse.ArgumentParser:
     model_source.add_argument("--run", metavar="DIR", help="a run directory")
     model_source.add_argument("--hf", metavar="DIR", help="a Hugging Face GPT-2 checkpoint "
                               "directory (config.json + model.safetensors); GPT-2 BPE tokenizer")
-    s.add_argument("--prompt", help="text to continue (default: a newline, or the first "
-                   "character of a character vocabulary without one; <|endoftext|> for GPT-2)")
+    s.add_argument("--prompt", action="append", help="text to continue; repeat for several "
+                   "(default: a newline, or the first character of a character vocabulary "
+                   "without one; <|endoftext|> for GPT-2)")
+    s.add_argument("--prompt-file", metavar="FILE", help="a UTF-8 file of prompts, one per line")
+    s.add_argument("--num-samples", type=_positive_int, default=1, metavar="N",
+                   help="samples per prompt (sample i uses seed + i)")
+    s.add_argument("--stop", action="append", metavar="TEXT",
+                   help="end a sample where this text appears (not printed); repeatable")
     s.add_argument("--max-new-tokens", type=_non_negative_int, default=500, metavar="N")
     s.add_argument("--temperature", type=float, default=1.0, help="0 is greedy (default: 1.0)")
     s.add_argument("--top-k", type=_positive_int, metavar="K")
@@ -167,18 +174,57 @@ def _cmd_sample(args) -> int:
     if tokenizer.vocab_size != model.config.vocab_size:
         raise ValueError(f"the tokenizer of {args.run or args.hf} has {tokenizer.vocab_size} "
                          f"tokens but the model expects vocab_size={model.config.vocab_size}")
-    if args.prompt is None:
+    prompts = list(args.prompt or [])
+    if args.prompt_file:
+        try:
+            prompts += Path(args.prompt_file).read_text(encoding="utf-8").splitlines()
+        except UnicodeDecodeError:
+            raise ValueError(f"{args.prompt_file} is not UTF-8 text") from None
+    if not prompts:
         if isinstance(tokenizer, CharTokenizer):
-            args.prompt = "\n" if "\n" in tokenizer.stoi else tokenizer.chars[0]
+            prompts = ["\n" if "\n" in tokenizer.stoi else tokenizer.chars[0]]
         else:
-            args.prompt = "<|endoftext|>"
-    if not args.prompt:
-        raise ValueError("--prompt is empty; give at least one character")
-    idx = torch.tensor([tokenizer.encode(args.prompt)], dtype=torch.long, device=args.device)
-    out = model.generate(idx, args.max_new_tokens, temperature=args.temperature,
-                         top_k=args.top_k, top_p=args.top_p, seed=args.seed)
-    print(tokenizer.decode(out[0, idx.size(1):]))
+            prompts = ["<|endoftext|>"]
+    if not all(prompts):
+        raise ValueError("a prompt is empty; give at least one character")
+    encoded = [tokenizer.encode(p) for p in prompts]  # every prompt checked before sampling
+    first = True
+    for ids in encoded:
+        for i in range(args.num_samples):
+            if not first:
+                print("\n---")
+            first = False
+            idx = torch.tensor([ids], dtype=torch.long, device=args.device)
+            seed = None if args.seed is None else args.seed + i
+            _print_stream(model, tokenizer, idx, args, seed)
     return 0
+
+
+def _print_stream(model, tokenizer, idx, args, seed) -> None:
+    """Print a sample's text as its tokens are produced, up to the first --stop text."""
+    from .generate import stream_generate
+
+    new_ids, shown = [], ""
+    for token in stream_generate(model, idx, args.max_new_tokens, args.temperature,
+                                 args.top_k, args.top_p, seed=seed):
+        new_ids.append(int(token[0]))
+        text = tokenizer.decode(new_ids)
+        cut = min((text.find(s) for s in args.stop or [] if s in text), default=-1)
+        if cut >= 0:
+            sys.stdout.write(text[len(shown):cut])
+            break
+        # hold back a character still being spelled, and text that may begin a stop text
+        hold = max((k for s in args.stop or [] for k in range(1, len(s))
+                    if text.endswith(s[:k])), default=0)
+        safe = text[:len(text) - hold]
+        if not safe.endswith("\ufffd") and len(safe) > len(shown):
+            sys.stdout.write(safe[len(shown):])
+            sys.stdout.flush()
+            shown = safe
+    else:
+        sys.stdout.write(text[len(shown):] if new_ids else "")
+    sys.stdout.write("\n")
+    sys.stdout.flush()
 
 
 def _cmd_presets(args) -> int:
@@ -196,7 +242,6 @@ def _cmd_presets(args) -> int:
 
 def _cmd_params(args) -> int:
     import json
-    from pathlib import Path
 
     import torch
 

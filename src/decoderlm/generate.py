@@ -83,6 +83,21 @@ def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | Non
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 
+def _stop_sequences(stop) -> list[torch.Tensor]:
+    """stop: None, a token id, or a list of token ids and/or lists of token ids."""
+    if stop is None:
+        return []
+    items = [stop] if isinstance(stop, int) else list(stop)
+    out = []
+    for item in items:
+        seq = [item] if isinstance(item, int) else list(item)
+        if not seq or not all(isinstance(i, int) and not isinstance(i, bool) for i in seq):
+            raise ValueError(f"stop must hold token ids or non-empty lists of token ids, got "
+                             f"{item!r}")
+        out.append(torch.tensor(seq, dtype=torch.long))
+    return out
+
+
 class KVCache:
     """Keys and values of every layer for decoding: k[l], v[l] [B, n_heads, block_size,
     head_dim] in the model's dtype, of which the first `length` positions are filled."""
@@ -114,8 +129,10 @@ def stream_generate(model, idx: torch.Tensor, max_new_tokens: int, temperature: 
                     top_k: int | None = None, top_p: float | None = None,
                     do_sample: bool = True, seed: int | None = None,
                     generator: torch.Generator | None = None,
-                    attention_mask: torch.Tensor | None = None, use_cache: bool = True):
-    """Yield the next token of every row, [B] int64, max_new_tokens times; see `generate`."""
+                    attention_mask: torch.Tensor | None = None, use_cache: bool = True,
+                    stop=None, pad_token_id: int = -1):
+    """Yield the next token of every row, [B] int64, up to max_new_tokens times; see
+    `generate`. Rows that have stopped yield pad_token_id; the loop ends when all have."""
     _check_controls(temperature, top_k, top_p)
     _check_generate_args(idx, max_new_tokens, attention_mask)
     if not do_sample:
@@ -128,6 +145,8 @@ def stream_generate(model, idx: torch.Tensor, max_new_tokens: int, temperature: 
     dtype = model.lm_head.weight.dtype
     was_training = model.training
     model.eval()
+    stops = _stop_sequences(stop)
+    finished = torch.zeros(idx.size(0), dtype=torch.bool, device=idx.device)
     cache, ids = None, idx
     try:
         for step in range(max_new_tokens):
@@ -152,7 +171,14 @@ def stream_generate(model, idx: torch.Tensor, max_new_tokens: int, temperature: 
                                  f"[0, {vocab_size})")
             ids = torch.cat([ids, nxt[:, None]], dim=1)
             mask = torch.cat([mask, mask.new_ones(mask.size(0), 1)], dim=1)
-            yield nxt
+            yield torch.where(finished, torch.full_like(nxt, pad_token_id), nxt)
+            if stops:
+                generated = ids[:, idx.size(1):]
+                for seq in stops:
+                    if generated.size(1) >= len(seq):
+                        finished |= (generated[:, -len(seq):] == seq.to(ids.device)).all(1)
+                if finished.all():
+                    return
     finally:
         model.train(was_training)
 
@@ -161,8 +187,8 @@ def stream_generate(model, idx: torch.Tensor, max_new_tokens: int, temperature: 
 def generate(model, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
              top_k: int | None = None, top_p: float | None = None, do_sample: bool = True,
              seed: int | None = None, generator: torch.Generator | None = None,
-             attention_mask: torch.Tensor | None = None,
-             use_cache: bool = True) -> torch.Tensor:
+             attention_mask: torch.Tensor | None = None, use_cache: bool = True,
+             stop=None, pad_token_id: int = -1) -> torch.Tensor:
     """Extend idx by max_new_tokens tokens sampled from `model`, with a KV cache.
 
     One forward pass over the prompt fills the cache (a `KVCache`: per layer [B, n_heads,
@@ -182,14 +208,18 @@ def generate(model, idx: torch.Tensor, max_new_tokens: int, temperature: float =
             lengths in one batch); positions count real tokens only, so each row gets the
             tokens it would get alone (while the batch fits in block_size).
         use_cache: False reruns the whole window at every step (for checking).
+        stop: a token id, or a list of ids and/or id sequences: a row ends once its new
+            tokens end with one of them (the stop tokens are kept in the output).
+        pad_token_id: what a row that has stopped gets while others go on.
 
     Returns:
-        [B, T + max_new_tokens] int64.
+        [B, T + n] int64, n = max_new_tokens, or fewer when every row has stopped.
 
     Raises:
         ValueError: bad controls or prompt, non-finite logits (the message names the step), or
             a sampled id outside the vocabulary.
     """
     new = list(stream_generate(model, idx, max_new_tokens, temperature, top_k, top_p,
-                               do_sample, seed, generator, attention_mask, use_cache))
+                               do_sample, seed, generator, attention_mask, use_cache, stop,
+                               pad_token_id))
     return torch.cat([idx, torch.stack(new, dim=1)], dim=1) if new else idx.clone()
