@@ -1,4 +1,4 @@
-"""The `decoderlm` command: train | sample | presets | params.
+"""The `decoderlm` command: train | sample | serve | presets | params.
 
 User mistakes (bad flags, missing files, unknown characters, ...) print one line
 `decoderlm: error: ...` and exit with status 2, never a traceback.
@@ -109,10 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("sample", help="print text sampled from a trained model",
                        description="Sample a continuation of --prompt and print it.")
-    model_source = s.add_mutually_exclusive_group(required=True)
-    model_source.add_argument("--run", metavar="DIR", help="a run directory")
-    model_source.add_argument("--hf", metavar="DIR", help="a Hugging Face GPT-2 checkpoint "
-                              "directory (config.json + model.safetensors); GPT-2 BPE tokenizer")
+    _add_model_source(s)
     s.add_argument("--prompt", action="append", help="text to continue; repeat for several "
                    "(default: a newline, or the first character of a character vocabulary "
                    "without one; <|endoftext|> for GPT-2)")
@@ -126,7 +123,17 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--top-k", type=_positive_int, metavar="K")
     s.add_argument("--top-p", type=float, metavar="P")
     s.add_argument("--seed", type=_seed, help="the same seed gives the same text")
-    s.add_argument("--device", type=_device, default="cpu")
+
+    v = sub.add_parser("serve", help="an OpenAI-style HTTP API for a model",
+                       description="Serve POST /v1/completions, GET /v1/models and GET /health "
+                       "(needs the [serve] extra: FastAPI and uvicorn).")
+    _add_model_source(v)
+    v.add_argument("--host", default="127.0.0.1")
+    v.add_argument("--port", type=_int_in(1, 65536), default=8000)
+    v.add_argument("--max-tokens-limit", type=_positive_int, default=1024, metavar="N",
+                   help="the largest max_tokens a request may ask for (default: %(default)s)")
+    v.add_argument("--max-prompt-tokens", type=_positive_int, default=4096, metavar="N",
+                   help="the longest prompt accepted, in tokens (default: %(default)s)")
 
     sub.add_parser("presets", help="list the named presets")
 
@@ -159,11 +166,10 @@ def _cmd_train(args) -> int:
     return 0
 
 
-def _cmd_sample(args) -> int:
-    import torch
-
+def _load_model_and_tokenizer(args):
+    """The model and tokenizer of --run DIR or --hf DIR, checked to belong together."""
     from .model import DecoderLM
-    from .tokenizers import CharTokenizer, GPT2Tokenizer, load_tokenizer
+    from .tokenizers import GPT2Tokenizer, load_tokenizer
 
     if args.hf:
         from .hf import load_gpt2
@@ -174,6 +180,21 @@ def _cmd_sample(args) -> int:
     if tokenizer.vocab_size != model.config.vocab_size:
         raise ValueError(f"the tokenizer of {args.run or args.hf} has {tokenizer.vocab_size} "
                          f"tokens but the model expects vocab_size={model.config.vocab_size}")
+    return model, tokenizer
+
+
+def _add_model_source(p) -> None:
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--run", metavar="DIR", help="a run directory")
+    source.add_argument("--hf", metavar="DIR", help="a Hugging Face GPT-2 checkpoint "
+                        "directory (config.json + model.safetensors); GPT-2 BPE tokenizer")
+    p.add_argument("--device", type=_device, default="cpu")
+
+
+def _cmd_sample(args) -> int:
+    from .tokenizers import CharTokenizer
+
+    model, tokenizer = _load_model_and_tokenizer(args)
     prompts = list(args.prompt or [])
     if args.prompt_file:
         try:
@@ -194,37 +215,31 @@ def _cmd_sample(args) -> int:
             if not first:
                 print("\n---")
             first = False
-            idx = torch.tensor([ids], dtype=torch.long, device=args.device)
             seed = None if args.seed is None else args.seed + i
-            _print_stream(model, tokenizer, idx, args, seed)
+            _print_stream(model, tokenizer, ids, args, seed)
     return 0
 
 
-def _print_stream(model, tokenizer, idx, args, seed) -> None:
+def _print_stream(model, tokenizer, ids, args, seed) -> None:
     """Print a sample's text as its tokens are produced, up to the first --stop text."""
-    from .generate import stream_generate
+    from .generate import stream_text
 
-    new_ids, shown = [], ""
-    for token in stream_generate(model, idx, args.max_new_tokens, args.temperature,
-                                 args.top_k, args.top_p, seed=seed):
-        new_ids.append(int(token[0]))
-        text = tokenizer.decode(new_ids)
-        cut = min((text.find(s) for s in args.stop or [] if s in text), default=-1)
-        if cut >= 0:
-            sys.stdout.write(text[len(shown):cut])
-            break
-        # hold back a character still being spelled, and text that may begin a stop text
-        hold = max((k for s in args.stop or [] for k in range(1, len(s))
-                    if text.endswith(s[:k])), default=0)
-        safe = text[:len(text) - hold]
-        if not safe.endswith("\ufffd") and len(safe) > len(shown):
-            sys.stdout.write(safe[len(shown):])
-            sys.stdout.flush()
-            shown = safe
-    else:
-        sys.stdout.write(text[len(shown):] if new_ids else "")
+    for delta, *_ in stream_text(model, tokenizer, ids, args.max_new_tokens, args.temperature,
+                                 args.top_k, args.top_p, seed, args.stop):
+        sys.stdout.write(delta)
+        sys.stdout.flush()
     sys.stdout.write("\n")
     sys.stdout.flush()
+
+
+def _cmd_serve(args) -> int:
+    from .serve import serve
+
+    model, tokenizer = _load_model_and_tokenizer(args)
+    name = Path(args.run or args.hf).resolve().name
+    serve(model, tokenizer, name, args.host, args.port, args.max_tokens_limit,
+          args.max_prompt_tokens)
+    return 0
 
 
 def _cmd_presets(args) -> int:
@@ -298,8 +313,8 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
     except SystemExit as exit_:  # --help (0) or a bad argument (2, message already printed)
         return exit_.code
-    command = {"train": _cmd_train, "sample": _cmd_sample, "presets": _cmd_presets,
-               "params": _cmd_params}
+    command = {"train": _cmd_train, "sample": _cmd_sample, "serve": _cmd_serve,
+               "presets": _cmd_presets, "params": _cmd_params}
     try:
         return command[args.command](args)
     except BrokenPipeError:  # e.g. `decoderlm sample ... | head`: stop quietly

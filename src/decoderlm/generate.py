@@ -11,7 +11,8 @@ import math
 
 import torch
 
-__all__ = ["generate", "stream_generate", "sample_next", "filter_logits", "KVCache"]
+__all__ = ["generate", "stream_generate", "stream_text", "sample_next", "filter_logits",
+           "KVCache"]
 
 
 def filter_logits(logits: torch.Tensor, top_k: int | None = None,
@@ -223,3 +224,37 @@ def generate(model, idx: torch.Tensor, max_new_tokens: int, temperature: float =
                                do_sample, seed, generator, attention_mask, use_cache, stop,
                                pad_token_id))
     return torch.cat([idx, torch.stack(new, dim=1)], dim=1) if new else idx.clone()
+
+
+def stream_text(model, tokenizer, prompt_ids: list[int], max_new_tokens: int,
+                temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
+                seed: int | None = None, stop: list[str] | None = None):
+    """Sample one continuation and yield its text as it grows, as (delta, finish_reason).
+
+    Text is held back while it ends in an incomplete character (U+FFFD from a partial UTF-8
+    byte sequence) or could be the start of a stop text. The continuation ends before the
+    first stop text (which is not yielded) with finish_reason "stop", or after
+    max_new_tokens tokens with "length".
+
+    Yields:
+        (delta, None) while going, then one last (delta, "stop" | "length", n_new_tokens).
+    """
+    device = model.lm_head.weight.device
+    idx = torch.tensor([prompt_ids], dtype=torch.long, device=device)
+    stop = [s for s in stop or [] if s]
+    new_ids, shown, text = [], "", ""
+    for token in stream_generate(model, idx, max_new_tokens, temperature, top_k, top_p,
+                                 seed=seed):
+        new_ids.append(int(token[0]))
+        text = tokenizer.decode(new_ids)
+        cut = min((text.find(s) for s in stop if s in text), default=-1)
+        if cut >= 0:
+            yield text[len(shown):cut], "stop", len(new_ids)
+            return
+        hold = max((k for s in stop for k in range(1, len(s)) if text.endswith(s[:k])),
+                   default=0)
+        safe = text[:len(text) - hold]
+        if not safe.endswith("\ufffd") and len(safe) > len(shown):
+            yield safe[len(shown):], None
+            shown = safe
+    yield text[len(shown):], "length", len(new_ids)

@@ -1,0 +1,138 @@
+"""An OpenAI-style HTTP API for a model: FastAPI + uvicorn (the optional [serve] extra).
+
+    POST /v1/completions   prompt (str or list), max_tokens, temperature, top_p, n, stop,
+                           stream, seed  ->  OpenAI's "text_completion" shape, or Server-Sent
+                           Events ("data: {chunk}" lines, then "data: [DONE]") when stream
+    GET  /v1/models        the one model served
+    GET  /health           {"status": "ok"}
+
+Each request samples with its own torch.Generator and KV cache, so concurrent requests
+(FastAPI runs the handlers in a thread pool) never share state. A bad field is a 422 (from the
+request schema) or a 400 with a message (limits, unknown characters).
+"""
+
+import json  # no `from __future__ import annotations`: FastAPI reads the request type
+import time
+import uuid
+
+__all__ = ["create_app", "serve"]
+
+
+def _missing_extra(e: ImportError):
+    return RuntimeError(f"`decoderlm serve` needs FastAPI and uvicorn: pip install "
+                        f"'decoderlm[serve]' ({e})")
+
+
+def create_app(model, tokenizer, model_name: str, max_tokens_limit: int = 1024,
+               max_prompt_tokens: int = 4096):
+    """Build the FastAPI app serving `model` with `tokenizer` under the id `model_name`.
+
+    Raises:
+        RuntimeError: FastAPI is not installed.
+    """
+    try:
+        from fastapi import FastAPI, HTTPException
+        from fastapi.responses import StreamingResponse
+        from pydantic import BaseModel, Field
+    except ImportError as e:
+        raise _missing_extra(e) from None
+
+    from .generate import stream_text
+
+    class CompletionRequest(BaseModel):
+        model: str | None = None
+        prompt: str | list[str]
+        max_tokens: int = Field(16, ge=0)
+        temperature: float = Field(1.0, ge=0.0, le=2.0, allow_inf_nan=False)
+        top_p: float = Field(1.0, gt=0.0, le=1.0, allow_inf_nan=False)
+        n: int = Field(1, ge=1, le=16)
+        stop: str | list[str] | None = None
+        stream: bool = False
+        seed: int | None = Field(None, ge=0, lt=2**63)
+
+    app = FastAPI(title="decoderlm", version="0.1.0")
+    model.eval()
+
+    @app.get("/health")
+    def health():
+        return {"status": "ok"}
+
+    @app.get("/v1/models")
+    def models():
+        return {"object": "list", "data": [{"id": model_name, "object": "model",
+                                            "owned_by": "decoderlm"}]}
+
+    def check(req: CompletionRequest) -> tuple[list[list[int]], list[str]]:
+        if req.model not in (None, model_name):
+            raise HTTPException(404, f"model {req.model!r} is not served here; GET /v1/models")
+        if req.max_tokens > max_tokens_limit:
+            raise HTTPException(400, f"max_tokens {req.max_tokens} exceeds this server's limit "
+                                     f"of {max_tokens_limit}")
+        prompts = [req.prompt] if isinstance(req.prompt, str) else req.prompt
+        if not prompts or not all(prompts):
+            raise HTTPException(400, "prompt must be a non-empty string or list of strings")
+        try:
+            encoded = [tokenizer.encode(p) for p in prompts]
+        except ValueError as e:
+            raise HTTPException(400, f"prompt: {e}") from None
+        longest = max(len(ids) for ids in encoded)
+        if longest > max_prompt_tokens:
+            raise HTTPException(400, f"a prompt has {longest} tokens; this server accepts at "
+                                     f"most {max_prompt_tokens}")
+        stops = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+        if len(stops) > 4:
+            raise HTTPException(400, "at most 4 stop sequences")
+        return encoded, stops
+
+    def runs(req, encoded, stops):
+        """(choice index, stream_text iterator) for every prompt x n."""
+        for p, ids in enumerate(encoded):
+            for i in range(req.n):
+                seed = None if req.seed is None else req.seed + i
+                yield p * req.n + i, ids, stream_text(
+                    model, tokenizer, ids, req.max_tokens, req.temperature, None,
+                    req.top_p if req.top_p < 1.0 else None, seed, stops)
+
+    @app.post("/v1/completions")
+    def completions(req: CompletionRequest):
+        encoded, stops = check(req)
+        cid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
+        head = {"id": cid, "object": "text_completion", "created": created,
+                "model": model_name}
+        if req.stream:
+            def events():
+                for index, _, pieces in runs(req, encoded, stops):
+                    for delta, finish, *_ in pieces:
+                        chunk = {**head, "choices": [{"text": delta, "index": index,
+                                                      "logprobs": None,
+                                                      "finish_reason": finish}]}
+                        yield f"data: {json.dumps(chunk)}\n\n"
+                yield "data: [DONE]\n\n"
+            return StreamingResponse(events(), media_type="text/event-stream")
+        choices, completion_tokens = [], 0
+        for index, ids, pieces in runs(req, encoded, stops):
+            text, finish, made = "", None, 0
+            for delta, finish, *rest in pieces:
+                text += delta
+                made = rest[0] if rest else made
+            completion_tokens += made
+            choices.append({"text": text, "index": index, "logprobs": None,
+                            "finish_reason": finish})
+        prompt_tokens = sum(len(ids) for ids in encoded)
+        return {**head, "choices": choices,
+                "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                          "total_tokens": prompt_tokens + completion_tokens}}
+
+    return app
+
+
+def serve(model, tokenizer, model_name: str, host: str = "127.0.0.1", port: int = 8000,
+          max_tokens_limit: int = 1024, max_prompt_tokens: int = 4096) -> None:
+    """Run the API with uvicorn until interrupted."""
+    try:
+        import uvicorn
+    except ImportError as e:
+        raise _missing_extra(e) from None
+    app = create_app(model, tokenizer, model_name, max_tokens_limit, max_prompt_tokens)
+    print(f"serving {model_name} on http://{host}:{port} (POST /v1/completions)")
+    uvicorn.run(app, host=host, port=port, log_level="info")

@@ -1,0 +1,124 @@
+"""The HTTP API against a real uvicorn server on 127.0.0.1 and a real HTTP client."""
+
+import json
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import torch
+
+from conftest import tiny_model
+from decoderlm import CharTokenizer
+
+httpx = pytest.importorskip("httpx")
+uvicorn = pytest.importorskip("uvicorn")
+pytest.importorskip("fastapi")
+
+CHARS = sorted(set("abcdefghijklmnopqrstuvwxyz ABCDEFGHIJKLMNOPQRSTUVWXYZ.,;:'\n0123456789-"))
+
+
+@pytest.fixture(scope="module")
+def server():
+    from decoderlm.serve import create_app
+
+    torch.manual_seed(0)
+    tok = CharTokenizer(CHARS[:65])  # the tiny model's 65 ids: all but "vwxyz"
+    model = tiny_model()
+    app = create_app(model, tok, "tiny", max_tokens_limit=64, max_prompt_tokens=100)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    deadline = time.time() + 20
+    while not srv.started and time.time() < deadline:
+        time.sleep(0.05)
+    assert srv.started
+    yield f"http://127.0.0.1:{port}", model, tok
+    srv.should_exit = True
+    thread.join(timeout=10)
+
+
+def test_health_and_models(server):
+    url, _, _ = server
+    assert httpx.get(f"{url}/health").json() == {"status": "ok"}
+    models = httpx.get(f"{url}/v1/models").json()
+    assert models["data"][0]["id"] == "tiny" and models["object"] == "list"
+
+
+def test_completion_matches_the_model(server):
+    url, model, tok = server
+    body = {"prompt": "hello", "max_tokens": 12, "temperature": 0, "seed": 1}
+    r = httpx.post(f"{url}/v1/completions", json=body, timeout=30)
+    assert r.status_code == 200
+    out = r.json()
+    assert out["object"] == "text_completion" and out["model"] == "tiny"
+    choice = out["choices"][0]
+    ids = model.generate(torch.tensor([tok.encode("hello")]), 12, do_sample=False)
+    assert choice["text"] == tok.decode(ids[0, 5:]) and choice["finish_reason"] == "length"
+    assert out["usage"] == {"prompt_tokens": 5, "completion_tokens": 12, "total_tokens": 17}
+    two = httpx.post(f"{url}/v1/completions", json={"prompt": ["ab", "cd"], "n": 2,
+                                                    "max_tokens": 5, "seed": 3}, timeout=30).json()
+    assert [c["index"] for c in two["choices"]] == [0, 1, 2, 3]
+
+
+def test_streamed_completion_concatenates_to_the_plain_one(server):
+    url, _, _ = server
+    body = {"prompt": "the ", "max_tokens": 20, "seed": 5, "top_p": 0.9}
+    plain = httpx.post(f"{url}/v1/completions", json=body, timeout=30).json()
+    chunks = []
+    with httpx.stream("POST", f"{url}/v1/completions", json={**body, "stream": True},
+                      timeout=30) as r:
+        assert r.headers["content-type"].startswith("text/event-stream")
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                chunks.append(line[len("data: "):])
+    assert chunks[-1] == "[DONE]"
+    events = [json.loads(c) for c in chunks[:-1]]
+    assert len(events) > 2
+    assert "".join(e["choices"][0]["text"] for e in events) == plain["choices"][0]["text"]
+    assert events[-1]["choices"][0]["finish_reason"] == "length"
+
+
+def test_concurrent_requests_do_not_mix(server):
+    url, _, _ = server
+    bodies = [{"prompt": p, "max_tokens": 25, "seed": s}
+              for p, s in [("ab", 1), ("cd", 2), ("ef", 3), ("gh", 4)] * 2]
+    alone = [httpx.post(f"{url}/v1/completions", json=b, timeout=60).json()["choices"][0]["text"]
+             for b in bodies[:4]]
+    with ThreadPoolExecutor(8) as pool:
+        together = list(pool.map(lambda b: httpx.post(f"{url}/v1/completions", json=b,
+                                                      timeout=60).json(), bodies))
+    assert [t["choices"][0]["text"] for t in together] == alone * 2
+
+
+def test_stop_text_ends_the_completion(server):
+    url, _, _ = server
+    body = {"prompt": "abc", "max_tokens": 30, "temperature": 0}
+    full = httpx.post(f"{url}/v1/completions", json=body, timeout=30).json()["choices"][0]
+    stop = full["text"][4:6]
+    cut = httpx.post(f"{url}/v1/completions", json={**body, "stop": [stop]},
+                     timeout=30).json()["choices"][0]
+    assert cut["text"] == full["text"][: full["text"].index(stop)]
+    assert cut["finish_reason"] == "stop"
+
+
+@pytest.mark.parametrize("body,status,message", [
+    ({"prompt": "hi", "temperature": -1}, 422, "temperature"),
+    ({"prompt": "hi", "top_p": 0}, 422, "top_p"),
+    ({"prompt": "hi", "n": 0}, 422, "n"),
+    ({"max_tokens": 5}, 422, "prompt"),
+    ({"prompt": "hi", "max_tokens": 65}, 400, "limit of 64"),
+    ({"prompt": "a" * 101}, 400, "at most 100"),
+    ({"prompt": "hi!", "max_tokens": 2}, 400, "'!' at position 2"),
+    ({"prompt": ""}, 400, "non-empty"),
+    ({"prompt": "hi", "model": "gpt-4"}, 404, "not served here"),
+])
+def test_bad_requests_get_a_clear_status_and_message(server, body, status, message):
+    url, _, _ = server
+    r = httpx.post(f"{url}/v1/completions", json=body, timeout=30)
+    assert r.status_code == status
+    assert message in r.text
