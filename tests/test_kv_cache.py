@@ -110,3 +110,11 @@ def test_stop_token_ids_end_rows_early():
     assert single[0, -2:].tolist() == stop_pair and single.size(1) <= 3 + 7
     with pytest.raises(ValueError, match="stop must hold token ids"):
         model.generate(prompt, 3, stop=[[]])
+
+
+@pytest.mark.parametrize("vocab,batch", [(65, 1), (50257, 2), (10, 4)])
+def test_rowwise_unembedding_is_the_same_product(vocab, batch):
+    from decoderlm.model import _rowwise_unembed
+
+    weight, x = torch.randn(vocab, 32), torch.randn(batch, 1, 32)
+    assert torch.allclose(_rowwise_unembed(x, weight), x @ weight.T, atol=1e-4, rtol=1e-5)
