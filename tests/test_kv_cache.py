@@ -118,3 +118,13 @@ def test_rowwise_unembedding_is_the_same_product(vocab, batch):
 
     weight, x = torch.randn(vocab, 32), torch.randn(batch, 1, 32)
     assert torch.allclose(_rowwise_unembed(x, weight), x @ weight.T, atol=1e-4, rtol=1e-5)
+
+
+def test_stop_accepts_tensors_and_numpy_integers():
+    import numpy as np
+
+    model = tiny_model()
+    prompt = torch.randint(0, 65, (1, 3))
+    first = model.generate(prompt, 1, do_sample=False)[0, -1].item()
+    for stop in (torch.tensor([first]), [np.int64(first)], [torch.tensor(first)]):
+        assert model.generate(prompt, 10, do_sample=False, stop=stop).size(1) == 4

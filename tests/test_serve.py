@@ -122,3 +122,28 @@ def test_bad_requests_get_a_clear_status_and_message(server, body, status, messa
     r = httpx.post(f"{url}/v1/completions", json=body, timeout=30)
     assert r.status_code == status
     assert message in r.text
+
+
+@pytest.mark.parametrize("raw", ['{"prompt": "hi", "temperature": NaN}',
+                                 '{"prompt": "hi", "top_p": Infinity}',
+                                 '{"prompt": "hi", "temperature": 1e400}'])
+def test_non_finite_json_numbers_are_a_422_not_a_500(server, raw):
+    url, _, _ = server
+    with httpx.Client() as client:  # and the connection stays usable afterwards
+        r = client.post(f"{url}/v1/completions", content=raw,
+                        headers={"content-type": "application/json"}, timeout=30)
+        assert r.status_code == 422 and "finite" in r.text
+        assert client.get(f"{url}/health").status_code == 200
+
+
+def test_serve_refuses_a_port_in_use(tmp_path, capsys):
+    from decoderlm.cli import main
+
+    tiny_model().save_pretrained(tmp_path)
+    CharTokenizer(CHARS[:65]).save_pretrained(tmp_path)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert main(["serve", "--run", str(tmp_path), "--port", str(port)]) == 2
+    assert "cannot listen on 127.0.0.1:" in capsys.readouterr().err

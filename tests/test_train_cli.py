@@ -198,3 +198,20 @@ def test_sample_several_prompts_samples_and_stop_text(tmp_path, capsys):
     assert main(base + ["--prompt", "The ", "--prompt", "Zz!"]) == 2  # checked before sampling
     captured = capsys.readouterr()
     assert captured.out == "" and "'!'" in captured.err
+
+
+def test_prompt_file_with_bom_empty_file_and_blank_line(tmp_path, capsys):
+    data, out = train_small(tmp_path)
+    capsys.readouterr()
+    base = ["sample", "--run", str(out), "--max-new-tokens", "5", "--seed", "1"]
+    (tmp_path / "bom.txt").write_bytes("\ufeffThe \n".encode("utf-8"))
+    assert main(base + ["--prompt-file", str(tmp_path / "bom.txt")]) == 0
+    assert main(base + ["--prompt", "The "]) == 0
+    with_bom, plain = capsys.readouterr().out.split("\n", 1)
+    assert with_bom + "\n" == plain
+    (tmp_path / "empty.txt").write_text("")
+    assert main(base + ["--prompt-file", str(tmp_path / "empty.txt")]) == 2
+    assert "holds no prompts" in capsys.readouterr().err
+    (tmp_path / "blank.txt").write_text("The \n\nPack\n")
+    assert main(base + ["--prompt-file", str(tmp_path / "blank.txt")]) == 2
+    assert "line 2 is empty" in capsys.readouterr().err

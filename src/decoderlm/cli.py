@@ -198,9 +198,16 @@ def _cmd_sample(args) -> int:
     prompts = list(args.prompt or [])
     if args.prompt_file:
         try:
-            prompts += Path(args.prompt_file).read_text(encoding="utf-8").splitlines()
+            lines = Path(args.prompt_file).read_text(encoding="utf-8-sig").splitlines()
         except UnicodeDecodeError:
             raise ValueError(f"{args.prompt_file} is not UTF-8 text") from None
+        if not lines:
+            raise ValueError(f"{args.prompt_file} holds no prompts")
+        blank = [i + 1 for i, line in enumerate(lines) if not line]
+        if blank:
+            raise ValueError(f"{args.prompt_file}: line {blank[0]} is empty; one prompt per "
+                             f"line")
+        prompts += lines
     if not prompts:
         if isinstance(tokenizer, CharTokenizer):
             prompts = ["\n" if "\n" in tokenizer.stoi else tokenizer.chars[0]]

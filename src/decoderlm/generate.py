@@ -8,6 +8,7 @@ any number of new tokens can be generated without an index error.
 from __future__ import annotations
 
 import math
+import numbers
 
 import torch
 
@@ -88,14 +89,19 @@ def _stop_sequences(stop) -> list[torch.Tensor]:
     """stop: None, a token id, or a list of token ids and/or lists of token ids."""
     if stop is None:
         return []
-    items = [stop] if isinstance(stop, int) else list(stop)
+    if isinstance(stop, torch.Tensor):
+        stop = stop.tolist()
+    items = [stop] if isinstance(stop, numbers.Integral) else list(stop)
     out = []
     for item in items:
-        seq = [item] if isinstance(item, int) else list(item)
-        if not seq or not all(isinstance(i, int) and not isinstance(i, bool) for i in seq):
+        if isinstance(item, torch.Tensor):
+            item = item.tolist()
+        seq = [item] if isinstance(item, numbers.Integral) else list(item)
+        if not seq or not all(isinstance(i, numbers.Integral) and not isinstance(i, bool)
+                              for i in seq):
             raise ValueError(f"stop must hold token ids or non-empty lists of token ids, got "
                              f"{item!r}")
-        out.append(torch.tensor(seq, dtype=torch.long))
+        out.append(torch.tensor([int(i) for i in seq], dtype=torch.long))
     return out
 
 

@@ -31,8 +31,9 @@ def create_app(model, tokenizer, model_name: str, max_tokens_limit: int = 1024,
         RuntimeError: FastAPI is not installed.
     """
     try:
-        from fastapi import FastAPI, HTTPException
-        from fastapi.responses import StreamingResponse
+        from fastapi import FastAPI, HTTPException, Request
+        from fastapi.exceptions import RequestValidationError
+        from fastapi.responses import JSONResponse, StreamingResponse
         from pydantic import BaseModel, Field
     except ImportError as e:
         raise _missing_extra(e) from None
@@ -52,6 +53,13 @@ def create_app(model, tokenizer, model_name: str, max_tokens_limit: int = 1024,
 
     app = FastAPI(title="decoderlm", version="0.1.0")
     model.eval()
+
+    @app.exception_handler(RequestValidationError)
+    def invalid_request(request: Request, exc: RequestValidationError):
+        # the default echoes the bad input, which cannot be JSON when it is NaN or Infinity
+        detail = [{"loc": list(e.get("loc", ())), "msg": e.get("msg", ""),
+                   "type": e.get("type", "")} for e in exc.errors()]
+        return JSONResponse(status_code=422, content={"detail": detail})
 
     @app.get("/health")
     def health():
@@ -133,6 +141,14 @@ def serve(model, tokenizer, model_name: str, host: str = "127.0.0.1", port: int 
         import uvicorn
     except ImportError as e:
         raise _missing_extra(e) from None
+    import socket
+
+    try:  # fail with one clear line, before uvicorn starts, if the address is unusable
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        with socket.socket(infos[0][0], socket.SOCK_STREAM) as probe:
+            probe.bind(infos[0][4])
+    except OSError as e:
+        raise OSError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
     app = create_app(model, tokenizer, model_name, max_tokens_limit, max_prompt_tokens)
     print(f"serving {model_name} on http://{host}:{port} (POST /v1/completions)")
     uvicorn.run(app, host=host, port=port, log_level="info")
