@@ -206,9 +206,9 @@ def test_prompt_file_with_bom_empty_file_and_blank_line(tmp_path, capsys):
     base = ["sample", "--run", str(out), "--max-new-tokens", "5", "--seed", "1"]
     (tmp_path / "bom.txt").write_bytes("\ufeffThe \n".encode("utf-8"))
     assert main(base + ["--prompt-file", str(tmp_path / "bom.txt")]) == 0
+    with_bom = capsys.readouterr().out
     assert main(base + ["--prompt", "The "]) == 0
-    with_bom, plain = capsys.readouterr().out.split("\n", 1)
-    assert with_bom + "\n" == plain
+    assert with_bom == capsys.readouterr().out
     (tmp_path / "empty.txt").write_text("")
     assert main(base + ["--prompt-file", str(tmp_path / "empty.txt")]) == 2
     assert "holds no prompts" in capsys.readouterr().err
