@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from conftest import randomize, tiny_model
 from decoderlm import GPT2Tokenizer

@@ -154,7 +154,7 @@ def stream_generate(model, idx: torch.Tensor, max_new_tokens: int, temperature: 
     model.eval()
     stops = _stop_sequences(stop)
     finished = torch.zeros(idx.size(0), dtype=torch.bool, device=idx.device)
-    cache, ids = None, idx
+    cache, ids, positions = None, idx, None
     try:
         for step in range(max_new_tokens):
             if cache is not None and cache.length < block_size:  # one new token

@@ -97,7 +97,7 @@ def create_app(model, tokenizer, model_name: str, max_tokens_limit: int = 1024,
         for p, ids in enumerate(encoded):
             for i in range(req.n):
                 seed = None if req.seed is None else req.seed + i
-                yield p * req.n + i, ids, stream_text(
+                yield p * req.n + i, stream_text(
                     model, tokenizer, ids, req.max_tokens, req.temperature, None,
                     req.top_p if req.top_p < 1.0 else None, seed, stops)
 
@@ -109,7 +109,7 @@ def create_app(model, tokenizer, model_name: str, max_tokens_limit: int = 1024,
                 "model": model_name}
         if req.stream:
             def events():
-                for index, _, pieces in runs(req, encoded, stops):
+                for index, pieces in runs(req, encoded, stops):
                     for delta, finish, *_ in pieces:
                         chunk = {**head, "choices": [{"text": delta, "index": index,
                                                       "logprobs": None,
@@ -118,7 +118,7 @@ def create_app(model, tokenizer, model_name: str, max_tokens_limit: int = 1024,
                 yield "data: [DONE]\n\n"
             return StreamingResponse(events(), media_type="text/event-stream")
         choices, completion_tokens = [], 0
-        for index, ids, pieces in runs(req, encoded, stops):
+        for index, pieces in runs(req, encoded, stops):
             text, finish, made = "", None, 0
             for delta, finish, *rest in pieces:
                 text += delta
