@@ -112,12 +112,23 @@ def test_stop_token_ids_end_rows_early():
         model.generate(prompt, 3, stop=[[]])
 
 
-@pytest.mark.parametrize("vocab,batch", [(65, 1), (50257, 2), (10, 4)])
-def test_rowwise_unembedding_is_the_same_product(vocab, batch):
-    from decoderlm.model import _rowwise_unembed
+@pytest.mark.parametrize("out,batch,bias", [(65, 1, False), (50257, 2, False), (2305, 4, True)])
+def test_rowwise_linear_is_the_same_product(out, batch, bias):
+    import torch.nn.functional as F
 
-    weight, x = torch.randn(vocab, 32), torch.randn(batch, 1, 32)
-    assert torch.allclose(_rowwise_unembed(x, weight), x @ weight.T, atol=1e-4, rtol=1e-5)
+    from decoderlm.model import Linear, rowwise_linear
+
+    weight, x = torch.randn(out, 32), torch.randn(batch, 1, 32)
+    b = torch.randn(out) if bias else None
+    expected = F.linear(x, weight, b)
+    assert torch.allclose(rowwise_linear(x, weight, b), expected, atol=1e-4, rtol=1e-5)
+    layer = Linear(32, out, bias=bias)
+    with torch.no_grad():
+        layer.weight.copy_(weight)
+        if bias:
+            layer.bias.copy_(b)
+        assert torch.allclose(layer(x), expected, atol=1e-4, rtol=1e-5)
+    assert torch.equal(layer(x), F.linear(x, layer.weight, layer.bias))  # autograd: plain path
 
 
 def test_stop_accepts_tensors_and_numpy_integers():

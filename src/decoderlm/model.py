@@ -24,8 +24,9 @@ import torch.nn.functional as F
 
 from .config import ModelConfig
 
-__all__ = ["DecoderLM", "CausalSelfAttention", "MLP", "Block", "RMSNorm", "causal_attention",
-           "sinusoidal_positions", "rope_cos_sin", "apply_rope", "rope_interleaved_to_half"]
+__all__ = ["DecoderLM", "CausalSelfAttention", "MLP", "Block", "RMSNorm", "Linear",
+           "rowwise_linear", "causal_attention", "sinusoidal_positions", "rope_cos_sin",
+           "apply_rope", "rope_interleaved_to_half"]
 
 
 def sinusoidal_positions(T: int, d_model: int) -> torch.Tensor:
@@ -73,21 +74,36 @@ def rope_interleaved_to_half(weight: torch.Tensor, n_heads: int) -> torch.Tensor
     return weight[rows.reshape(-1)]
 
 
-def _rowwise_unembed(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """x [B, 1, d] @ weight[V, d]^T for decoding on the CPU in float32.
+def rowwise_linear(x: torch.Tensor, weight: torch.Tensor,
+                   bias: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear(x, weight, bias) computed as a two-way batched matmul over halves of the rows
+    of weight ([out, in]); x [..., in] with few rows.
 
-    Same product as F.linear, computed as a two-way batched matmul over halves of the
-    vocabulary: with one row, F.linear becomes a matrix-vector product that MKL reads at about
-    12 GB/s on this project's AMD CPU, while the batched form reads at about 45-60 GB/s
-    (benchmarks/generate.py; the 50,257 x 768 unembedding of GPT-2 drops from 9.2 to 3.4 ms).
+    Why: with one row, F.linear is a matrix-vector product that MKL reads at about 12 GB/s
+    on this project's AMD CPU, while the batched form reads at 45-60 GB/s (the 50,257 x 768
+    unembedding of GPT-2: 9.2 ms -> 3.4 ms per token; benchmarks/generate.py).
     """
-    B, _, d = x.shape
+    rows, d = x.numel() // x.size(-1), x.size(-1)
+    flat = x.reshape(rows, d)
     even = weight.size(0) - weight.size(0) % 2
     halves = weight[:even].view(2, even // 2, d)
-    main = torch.bmm(halves, x.reshape(B, d).T.expand(2, d, B)).reshape(even, B).T
+    y = torch.bmm(halves, flat.T.expand(2, d, rows)).reshape(even, rows).T
     if even < weight.size(0):
-        main = torch.cat([main, x.reshape(B, d) @ weight[even:].T], dim=1)
-    return main[:, None, :]
+        y = torch.cat([y, flat @ weight[even:].T], dim=1)
+    if bias is not None:
+        y = y + bias
+    return y.reshape(*x.shape[:-1], weight.size(0))
+
+
+class Linear(nn.Linear):
+    """nn.Linear that, when decoding (float32 on the CPU, at most 4 rows, no autograd, a
+    weight of 2^19 elements or more), runs as `rowwise_linear`; otherwise exactly nn.Linear."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if (x.dtype == torch.float32 and x.device.type == "cpu" and self.weight.numel() >= 2**19
+                and x.numel() <= 4 * x.size(-1) and not torch.is_grad_enabled()):
+            return rowwise_linear(x, self.weight, self.bias)
+        return super().forward(x)
 
 
 class RMSNorm(nn.Module):
@@ -150,8 +166,8 @@ class CausalSelfAttention(nn.Module):
         super().__init__()
         self.n_heads = config.n_heads
         self.dropout = config.dropout
-        self.qkv = nn.Linear(config.d_model, 3 * config.d_model, bias=config.bias)
-        self.proj = nn.Linear(config.d_model, config.d_model, bias=config.bias)
+        self.qkv = Linear(config.d_model, 3 * config.d_model, bias=config.bias)
+        self.proj = Linear(config.d_model, config.d_model, bias=config.bias)
         self.resid_dropout = nn.Dropout(config.dropout)
 
     def forward(self, x: torch.Tensor, rope: tuple | None = None, need_weights: bool = False,
@@ -188,10 +204,10 @@ class MLP(nn.Module):
 
     def __init__(self, config: ModelConfig):
         super().__init__()
-        self.fc = nn.Linear(config.d_model, config.d_ff, bias=config.bias)
-        self.gate = (nn.Linear(config.d_model, config.d_ff, bias=config.bias)
+        self.fc = Linear(config.d_model, config.d_ff, bias=config.bias)
+        self.gate = (Linear(config.d_model, config.d_ff, bias=config.bias)
                      if config.mlp == "swiglu" else None)
-        self.proj = nn.Linear(config.d_ff, config.d_model, bias=config.bias)
+        self.proj = Linear(config.d_ff, config.d_model, bias=config.bias)
         self.approximate = "tanh" if config.activation == "gelu_tanh" else "none"
         self.dropout = nn.Dropout(config.dropout)
 
@@ -255,7 +271,7 @@ class DecoderLM(nn.Module):
         self.drop = nn.Dropout(config.dropout)
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layers))
         self.ln_f = make_norm(config) if config.norm_position == "pre" else None
-        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        self.lm_head = Linear(config.d_model, config.vocab_size, bias=False)
         if config.tie_embeddings:
             self.lm_head.weight = self.tok_emb.weight
         self.apply(self._init_weights)
@@ -310,9 +326,6 @@ class DecoderLM(nn.Module):
             x = x[:, -1:]
         if self.ln_f is not None:
             x = self.ln_f(x)
-        if last_only and x.device.type == "cpu" and x.dtype == torch.float32 \
-                and x.size(0) <= 4 and not torch.is_grad_enabled():
-            return _rowwise_unembed(x, self.lm_head.weight), atts
         return self.lm_head(x), atts
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
