@@ -108,7 +108,10 @@ def test_stop_text_ends_the_completion(server):
 
 @pytest.mark.parametrize("body,status,message", [
     ({"prompt": "hi", "temperature": -1}, 422, "temperature"),
-    ({"prompt": "hi", "top_p": 0}, 422, "top_p"),
+    ({"prompt": "hi", "top_p": 1.5}, 422, "top_p"),
+    ({"prompt": "hi", "stream": "yes"}, 422, "stream"),
+    ({"prompt": "hi", "n": True}, 422, "n"),
+    ({"prompt": ["a"] * 5, "n": 4}, 400, "at most 16 per request"),
     ({"prompt": "hi", "n": 0}, 422, "n"),
     ({"max_tokens": 5}, 422, "prompt"),
     ({"prompt": "hi", "max_tokens": 65}, 400, "limit of 64"),
@@ -147,3 +150,11 @@ def test_serve_refuses_a_port_in_use(tmp_path, capsys):
         port = taken.getsockname()[1]
         assert main(["serve", "--run", str(tmp_path), "--port", str(port)]) == 2
     assert "cannot listen on 127.0.0.1:" in capsys.readouterr().err
+
+
+def test_top_p_zero_is_greedy_as_in_the_python_api(server):
+    url, _, _ = server
+    body = {"prompt": "abc", "max_tokens": 15, "seed": 3}
+    greedy = httpx.post(f"{url}/v1/completions", json={**body, "temperature": 0}, timeout=30)
+    nucleus = httpx.post(f"{url}/v1/completions", json={**body, "top_p": 0}, timeout=30)
+    assert greedy.json()["choices"][0]["text"] == nucleus.json()["choices"][0]["text"]

@@ -34,18 +34,20 @@ def create_app(model, tokenizer, model_name: str, max_tokens_limit: int = 1024,
         from fastapi import FastAPI, HTTPException, Request
         from fastapi.exceptions import RequestValidationError
         from fastapi.responses import JSONResponse, StreamingResponse
-        from pydantic import BaseModel, Field
+        from pydantic import BaseModel, ConfigDict, Field
     except ImportError as e:
         raise _missing_extra(e) from None
 
     from .generate import stream_text
 
     class CompletionRequest(BaseModel):
+        model_config = ConfigDict(strict=True)  # no "yes" for true, no true for 1
+
         model: str | None = None
         prompt: str | list[str]
         max_tokens: int = Field(16, ge=0)
         temperature: float = Field(1.0, ge=0.0, le=2.0, allow_inf_nan=False)
-        top_p: float = Field(1.0, gt=0.0, le=1.0, allow_inf_nan=False)
+        top_p: float = Field(1.0, ge=0.0, le=1.0, allow_inf_nan=False)
         n: int = Field(1, ge=1, le=16)
         stop: str | list[str] | None = None
         stream: bool = False
@@ -79,6 +81,9 @@ def create_app(model, tokenizer, model_name: str, max_tokens_limit: int = 1024,
         prompts = [req.prompt] if isinstance(req.prompt, str) else req.prompt
         if not prompts or not all(prompts):
             raise HTTPException(400, "prompt must be a non-empty string or list of strings")
+        if len(prompts) * req.n > 16:
+            raise HTTPException(400, f"{len(prompts)} prompts x n={req.n} completions; at most "
+                                     f"16 per request")
         try:
             encoded = [tokenizer.encode(p) for p in prompts]
         except ValueError as e:
