@@ -22,7 +22,8 @@ from safetensors.torch import load_file, save_file
 from .analysis import count_parameters
 from .config import ModelConfig
 
-__all__ = ["save_model", "load_model", "normalize_state_dict", "unwrap_model", "atomic_write",
+__all__ = ["save_model", "load_model", "build_model", "read_safetensors", "normalize_state_dict",
+           "unwrap_model", "atomic_write",
            "write_json", "read_json"]
 
 CONFIG_NAME = "config.json"
@@ -112,8 +113,6 @@ def load_model(directory: str | Path, map_location: str = "cpu"):
         ValueError: config.json has no valid "model" entry, or the weights do not match it
             (missing, unexpected or mis-shaped tensors, listed in the message).
     """
-    from .model import DecoderLM
-
     directory = Path(directory)
     if not directory.is_dir():
         raise FileNotFoundError(f"checkpoint directory {directory} not found (or not a "
@@ -126,27 +125,47 @@ def load_model(directory: str | Path, map_location: str = "cpu"):
     weights = directory / WEIGHTS_NAME
     if not weights.is_file():
         raise FileNotFoundError(f"{weights} not found")
-    try:
-        state = normalize_state_dict(load_file(str(weights), device=map_location))
-    except Exception as e:  # safetensors raises its own error type for a damaged file
-        raise ValueError(f"{weights} is not a readable safetensors file ({e})") from None
+    state = normalize_state_dict(read_safetensors(weights, map_location))
     # compare sizes before building: a corrupt config must not allocate a huge model
-    in_file = sum(t.numel() for k, t in state.items()
-                  if not (model_config.tie_embeddings and k == "lm_head.weight"))
+    tied = model_config.tie_embeddings
+    in_file = sum(t.numel() for k, t in state.items() if not (tied and k == "lm_head.weight"))
     expected_total = count_parameters(model_config)["total"]
     if in_file != expected_total:
         raise ValueError(f"{weights} holds {in_file:,} parameters but config.json describes a "
                          f"model with {expected_total:,}; the two files do not belong together")
-    model = DecoderLM(model_config)
-    if model.config.tie_embeddings and "tok_emb.weight" in state:
-        state.setdefault("lm_head.weight", state["tok_emb.weight"])
+    return build_model(model_config, state, weights, map_location)
+
+
+def read_safetensors(path: Path, device: str = "cpu") -> dict[str, torch.Tensor]:
+    """The tensors of a safetensors file; a damaged file is a ValueError naming it."""
+    try:
+        return load_file(str(path), device=device)
+    except Exception as e:  # safetensors raises its own error type for a damaged file
+        raise ValueError(f"{path} is not a readable safetensors file ({e})") from None
+
+
+def build_model(config: ModelConfig, state: dict[str, torch.Tensor], source,
+                map_location: str = "cpu"):
+    """A DecoderLM of `config` holding the tensors of `state` (our key names), in eval mode.
+
+    A tied unembedding may be absent from `state`.
+
+    Raises:
+        ValueError: the tensors do not match the config (the message lists missing,
+            unexpected and mis-shaped tensors, and names `source`).
+    """
+    from .model import DecoderLM
+
+    model = DecoderLM(config)
+    if config.tie_embeddings and "tok_emb.weight" in state:
+        state = {**state, "lm_head.weight": state["tok_emb.weight"]}
     expected = model.state_dict()
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))
     shapes = [f"{k}: file {tuple(state[k].shape)} vs model {tuple(expected[k].shape)}"
               for k in expected if k in state and state[k].shape != expected[k].shape]
     if missing or unexpected or shapes:
-        raise ValueError(f"{weights} does not match config.json: missing {missing}, "
+        raise ValueError(f"{source} does not match config.json: missing {missing}, "
                          f"unexpected {unexpected}, shape mismatches {shapes}")
     model.load_state_dict(state)
     return model.to(map_location).eval()

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["EMBEDDED_CORPUS", "load_text", "split_ids", "get_batch", "check_split",
+__all__ = ["EMBEDDED_CORPUS", "load_text", "split_ids", "get_batch", "windows", "check_split",
            "SEED_CROP_CHARS"]
 
 EMBEDDED_CORPUS = files("decoderlm") / "corpora" / "wikitext2_valid_300k.txt"
@@ -125,5 +125,12 @@ def get_batch(data: torch.Tensor, batch_size: int, block_size: int,
     """
     check_split("data", data, block_size)
     starts = torch.randint(len(data) - block_size, (batch_size,), generator=generator)
+    return windows(data, starts, block_size)
+
+
+def windows(data: torch.Tensor, starts: torch.Tensor, block_size: int
+            ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x, y) [len(starts), block_size]: the windows data[s : s + block_size + 1] split into
+    inputs and next-token targets."""
     window = data[starts[:, None] + torch.arange(block_size + 1)]
     return window[:, :-1], window[:, 1:]

@@ -21,9 +21,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
-from .checkpoint import unwrap_model, atomic_write, read_json, write_json
+from .checkpoint import (atomic_write, build_model, read_json, read_safetensors, unwrap_model,
+                         write_json)
 from .config import ModelConfig
 from .model import DecoderLM
 
@@ -88,13 +89,7 @@ def _read_hf_weights(directory: Path) -> dict[str, torch.Tensor]:
     else:
         raise FileNotFoundError(f"{directory} has no model.safetensors, "
                                 f"model.safetensors.index.json or pytorch_model.bin")
-    state = {}
-    for file in files:
-        try:
-            state.update(load_file(str(file)))
-        except Exception as e:  # safetensors raises its own error type for a damaged file
-            raise ValueError(f"{file} is not a readable safetensors file ({e})") from None
-    return state
+    return {k: v for file in files for k, v in read_safetensors(file).items()}
 
 
 def load_gpt2(directory: str | Path, map_location: str = "cpu") -> DecoderLM:
@@ -128,19 +123,7 @@ def load_gpt2(directory: str | Path, map_location: str = "cpu") -> DecoderLM:
         elif key != "lm_head.weight":
             raise ValueError(f"unexpected tensor {key!r} in {directory}")
         state[key] = tensor.contiguous()
-    if config.tie_embeddings:
-        state["lm_head.weight"] = state.get("tok_emb.weight")
-    model = DecoderLM(config)
-    expected = model.state_dict()
-    missing = sorted(k for k in expected if state.get(k) is None)
-    unexpected = sorted(set(state) - set(expected))
-    shapes = [f"{k}: {tuple(state[k].shape)} vs {tuple(v.shape)}" for k, v in expected.items()
-              if state.get(k) is not None and state[k].shape != v.shape]
-    if missing or unexpected or shapes:
-        raise ValueError(f"{directory}: the weights do not match config.json: missing "
-                         f"{missing}, unexpected {unexpected}, shape mismatches {shapes}")
-    model.load_state_dict({k: v.float() for k, v in state.items()})
-    return model.to(map_location).eval()
+    return build_model(config, state, directory, map_location)
 
 
 def save_gpt2(model: DecoderLM, directory: str | Path) -> None:

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from .config import ModelConfig, TrainConfig, get_preset
-from .data import check_split, get_batch, load_text, split_ids
+from .data import check_split, get_batch, load_text, split_ids, windows
 from .model import DecoderLM
 from .tokenizers import CharTokenizer
 
@@ -92,12 +92,13 @@ def evaluate(model: DecoderLM, data: torch.Tensor, max_windows: int | None = Non
     model.eval()
     total, count = 0.0, 0
     try:
+        device = model.lm_head.weight.device
         for chunk in starts.split(batch_size):
-            window = data[chunk[:, None] + torch.arange(T + 1)].to(model.lm_head.weight.device)
+            x, y = windows(data, chunk, T)
             with autocast():
-                _, loss = model(window[:, :-1], window[:, 1:])
-            total += float(loss) * window[:, 1:].numel()
-            count += window[:, 1:].numel()
+                _, loss = model(x.to(device), y.to(device))
+            total += float(loss) * y.numel()
+            count += y.numel()
     finally:
         model.train(was_training)
     return total / count
