@@ -1,17 +1,23 @@
 """Saving and loading models: safetensors weights + a JSON config, written atomically.
 
-A checkpoint is a directory, as in Hugging Face transformers:
+A model is a directory, as in Hugging Face transformers:
 
     config.json         {"model": ModelConfig fields, ...extra entries such as "train"}
     model.safetensors   the state dict; a tied unembedding is stored once (as tok_emb.weight)
 
-Nothing here unpickles anything.
+A resumable training checkpoint is such a directory, <run>/checkpoints/step-00000500/, plus
+tokenizer.json and trainer_state.pt (optimizer, step, RNG states, data sampler; only tensors
+and plain Python containers, read back with torch.load(weights_only=True), so loading it
+never runs pickled code). A checkpoint is written into a hidden temporary directory, every
+file fsync-ed, then renamed into place: a crash while writing leaves the previous
+checkpoints untouched and at most a `.tmp-*` directory, which is ignored and cleaned up.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -22,9 +28,9 @@ from safetensors.torch import load_file, save_file
 from .analysis import count_parameters
 from .config import ModelConfig
 
-__all__ = ["save_model", "load_model", "build_model", "read_safetensors", "normalize_state_dict",
-           "unwrap_model", "atomic_write",
-           "write_json", "read_json"]
+__all__ = ["save_model", "save_weights", "load_model", "build_model", "read_safetensors",
+           "normalize_state_dict", "unwrap_model", "atomic_write", "write_json", "read_json",
+           "save_checkpoint", "list_checkpoints", "latest_checkpoint", "load_trainer_state"]
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -95,14 +101,21 @@ def save_model(model: torch.nn.Module, directory: str | Path,
     `extra_config` entries beside it. Each file is written atomically.
     """
     model = unwrap_model(model)
+    save_weights(model.state_dict(), model.config, directory, extra_config)
+
+
+def save_weights(state: dict[str, torch.Tensor], config: ModelConfig, directory: str | Path,
+                 extra_config: dict[str, Any] | None = None) -> None:
+    """Write a model state dict (any device, wrapper prefixes allowed) and its ModelConfig to
+    `directory` as model.safetensors + config.json, each atomically (see `save_model`)."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    state = normalize_state_dict(model.state_dict())
-    if model.config.tie_embeddings:
+    state = normalize_state_dict(state)
+    if config.tie_embeddings:
         state.pop("lm_head.weight", None)
     state = {k: v.detach().contiguous().cpu() for k, v in state.items()}
     atomic_write(directory / WEIGHTS_NAME, lambda tmp: save_file(state, tmp))
-    write_json(directory / CONFIG_NAME, {"model": model.config.to_dict(), **(extra_config or {})})
+    write_json(directory / CONFIG_NAME, {"model": config.to_dict(), **(extra_config or {})})
 
 
 def load_model(directory: str | Path, map_location: str = "cpu"):
@@ -169,3 +182,108 @@ def build_model(config: ModelConfig, state: dict[str, torch.Tensor], source,
                          f"unexpected {unexpected}, shape mismatches {shapes}")
     model.load_state_dict(state)
     return model.to(map_location).eval()
+
+
+CHECKPOINTS_DIR = "checkpoints"
+TRAINER_STATE_NAME = "trainer_state.pt"
+_STEP_PREFIX = "step-"
+
+
+def save_checkpoint(run_dir: str | Path, step: int, files: dict[str, Any],
+                    keep: int) -> Path:
+    """Write a complete checkpoint of optimizer step `step` atomically, then delete the
+    oldest ones so that `keep` remain.
+
+    Args:
+        run_dir: the run directory; checkpoints go to run_dir/checkpoints/step-{step:08d}/.
+        files: what goes in it: "model" -> (state dict, ModelConfig, extra config.json
+            entries), "tokenizer" -> a tokenizer with save_pretrained (or None),
+            "trainer_state" -> a dict of tensors and plain Python values.
+        keep: how many checkpoints to keep (>= 1).
+
+    Returns:
+        The checkpoint directory.
+    """
+    root = Path(run_dir) / CHECKPOINTS_DIR
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"{_STEP_PREFIX}{step:08d}"
+    tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".tmp-{final.name}-"))
+    try:
+        state, config, extra = files["model"]
+        save_weights(state, config, tmp, extra)
+        if files.get("tokenizer") is not None:
+            files["tokenizer"].save_pretrained(tmp)
+        atomic_write(tmp / TRAINER_STATE_NAME,
+                     lambda path: torch.save(files["trainer_state"], path))
+        if final.exists():  # the same step saved twice (e.g. interrupted right at the end)
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        _fsync_dir(root)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    for old in list_checkpoints(run_dir)[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    for stale in root.glob(".tmp-*"):  # left by a crash during an earlier save
+        if stale != tmp:
+            shutil.rmtree(stale, ignore_errors=True)
+    return final
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def list_checkpoints(run_dir: str | Path) -> list[Path]:
+    """The complete checkpoints of a run, oldest first (temporary directories excluded)."""
+    root = Path(run_dir) / CHECKPOINTS_DIR
+    if not root.is_dir():
+        return []
+    found = [p for p in root.iterdir() if p.is_dir() and p.name.startswith(_STEP_PREFIX)
+             and p.name[len(_STEP_PREFIX):].isdigit()]
+    return sorted(found, key=lambda p: int(p.name[len(_STEP_PREFIX):]))
+
+
+def latest_checkpoint(run_dir: str | Path) -> Path:
+    """The newest complete checkpoint of `run_dir`.
+
+    Raises:
+        FileNotFoundError: run_dir does not exist or holds no checkpoint.
+    """
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise FileNotFoundError(f"resume directory {run_dir} not found")
+    found = list_checkpoints(run_dir)
+    if not found:
+        raise FileNotFoundError(f"{run_dir} holds no checkpoint (no {CHECKPOINTS_DIR}/"
+                                f"{_STEP_PREFIX}*/); nothing to resume; start a new run "
+                                f"without --resume")
+    return found[-1]
+
+
+def load_trainer_state(checkpoint: str | Path) -> dict[str, Any]:
+    """The trainer_state.pt of a checkpoint, read with torch.load(weights_only=True): a file
+    that would need arbitrary unpickling is refused, never executed.
+
+    Raises:
+        FileNotFoundError: the file is missing.
+        ValueError: the file is truncated, damaged or holds something other than tensors and
+            plain containers (the message names the file).
+    """
+    path = Path(checkpoint) / TRAINER_STATE_NAME
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found; the checkpoint is incomplete")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # truncated zip, unsafe pickle, ...: all are "cannot use this file"
+        raise ValueError(f"{path} cannot be loaded safely ({type(e).__name__}: "
+                         f"{str(e).splitlines()[0] if str(e) else ''}); the checkpoint is "
+                         f"damaged or was not written by decoderlm; resume from an earlier "
+                         f"one by deleting {path.parent}") from None
+    if not isinstance(state, dict) or "step" not in state:
+        raise ValueError(f"{path} is not a decoderlm trainer state (no 'step')")
+    return state

@@ -38,25 +38,52 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"decoderlm: error: {message} (see `{self.prog} --help`)\n")
 
 
-# flag -> (ModelConfig/TrainConfig field, type, help); None means "keep the preset's value"
-_MODEL_FLAGS = {
-    "--n-layers": ("n_layers", _positive_int, "decoder blocks"),
-    "--n-heads": ("n_heads", _positive_int, "attention heads"),
-    "--d-model": ("d_model", _positive_int, "residual stream width"),
-    "--block-size": ("block_size", _positive_int, "context length (characters)"),
-    "--dropout": ("dropout", float, "dropout probability"),
-}
-_TRAIN_FLAGS = {
-    "--max-steps": ("max_steps", _positive_int, "optimizer steps"),
-    "--batch-size": ("batch_size", _positive_int, "sequences per step"),
-    "--lr": ("lr", float, "peak learning rate"),
-    "--min-lr": ("min_lr", float, "final learning rate of the cosine decay"),
-    "--warmup-steps": ("warmup_steps", _non_negative_int, "linear warm-up steps"),
-    "--weight-decay": ("weight_decay", float, "AdamW weight decay"),
-    "--dtype": ("dtype", str, "float32 | bfloat16 (autocast)"),
-    "--eval-interval": ("eval_interval", _positive_int, "steps between validation losses"),
-    "--seed": ("seed", _seed, "random seed"),
-}
+def _setting_type(tp):
+    """An argparse type for a config field of type `tp` (int, float, str, bool, or X | None,
+    where "none" means None). Ranges are checked by the config classes themselves."""
+    import types
+    import typing
+
+    args = typing.get_args(tp) if isinstance(tp, types.UnionType) else ()
+    optional = type(None) in args
+    base = next((a for a in args if a is not type(None)), tp)
+
+    def parse(text: str):
+        if optional and text.lower() in ("none", "null"):
+            return None
+        if base is bool:
+            if text.lower() in ("true", "1", "yes", "on"):
+                return True
+            if text.lower() in ("false", "0", "no", "off"):
+                return False
+            raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+        try:
+            return base(text)
+        except ValueError:
+            kind = {int: "an integer", float: "a number"}.get(base, base.__name__)
+            raise argparse.ArgumentTypeError(
+                f"expected {kind}{' or none' if optional else ''}, got {text!r}") from None
+    return parse, base is bool
+
+
+def _settings_flags():
+    """{dest: (section, field, flag, type, is_bool, help)} for every ModelConfig field but
+    vocab_size (set by the tokenizer) and every TrainConfig field: --n-layers, --lr, ..."""
+    import dataclasses
+    import typing
+
+    from .config import ModelConfig, TrainConfig, field_help
+
+    flags = {}
+    for section, cls in (("model", ModelConfig), ("train", TrainConfig)):
+        hints, helps = typing.get_type_hints(cls), field_help(cls)
+        for f in dataclasses.fields(cls):
+            if f.name == "vocab_size":
+                continue
+            parse, is_bool = _setting_type(hints[f.name])
+            flags[f"setting_{f.name}"] = (section, f.name, "--" + f.name.replace("_", "-"),
+                                         parse, is_bool, helps.get(f.name, ""))
+    return flags
 
 
 def _device(text: str) -> str:
@@ -86,26 +113,41 @@ def build_parser() -> argparse.ArgumentParser:
         prog="decoderlm", description="Train, sample and inspect decoder-only language models.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
-    p = sub.add_parser("train", help="train a character-level model (the seed experiment)",
-                       description="Train a character-level GPT-style model. With no arguments: "
-                       "the 'default' preset on the embedded WikiText-2 crop.")
-    p.add_argument("--preset", default="default", choices=sorted(PRESETS),
-                   help="named settings (default: %(default)s)")
+    p = sub.add_parser(
+        "train", help="train a model (default: the seed experiment)",
+        description="Train a GPT-style model. With no arguments: the 'default' preset, a "
+        "character model of the embedded WikiText-2 crop. Settings come from the preset, then "
+        "--config FILE, then the options below (each ModelConfig / TrainConfig field). Under "
+        "torchrun every process runs this; rank 0 writes the files.")
+    p.add_argument("--preset", choices=sorted(PRESETS),
+                   help="named settings (default: 'default')")
+    p.add_argument("--config", metavar="FILE", help="a TOML (or YAML) settings file: preset, "
+                   "data, out, ... at the top, [model] and [train] tables of fields")
     p.add_argument("--data", metavar="PATH",
-                   help="a UTF-8 text file, or a directory with wiki.train.raw (default: the "
-                   "embedded first 300,000 characters of WikiText-2 raw, validation split)")
+                   help="a UTF-8 text file, a directory with wiki.train.raw, or a directory "
+                   "made by `decoderlm prepare` (default: the embedded first 300,000 "
+                   "characters of WikiText-2 raw, validation split)")
     p.add_argument("--dataset", metavar="NAME",
                    help="e.g. wikitext-2-raw-v1 through the optional `datasets` package (needs "
                    "the network)")
     p.add_argument("--max-chars", type=_non_negative_int, metavar="N",
                    help="use only the first N characters (0: all)")
-    p.add_argument("--out", metavar="DIR", type=_non_empty, help="run directory (default: runs/<preset>, "
-                   "or runs/<preset>-2, ... if taken)")
-    p.add_argument("--overwrite", action="store_true", help="replace a run already in --out")
+    p.add_argument("--out", metavar="DIR", type=_non_empty, help="run directory (default: "
+                   "runs/<preset>, or runs/<preset>-2, ... if taken)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace a run already in --out (deleted when training starts)")
+    p.add_argument("--resume", metavar="DIR", type=_non_empty,
+                   help="continue the run in DIR from its newest checkpoint (settings such as "
+                   "--max-steps may change; the model and data may not)")
     p.add_argument("--device", type=_device, help="cpu, cuda, ... (default: cuda if available)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    for flag, (_, typ, text) in {**_MODEL_FLAGS, **_TRAIN_FLAGS}.items():
-        p.add_argument(flag, type=typ, help=f"{text} (default: the preset's)")
+    model_group = p.add_argument_group("model settings (ModelConfig; default: the preset's)")
+    train_group = p.add_argument_group("training settings (TrainConfig; default: the preset's)")
+    for dest, (section, _, flag, parse, is_bool, text) in _settings_flags().items():
+        group = model_group if section == "model" else train_group
+        extra = dict(nargs="?", const=True, metavar="true|false") if is_bool else \
+            dict(metavar=flag[2:].upper().replace("-", "_"))
+        group.add_argument(flag, dest=dest, type=parse, help=text.replace("%", "%%"), **extra)
 
     s = sub.add_parser("sample", help="print text sampled from a trained model",
                        description="Sample a continuation of --prompt and print it.")
@@ -152,17 +194,26 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _cmd_train(args) -> int:
+    from .config import load_settings_file
     from .train import run_experiment
 
-    def pick(flags):
-        return {field: getattr(args, flag[2:].replace("-", "_"))
-                for flag, (field, _, _) in flags.items()
-                if getattr(args, flag[2:].replace("-", "_")) is not None}
+    settings = load_settings_file(args.config) if args.config else {}
+    overrides = {"model": dict(settings.get("model", {})), "train": dict(settings.get("train", {}))}
+    for dest, (section, name, *_) in _settings_flags().items():
+        if getattr(args, dest) is not None:
+            overrides[section][name] = getattr(args, dest)
+    if args.resume and args.overwrite:
+        raise ValueError("--resume continues a run and --overwrite replaces one; pick one")
 
-    run_experiment(preset=args.preset, data=args.data, out=args.out, overwrite=args.overwrite,
-                   max_chars=args.max_chars, dataset=args.dataset,
-                   model_overrides=pick(_MODEL_FLAGS), train_overrides=pick(_TRAIN_FLAGS),
-                   device=args.device, progress=not args.no_progress)
+    def pick(name):
+        value = getattr(args, name)
+        return value if value is not None else settings.get(name)
+
+    run_experiment(preset=pick("preset"), data=pick("data"), out=pick("out"),
+                   overwrite=args.overwrite, max_chars=pick("max_chars"),
+                   dataset=pick("dataset"), model_overrides=overrides["model"],
+                   train_overrides=overrides["train"], device=pick("device"),
+                   progress=not args.no_progress, resume=args.resume)
     return 0
 
 

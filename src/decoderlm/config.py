@@ -11,9 +11,11 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-__all__ = ["ModelConfig", "TrainConfig", "PRESETS", "get_preset"]
+__all__ = ["PRESETS", "ModelConfig", "TrainConfig", "field_help", "get_preset",
+           "load_settings_file"]
 
 
 def _from_dict(cls, data: dict[str, Any]):
@@ -39,6 +41,13 @@ def _check_int(obj, *names: str, low: int = 1, high: int | None = None) -> None:
             if high is not None:
                 bound += f" below {high:,}"
             raise ValueError(f"{name} must be {bound}, got {value!r}")
+
+
+def _check_bool(obj, *names: str) -> None:
+    """Raise ValueError unless each named field is True or False."""
+    for name in names:
+        if not isinstance(getattr(obj, name), bool):
+            raise ValueError(f"{name} must be true or false, got {getattr(obj, name)!r}")
 
 
 def _check_real(obj, name: str, low: float, high: float = math.inf,
@@ -140,9 +149,7 @@ class ModelConfig:
         _check_real(self, "dropout", 0.0, 1.0, high_open=True)
         _check_real(self, "rope_base", 1.0, low_open=True)
         _check_real(self, "norm_eps", 0.0, low_open=True)
-        for name in ("bias", "tie_embeddings"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
+        _check_bool(self, "bias", "tie_embeddings")
 
     @property
     def head_dim(self) -> int:
@@ -162,7 +169,10 @@ class TrainConfig:
     """How a model is trained.
 
     Attributes:
-        batch_size: sequences per optimizer step; each is block_size + 1 contiguous tokens.
+        batch_size: sequences per micro-batch and process; each is block_size + 1 contiguous
+            tokens. An optimizer step sees batch_size * grad_accum_steps * world_size of them.
+        grad_accum_steps: micro-batches whose gradients are summed (averaged) before each
+            optimizer step.
         max_steps: optimizer steps.
         lr: peak learning rate of AdamW.
         min_lr: learning rate at the end of the cosine decay.
@@ -177,7 +187,16 @@ class TrainConfig:
         eval_batches: each validation estimate covers at most eval_batches * batch_size
             non-overlapping windows, spread evenly over the validation split.
         log_interval: write a metrics line every this many steps.
-        dtype: "float32", or "bfloat16" for bfloat16 autocast (weights stay float32).
+        dtype: "float32"; "bfloat16" for bfloat16 autocast; "float16" for float16 autocast
+            with a GradScaler (dynamic loss scaling). Weights and optimizer state stay float32.
+        compile: wrap the model in torch.compile for training.
+        activation_checkpointing: recompute each block's activations in the backward pass
+            instead of storing them (less memory, about 1/3 more compute).
+        fsdp: with torchrun, shard parameters, gradients and optimizer state with FSDP2
+            (torch.distributed.fsdp.fully_shard) instead of replicating them with DDP.
+        checkpoint_interval: write a resumable checkpoint every this many steps (0: only at the
+            end and when interrupted).
+        keep_checkpoints: how many of the newest checkpoints to keep.
         val_fraction: fraction of the corpus held out for validation (the last part).
         seed: seeds torch for initialisation, batches and dropout.
         sample_chars: characters sampled into samples.txt after training.
@@ -185,6 +204,7 @@ class TrainConfig:
     """
 
     batch_size: int = 32
+    grad_accum_steps: int = 1
     max_steps: int = 400
     lr: float = 2e-4
     min_lr: float = 2e-5
@@ -198,15 +218,21 @@ class TrainConfig:
     eval_batches: int = 20
     log_interval: int = 10
     dtype: str = "float32"
+    compile: bool = False
+    activation_checkpointing: bool = False
+    fsdp: bool = False
+    checkpoint_interval: int = 500
+    keep_checkpoints: int = 2
     val_fraction: float = 0.1
     seed: int = 1337
     sample_chars: int = 600
     sample_prompt: str = "T"
 
     def __post_init__(self) -> None:
-        _check_int(self, "batch_size", "max_steps", "eval_interval", "eval_batches",
-                   "log_interval")
-        _check_int(self, "warmup_steps", "sample_chars", low=0)
+        _check_int(self, "batch_size", "grad_accum_steps", "max_steps", "eval_interval",
+                   "eval_batches", "log_interval", "keep_checkpoints")
+        _check_int(self, "warmup_steps", "sample_chars", "checkpoint_interval", low=0)
+        _check_bool(self, "compile", "activation_checkpointing", "fsdp")
         _check_int(self, "seed", low=0, high=2**63)
         if self.schedule not in ("cosine", "constant"):
             raise ValueError(f"schedule must be 'cosine' or 'constant', got {self.schedule!r}")
@@ -218,8 +244,9 @@ class TrainConfig:
         _check_real(self, "beta2", 0.0, 1.0, high_open=True)
         if self.grad_clip is not None:
             _check_real(self, "grad_clip", 0.0, low_open=True)
-        if self.dtype not in ("float32", "bfloat16"):
-            raise ValueError(f"dtype must be 'float32' or 'bfloat16', got {self.dtype!r}")
+        if self.dtype not in ("float32", "bfloat16", "float16"):
+            raise ValueError(f"dtype must be 'float32', 'bfloat16' or 'float16', got "
+                             f"{self.dtype!r}")
         _check_real(self, "val_fraction", 0.0, 1.0, low_open=True, high_open=True)
 
     def to_dict(self) -> dict[str, Any]:
@@ -298,3 +325,82 @@ def get_preset(name: str) -> Preset:
         return PRESETS[name]
     except KeyError:
         raise ValueError(f"unknown preset {name!r}; known presets: {sorted(PRESETS)}") from None
+
+
+def field_help(cls) -> dict[str, str]:
+    """{field: its description} from the "Attributes:" section of a config class's docstring
+    (used for the command line's --help)."""
+    out: dict[str, str] = {}
+    names: list[str] = []
+    for line in (cls.__doc__ or "").split("Attributes:", 1)[-1].splitlines():
+        text = line.strip()
+        if text.endswith(":") and not line.startswith(" " * 5):  # the next section
+            break
+        head, sep, rest = text.partition(": ")
+        if sep and line.startswith(" " * 8) and not line.startswith(" " * 9) and all(
+                part.strip().isidentifier() for part in head.split(",")):
+            names = [part.strip() for part in head.split(",")]
+            for name in names:
+                out[name] = rest
+        elif text and names:
+            for name in names:
+                out[name] += " " + text
+    return out
+
+
+SETTINGS_KEYS = ("preset", "data", "dataset", "max_chars", "out", "device", "model", "train")
+
+
+def load_settings_file(path: str | Path) -> dict[str, Any]:
+    """Read a training settings file: TOML (.toml, Python's tomllib) or YAML (.yaml / .yml,
+    needs PyYAML).
+
+    Top-level keys: preset, data, dataset, max_chars, out, device, and two tables: [model]
+    (ModelConfig fields) and [train] (TrainConfig fields). Example::
+
+        preset = "default"
+        data = "data/shakespeare"        # a text file or a `decoderlm prepare` directory
+        [model]
+        n_layers = 4
+        [train]
+        lr = 1e-3
+        grad_accum_steps = 2
+
+    Raises:
+        FileNotFoundError: the file does not exist.
+        ValueError: it does not parse, or has unknown keys (named, with the known ones).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"settings file {path} not found")
+    text = path.read_bytes()
+    try:
+        if path.suffix in (".yaml", ".yml"):
+            try:
+                import yaml
+            except ImportError:
+                raise ValueError(f"{path}: YAML settings need PyYAML (pip install pyyaml); "
+                                 f"or write the file as TOML") from None
+            data = yaml.safe_load(text.decode("utf-8")) or {}
+        else:
+            import tomllib
+            data = tomllib.loads(text.decode("utf-8"))
+    except ValueError as e:  # tomllib.TOMLDecodeError, yaml.YAMLError and UnicodeDecodeError
+        raise ValueError(f"{path} does not parse: {e}") from None
+    except Exception as e:  # noqa: BLE001  yaml's errors are not ValueErrors
+        raise ValueError(f"{path} does not parse: {e}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} must hold a table of settings, got {type(data).__name__}")
+    unknown = sorted(set(data) - set(SETTINGS_KEYS))
+    if unknown:
+        raise ValueError(f"{path}: unknown setting(s) {unknown}; top-level keys are "
+                         f"{list(SETTINGS_KEYS)}, with ModelConfig fields under [model] and "
+                         f"TrainConfig fields under [train]")
+    for table, cls in (("model", ModelConfig), ("train", TrainConfig)):
+        section = data.get(table, {})
+        if not isinstance(section, dict):
+            raise ValueError(f"{path}: [{table}] must be a table of {cls.__name__} fields")
+        bad = sorted(set(section) - {f.name for f in dataclasses.fields(cls)})
+        if bad:
+            raise ValueError(f"{path}: unknown {cls.__name__} field(s) {bad} in [{table}]")
+    return data

@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 from .config import ModelConfig
 
@@ -275,6 +276,8 @@ class DecoderLM(nn.Module):
         if config.tie_embeddings:
             self.lm_head.weight = self.tok_emb.weight
         self.apply(self._init_weights)
+        # TrainConfig.activation_checkpointing: recompute each block in the backward pass
+        self.activation_checkpointing = False
         residual_std = 0.02 / math.sqrt(2 * config.n_layers)
         for block in self.blocks:
             nn.init.normal_(block.attn.proj.weight, mean=0.0, std=residual_std)
@@ -320,7 +323,12 @@ class DecoderLM(nn.Module):
         x = self.drop(x)
         atts = []
         for i, block in enumerate(self.blocks):
-            x, att = block(x, rope, need_weights, None if caches is None else caches[i], mask)
+            if self.activation_checkpointing and self.training and torch.is_grad_enabled():
+                # keep only the block's input; its activations are recomputed in backward
+                x, att = checkpoint(block, x, rope, False, None, mask, use_reentrant=False)
+            else:
+                x, att = block(x, rope, need_weights, None if caches is None else caches[i],
+                               mask)
             atts.append(att)
         if last_only:  # decoding needs only the next token's logits
             x = x[:, -1:]

@@ -12,20 +12,29 @@ import contextlib
 import json
 import math
 import os
+import random
 import shutil
+import signal
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_state_dict,
+                                                     set_optimizer_state_dict)
 
+from .checkpoint import (atomic_write, latest_checkpoint, list_checkpoints, load_model,
+                         load_trainer_state, read_json, save_checkpoint)
 from .config import ModelConfig, TrainConfig, get_preset
-from .data import check_split, get_batch, load_text, split_ids, windows
+from .data import SEED_CROP_CHARS, check_split, load_text, split_ids, windows
 from .model import DecoderLM
-from .tokenizers import CharTokenizer
+from .tokenizers import CharTokenizer, load_tokenizer
 
 __all__ = ["train", "lr_at", "evaluate", "configure_optimizer", "run_experiment", "TrainResult",
-           "LN2"]
+           "RunSummary", "DistInfo", "init_distributed", "load_corpus", "LN2"]
 
 LN2 = math.log(2.0)
 
@@ -58,8 +67,8 @@ def configure_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim
 
 
 def _autocast(cfg: TrainConfig, device: torch.device):
-    if cfg.dtype == "bfloat16":
-        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    if cfg.dtype in ("bfloat16", "float16"):
+        return torch.autocast(device_type=device.type, dtype=getattr(torch, cfg.dtype))
     return contextlib.nullcontext()
 
 
@@ -104,101 +113,323 @@ def evaluate(model: DecoderLM, data: torch.Tensor, max_windows: int | None = Non
     return total / count
 
 
+@dataclass(frozen=True)
+class DistInfo:
+    """This process's place in a torchrun job; rank 0 of 1 without torchrun."""
+
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+
+    @property
+    def is_main(self) -> bool:
+        """Only rank 0 writes files and prints."""
+        return self.rank == 0
+
+
+def init_distributed(device: str | None = None) -> tuple[DistInfo, torch.device]:
+    """Join the torchrun job described by the RANK / LOCAL_RANK / WORLD_SIZE environment
+    variables (process group backend: nccl on CUDA, gloo on CPU), or run alone without them.
+
+    Returns:
+        (DistInfo, the torch.device of this process: cuda:LOCAL_RANK on CUDA).
+    """
+    kind = (device or ("cuda" if torch.cuda.is_available() else "cpu")).split(":")[0]
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world == 1:
+        return DistInfo(), torch.device(device or kind)
+    info = DistInfo(int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0")), world)
+    target = torch.device(kind, info.local_rank) if kind == "cuda" else torch.device(kind)
+    if kind == "cuda":
+        torch.cuda.set_device(target)
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if kind == "cuda" else "gloo")
+    return info, target
+
+
 @dataclass
 class TrainResult:
-    """What `train` returns: the final full-split validation loss and the logged records."""
+    """What `train` returns: the validation loss over the whole validation split at the end
+    (None when the run was interrupted), the records logged by this call, and throughput."""
 
-    val_loss: float
+    val_loss: float | None
     metrics: list[dict]
     elapsed_s: float
     tokens_per_s: float
+    step: int
+    interrupted: bool = False
+    checkpoint: Path | None = None
 
 
-def train(model: DecoderLM, cfg: TrainConfig, train_ids: torch.Tensor, val_ids: torch.Tensor,
-          metrics_path: str | Path | None = None, progress: bool = True) -> TrainResult:
-    """Train `model` in place.
+def _rng_state() -> dict:
+    """Every RNG this process draws from: Python, NumPy, torch CPU and CUDA."""
+    np_state = np.random.get_state(legacy=False)
+    return {"python": random.getstate(),
+            "numpy": {**np_state, "state": {"key": torch.from_numpy(
+                np_state["state"]["key"].astype(np.int64)), "pos": np_state["state"]["pos"]}},
+            "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
+
+
+def _set_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    np_state = state["numpy"]
+    np.random.set_state({**np_state, "state": {
+        "key": np_state["state"]["key"].numpy().astype(np.uint32),
+        "pos": np_state["state"]["pos"]}})
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+@contextlib.contextmanager
+def _stop_requests():
+    """While active, SIGINT and SIGTERM only set a flag (read by the training loop, which
+    then saves a checkpoint and stops). Outside the main thread signals cannot be caught."""
+    requested: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield requested
+        return
+    previous = {sig: signal.signal(sig, lambda signum, frame: requested.append(signum))
+                for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield requested
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _wrap(model: DecoderLM, cfg: TrainConfig, info: DistInfo, device: torch.device):
+    """(the module to call for training steps, the DDP wrapper or None). FSDP2 shards `model`
+    in place (each block, then the root); DDP wraps it; torch.compile goes outside both."""
+    model.activation_checkpointing = cfg.activation_checkpointing
+    ddp = None
+    if cfg.fsdp:
+        if info.world_size == 1 and not dist.is_initialized():
+            raise ValueError("fsdp needs torchrun (several processes); run `torchrun "
+                             "--nproc_per_node N -m decoderlm train --fsdp true ...`")
+        from torch.distributed.fsdp import fully_shard
+
+        for block in model.blocks:
+            fully_shard(block)
+        fully_shard(model)
+        step_model = model
+    elif info.world_size > 1:
+        from torch.nn.parallel import DistributedDataParallel
+
+        ddp = DistributedDataParallel(
+            model, device_ids=[device.index] if device.type == "cuda" else None)
+        step_model = ddp
+    else:
+        step_model = model
+    if cfg.compile:
+        step_model = torch.compile(step_model)
+    return step_model, ddp
+
+
+def _sync_gradients(model: DecoderLM, ddp, cfg: TrainConfig, last: bool):
+    """Gradient synchronisation for one micro-step: across ranks only on the last micro-step
+    of the optimizer step. DDP decides in forward whether its backward all-reduces, so the
+    context must cover forward and backward (pitfalls row 22)."""
+    if cfg.fsdp:
+        model.set_requires_gradient_sync(last)
+    if ddp is not None and not last:
+        return ddp.no_sync()
+    return contextlib.nullcontext()
+
+
+def train(model: DecoderLM, cfg: TrainConfig, train_ids, val_ids,
+          run_dir: str | Path | None = None, progress: bool = True,
+          info: DistInfo = DistInfo(), resume_from: str | Path | None = None,
+          checkpoint_files: dict | None = None, log=print) -> TrainResult:
+    """Train `model` in place: AdamW, warm-up + cosine schedule, clipping, mixed precision,
+    gradient accumulation, checkpoints, and DDP / FSDP2 under torchrun.
+
+    Each optimizer step draws grad_accum_steps micro-batches; every micro-step draws
+    batch_size * world_size window starts from one generator seeded identically on every
+    rank, and rank r trains on the r-th slice. So N processes with batch_size b see exactly
+    the windows of one process with batch_size N * b, and the union of their (averaged)
+    gradients is that process's gradient.
 
     Args:
-        model: the DecoderLM (its device is used).
+        model: the DecoderLM, already on this process's device.
         cfg: the TrainConfig.
-        train_ids, val_ids: [N] int64 token ids of the two splits.
-        metrics_path: metrics.jsonl to append one JSON object per logged step: step (1-based
-            count of optimizer steps done), train_loss (mean over the steps since the last
-            record, nats), lr, tokens (seen so far), elapsed_s, tokens_per_s, and on evaluation
-            steps val_loss (nats) and val_bpc (val_loss / ln 2, bits per token).
-        progress: show a tqdm progress bar on stderr.
+        train_ids, val_ids: [N] token ids (int64 tensors, or numpy / memmapped arrays).
+        run_dir: where metrics.jsonl and checkpoints/ go (rank 0 writes); None keeps nothing
+            and saves no checkpoints.
+        progress: show a tqdm progress bar on stderr (rank 0).
+        info: this process's DistInfo (see `init_distributed`).
+        resume_from: a checkpoint directory to continue from: optimizer, step, tokens, RNG
+            states, data sampler and loss scaler are restored (the model weights must
+            already be the checkpoint's).
+        checkpoint_files: what each checkpoint stores besides the trainer state:
+            {"extra": config.json entries, "tokenizer": a tokenizer}.
+        log: print function for messages (rank 0).
+
+    metrics.jsonl gets one JSON object per logged step: step (optimizer steps done),
+    train_loss (mean over the steps since the last record and over all ranks, nats), lr,
+    tokens (seen so far, all ranks), elapsed_s, tokens_per_s, and on evaluation steps
+    val_loss (nats) and val_bpc (val_loss / ln 2, bits per token).
+
+    SIGINT / SIGTERM during training: the current step finishes, a checkpoint is saved and
+    the result says interrupted=True.
 
     Returns:
-        TrainResult with the validation loss over the whole validation split at the end.
+        TrainResult; val_loss covers the whole validation split (None if interrupted).
 
     Raises:
-        ValueError: a split is shorter than block_size + 1 tokens, or the loss becomes NaN/inf.
+        ValueError: a split is shorter than block_size + 1 tokens, or the loss becomes NaN or
+            inf (the last good checkpoint is left in place).
     """
     T = model.config.block_size
     check_split("train", train_ids, T)
     check_split("validation", val_ids, T)
     device = model.lm_head.weight.device
+    run_dir = Path(run_dir) if run_dir is not None else None
+    log = log if info.is_main else (lambda *a, **k: None)
+    step_model, ddp = _wrap(model, cfg, info, device)
     generator = torch.Generator().manual_seed(cfg.seed)
     optimizer = configure_optimizer(model, cfg)
+    scaler = torch.amp.GradScaler(device.type, enabled=cfg.dtype == "float16")
     autocast = lambda: _autocast(cfg, device)  # noqa: E731
     eval_windows = cfg.eval_batches * cfg.batch_size
-    metrics: list[dict] = []
-    sink = open(metrics_path, "a", encoding="utf-8") if metrics_path else None
+    tokens_per_step = cfg.batch_size * cfg.grad_accum_steps * info.world_size * T
+    first_step, elapsed_before, loss_sum, loss_n = 0, 0.0, 0.0, 0
+    if resume_from is not None:
+        state = load_trainer_state(resume_from)
+        first_step, elapsed_before = state["step"], state["elapsed_s"]
+        loss_sum, loss_n = state["loss_sum"], state["loss_n"]
+        set_optimizer_state_dict(model, optimizer, state["optimizer"],
+                                 options=StateDictOptions(full_state_dict=True))
+        generator.set_state(state["data_sampler"])
+        if state["scaler"]:
+            scaler.load_state_dict(state["scaler"])
+        rngs = state["rng"]
+        if len(rngs) != info.world_size:
+            log(f"warning: the checkpoint was written by {len(rngs)} process(es) and this run "
+                f"has {info.world_size}; dropout draws differ from an uninterrupted run")
+        _set_rng_state(rngs[info.rank % len(rngs)])
+        if first_step >= cfg.max_steps:
+            raise ValueError(f"the checkpoint {resume_from} is at step {first_step} and "
+                             f"max_steps is {cfg.max_steps}; pass a larger --max-steps to "
+                             f"train further")
 
+    def save(step: int) -> Path | None:
+        """A checkpoint of the state after `step` optimizer steps (every rank takes part)."""
+        model_state, optim_state = get_state_dict(
+            model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        rngs = [_rng_state()]
+        if info.world_size > 1:
+            rngs = [None] * info.world_size
+            dist.all_gather_object(rngs, _rng_state())
+        path = None
+        if info.is_main and run_dir is not None:
+            files = checkpoint_files or {}
+            trainer_state = {
+                "step": step, "tokens": step * tokens_per_step, "elapsed_s": elapsed(),
+                "loss_sum": loss_sum, "loss_n": loss_n, "optimizer": optim_state,
+                "data_sampler": generator.get_state(), "rng": rngs,
+                "scaler": scaler.state_dict() if scaler.is_enabled() else {},
+                "world_size": info.world_size, "train": cfg.to_dict()}
+            path = save_checkpoint(run_dir, step, {
+                "model": (model_state, model.config, files.get("extra")),
+                "tokenizer": files.get("tokenizer"), "trainer_state": trainer_state},
+                cfg.keep_checkpoints)
+        if info.world_size > 1:
+            dist.barrier()
+        return path
+
+    metrics: list[dict] = []
+    sink = None
+    if info.is_main and run_dir is not None:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        sink = open(run_dir / "metrics.jsonl", "a", encoding="utf-8")
     from tqdm.auto import tqdm
-    bar = tqdm(total=cfg.max_steps, disable=not progress, unit="step", mininterval=0.5,
-               dynamic_ncols=True)
-    model.train()
+    bar = tqdm(total=cfg.max_steps, initial=first_step, disable=not (progress and info.is_main),
+               unit="step", mininterval=0.5, dynamic_ncols=True)
     start = time.perf_counter()
-    loss_sum, loss_n = 0.0, 0
+    elapsed = lambda: elapsed_before + time.perf_counter() - start  # noqa: E731
+    model.train()
+    done, checkpoint, interrupted = first_step, None, False
     try:
-        for step in range(cfg.max_steps):
-            lr = lr_at(step, cfg)
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-            x, y = get_batch(train_ids, cfg.batch_size, T, generator)
-            with autocast():
-                _, loss = model(x.to(device), y.to(device))
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            if cfg.grad_clip is not None:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-            optimizer.step()
-            loss_value = loss.item()
-            if not math.isfinite(loss_value):
-                raise ValueError(f"the training loss became {loss_value} at step {step + 1} "
-                                 f"(lr {lr:.3g}); try a lower learning rate, weight decay or "
-                                 f"float32; metrics so far are in {metrics_path}")
-            loss_sum, loss_n = loss_sum + loss_value, loss_n + 1
-            done = step + 1
-            elapsed = time.perf_counter() - start
-            tokens = done * cfg.batch_size * T
-            bar.update(1)
-            bar.set_postfix(loss=f"{loss_value:.3f}", tok_s=f"{tokens / elapsed:,.0f}",
-                            refresh=False)
-            is_eval = done % cfg.eval_interval == 0 or done == cfg.max_steps
-            if done % cfg.log_interval == 0 or is_eval:
-                record = {"step": done, "train_loss": loss_sum / loss_n, "lr": lr,
-                          "tokens": tokens, "elapsed_s": round(elapsed, 3),
-                          "tokens_per_s": round(tokens / elapsed, 1)}
-                loss_sum, loss_n = 0.0, 0
-                if is_eval:
-                    val = evaluate(model, val_ids, eval_windows, cfg.batch_size, autocast)
-                    record.update(val_loss=val, val_bpc=val / LN2)
-                    bar.write(f"step {done:>6}: train {record['train_loss']:.4f}, "
-                              f"val {val:.4f} nats ({val / LN2:.3f} bits/token)")
-                metrics.append(record)
-                if sink:
-                    sink.write(json.dumps(record) + "\n")
-                    sink.flush()
+        with _stop_requests() as stop:
+            for step in range(first_step, cfg.max_steps):
+                lr = lr_at(step, cfg)
+                for group in optimizer.param_groups:
+                    group["lr"] = lr
+                step_loss = torch.zeros((), device=device)
+                for micro in range(cfg.grad_accum_steps):
+                    starts = torch.randint(len(train_ids) - T, (cfg.batch_size * info.world_size,),
+                                           generator=generator)
+                    x, y = windows(train_ids, starts[info.rank * cfg.batch_size:
+                                                     (info.rank + 1) * cfg.batch_size], T)
+                    last = micro == cfg.grad_accum_steps - 1
+                    with _sync_gradients(model, ddp, cfg, last):
+                        with autocast():
+                            _, loss = step_model(x.to(device), y.to(device))
+                        scaler.scale(loss / cfg.grad_accum_steps).backward()
+                    step_loss += loss.detach()
+                if cfg.grad_clip is not None:
+                    scaler.unscale_(optimizer)
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+                scaler.step(optimizer)
+                scaler.update()
+                optimizer.zero_grad(set_to_none=True)
+                step_loss /= cfg.grad_accum_steps
+                if info.world_size > 1:
+                    flags = torch.tensor([float(bool(stop))], device=device)
+                    dist.all_reduce(step_loss, op=dist.ReduceOp.AVG)
+                    dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+                    if flags.item() and not stop:
+                        stop.append(signal.SIGTERM)
+                loss_value = step_loss.item()
+                if not math.isfinite(loss_value):
+                    last_good = list_checkpoints(run_dir)[-1:] if run_dir else []
+                    raise ValueError(
+                        f"the training loss became {loss_value} at step {step + 1} (lr "
+                        f"{lr:.3g}); try a lower learning rate, weight decay or float32"
+                        + (f"; the last good checkpoint is {last_good[0]}" if last_good else ""))
+                loss_sum, loss_n = loss_sum + loss_value, loss_n + 1
+                done = step + 1
+                tokens = done * tokens_per_step
+                bar.update(1)
+                bar.set_postfix(loss=f"{loss_value:.3f}",
+                                tok_s=f"{tokens / max(elapsed(), 1e-9):,.0f}", refresh=False)
+                is_eval = done % cfg.eval_interval == 0 or done == cfg.max_steps
+                if done % cfg.log_interval == 0 or is_eval:
+                    record = {"step": done, "train_loss": loss_sum / loss_n, "lr": lr,
+                              "tokens": tokens, "elapsed_s": round(elapsed(), 3),
+                              "tokens_per_s": round(tokens / elapsed(), 1)}
+                    loss_sum, loss_n = 0.0, 0
+                    if is_eval:
+                        val = evaluate(model, val_ids, eval_windows, cfg.batch_size, autocast)
+                        record.update(val_loss=val, val_bpc=val / LN2)
+                        if info.is_main:
+                            bar.write(f"step {done:>6}: train {record['train_loss']:.4f}, "
+                                      f"val {val:.4f} nats ({val / LN2:.3f} bits/token)")
+                    metrics.append(record)
+                    if sink:
+                        sink.write(json.dumps(record) + "\n")
+                        sink.flush()
+                if stop:
+                    interrupted = True
+                    break
+                if cfg.checkpoint_interval and done % cfg.checkpoint_interval == 0 \
+                        and done < cfg.max_steps:
+                    checkpoint = save(done)
+            if run_dir is not None:
+                checkpoint = save(done)
     finally:
         bar.close()
         if sink:
             sink.close()
-    elapsed = time.perf_counter() - start
+    run_s = time.perf_counter() - start
+    rate = (done - first_step) * tokens_per_step / max(run_s, 1e-9)
+    if interrupted:
+        log(f"stopped by signal after step {done}; checkpoint saved to {checkpoint}")
+        return TrainResult(None, metrics, elapsed(), rate, done, True, checkpoint)
     val_loss = evaluate(model, val_ids, None, cfg.batch_size, autocast)
-    return TrainResult(val_loss=val_loss, metrics=metrics, elapsed_s=elapsed,
-                       tokens_per_s=cfg.max_steps * cfg.batch_size * T / elapsed)
+    return TrainResult(val_loss, metrics, elapsed(), rate, done, False, checkpoint)
 
 
 def _free_run_dir(name: str, root: Path = Path("runs")) -> Path:
@@ -212,113 +443,232 @@ def _free_run_dir(name: str, root: Path = Path("runs")) -> Path:
 
 @dataclass
 class RunSummary:
-    """What `run_experiment` returns."""
+    """What `run_experiment` returns; val_loss and val_bpc are None for an interrupted run."""
 
     out_dir: Path
-    val_loss: float
-    val_bpc: float
+    val_loss: float | None
+    val_bpc: float | None
     elapsed_s: float
     tokens_per_s: float
     data_source: str
+    step: int = 0
+    interrupted: bool = False
 
 
-def run_experiment(preset: str = "default", data: str | Path | None = None,
+_RUN_FILES = ("config.json", "model.safetensors", "metrics.jsonl", "checkpoints")
+
+
+def _data_spec(data, dataset, max_chars, val_fraction) -> dict:
+    """Where a run's corpus comes from, as stored in config.json["data_spec"] (read back by
+    `--resume` and `decoderlm eval --split`)."""
+    if max_chars is None and (dataset is not None or (data is not None and Path(data).is_dir()
+                                                      and not _is_token_dir(data))):
+        max_chars = SEED_CROP_CHARS
+    token_dir = str(data) if data is not None and _is_token_dir(data) else None
+    return {"path": None if data is None else str(data), "dataset": dataset,
+            "max_chars": max_chars or None, "token_dir": token_dir, "val_fraction": val_fraction}
+
+
+def _is_token_dir(path) -> bool:
+    return (Path(path) / "meta.json").is_file()
+
+
+def load_corpus(spec: dict, tokenizer=None):
+    """The corpus of a data_spec: (tokenizer, train ids, validation ids, description).
+
+    A prepared token directory (`decoderlm prepare`) is memory-mapped and brings its own
+    tokenizer and split; text is encoded with `tokenizer` (a new CharTokenizer of the text
+    when None) and split by spec["val_fraction"] (the last part is validation).
+    """
+    if spec.get("token_dir"):
+        from .data import load_token_dir
+
+        tokens = load_token_dir(spec["token_dir"])
+        return (tokens.tokenizer, tokens.train, tokens.val,
+                f"{spec['token_dir']} (prepared {type(tokens.tokenizer).__name__} tokens)")
+    text, source = load_text(spec["path"], spec["max_chars"], spec["dataset"])
+    tokenizer = tokenizer if tokenizer is not None else CharTokenizer.from_text(text)
+    ids = torch.tensor(tokenizer.encode(text), dtype=torch.long)
+    train_ids, val_ids = split_ids(ids, spec["val_fraction"])
+    return tokenizer, train_ids, val_ids, f"{source}: {len(text):,} characters"
+
+
+def _resume_point(run_dir: Path, log) -> Path:
+    """The newest checkpoint of run_dir whose trainer state loads; a damaged newest one is
+    skipped with a warning (it is left on disk for inspection)."""
+    latest_checkpoint(run_dir)  # raises a clear error when there is none
+    for candidate in reversed(list_checkpoints(run_dir)):
+        try:
+            load_trainer_state(candidate)
+            return candidate
+        except (ValueError, FileNotFoundError) as e:
+            log(f"warning: skipping checkpoint {candidate}: {e}")
+    raise ValueError(f"no checkpoint in {run_dir / 'checkpoints'} can be loaded; see the "
+                     f"warnings above")
+
+
+def _check_same(kind: str, saved: dict, overrides: dict) -> None:
+    """Raise ValueError naming each command-line value that contradicts the checkpoint."""
+    clashes = [f"{k} is {saved.get(k)!r} in the checkpoint but {v!r} here"
+               for k, v in overrides.items() if saved.get(k) != v]
+    if clashes:
+        raise ValueError(f"the checkpoint's {kind} does not match the command line: "
+                         f"{'; '.join(clashes)}; drop those options to resume, or start a new "
+                         f"run with --out")
+
+
+def run_experiment(preset: str | None = None, data: str | Path | None = None,
                    out: str | Path | None = None, overwrite: bool = False,
                    max_chars: int | None = None, dataset: str | None = None,
                    model_overrides: dict | None = None, train_overrides: dict | None = None,
                    device: str | None = None, progress: bool = True,
-                   log=print) -> RunSummary:
-    """The seed experiment: train a character-level DecoderLM, then sample and plot it.
+                   log=print, resume: str | Path | None = None) -> RunSummary:
+    """Train a DecoderLM end to end (the seed experiment by default), then sample and plot.
 
-    Reads the corpus (the embedded WikiText-2 crop by default), builds the character
-    vocabulary, splits 90/10, trains with the preset's settings (plus overrides), and writes
-    into the run directory: model.safetensors, config.json, tokenizer.json, metrics.jsonl,
-    loss.png, attention.png (every layer and head on the first 64 validation characters) and
-    samples.txt (sample_chars characters from sample_prompt). The files are written into
-    <out>.partial first and moved into `out` at the end: a run that fails (or is interrupted)
-    leaves its metrics in <out>.partial and never touches `out`.
+    Reads the corpus (the embedded WikiText-2 crop by default, a text file, or a directory
+    prepared by `decoderlm prepare`), builds the character vocabulary of text corpora,
+    splits 90/10, trains with the preset's settings plus overrides, and writes into the run
+    directory: metrics.jsonl and checkpoints/ while training, then model.safetensors,
+    config.json, tokenizer.json, loss.png, attention.png (every layer and head on the first 64
+    validation tokens) and samples.txt (sample_chars tokens from sample_prompt).
+
+    Under torchrun every process calls this; rank 0 alone writes files and prints.
 
     Args:
-        preset: a name from `decoderlm.config.PRESETS`.
+        preset: a name from `decoderlm.config.PRESETS` (default "default").
         data, dataset, max_chars: see `decoderlm.data.load_text`; max_chars defaults to the
             seed notebook's 300,000 for a WikiText directory or dataset, all of a plain file.
         out: the run directory; None picks runs/<preset> (or -2, -3, ... if taken).
-        overwrite: allow `out` to hold an earlier run (otherwise ValueError).
+        overwrite: allow `out` to hold an earlier run, which is deleted when training starts.
         model_overrides, train_overrides: ModelConfig / TrainConfig fields to change.
         device: "cpu", "cuda", ...; None picks CUDA when available.
+        resume: a run directory to continue from its newest complete checkpoint; its model
+            config, preset and data are reused (contradicting overrides are refused), training
+            settings may be overridden (e.g. max_steps), and metrics.jsonl is appended to.
 
     Raises:
-        ValueError / FileNotFoundError: bad settings or data (messages say what to change).
+        ValueError / FileNotFoundError: bad settings, data or checkpoints (messages say what
+            to change).
     """
-    spec = get_preset(preset)
-    if max_chars is None and (dataset is not None or (data is not None and Path(data).is_dir())):
-        max_chars = 300_000
-    text, source = load_text(data, max_chars, dataset)
-    tokenizer = CharTokenizer.from_text(text)
-    model_cfg = ModelConfig.from_dict({**spec.model, **(model_overrides or {}),
-                                       "vocab_size": tokenizer.vocab_size})
-    train_cfg = TrainConfig.from_dict({**spec.train, **(train_overrides or {})})
-    ids = torch.tensor(tokenizer.encode(text), dtype=torch.long)
-    train_ids, val_ids = split_ids(ids, train_cfg.val_fraction)
+    model_overrides, train_overrides = dict(model_overrides or {}), dict(train_overrides or {})
+    info, device = init_distributed(device)
+    log = log if info.is_main else (lambda *a, **k: None)
+    checkpoint = None
+    if resume is not None:
+        out_dir = Path(resume)
+        checkpoint = _resume_point(out_dir, log)
+        saved = read_json(checkpoint / "config.json")
+        if preset is not None and preset != saved.get("preset"):
+            raise ValueError(f"the checkpoint was trained with preset {saved.get('preset')!r}, "
+                             f"not {preset!r}; drop --preset to resume")
+        preset, spec = saved.get("preset"), saved.get("data_spec")
+        if not isinstance(spec, dict):
+            raise ValueError(f"{checkpoint / 'config.json'} has no data_spec entry")
+        given = {k: v for k, v in (("path", None if data is None else str(data)),
+                                   ("dataset", dataset), ("max_chars", max_chars)) if v is not None}
+        _check_same("data", spec, given)
+        _check_same("model config", saved["model"], model_overrides)
+        model_cfg = ModelConfig.from_dict(saved["model"])
+        train_cfg = TrainConfig.from_dict({**saved["train"], **train_overrides})
+        tokenizer, train_ids, val_ids, source = load_corpus(spec, load_tokenizer(checkpoint))
+    else:
+        preset = preset or "default"
+        preset_spec = get_preset(preset)
+        train_cfg = TrainConfig.from_dict({**preset_spec.train, **train_overrides})
+        spec = _data_spec(data, dataset, max_chars, train_cfg.val_fraction)
+        tokenizer, train_ids, val_ids, source = load_corpus(spec)
+        model_cfg = ModelConfig.from_dict({**preset_spec.model, **model_overrides,
+                                           "vocab_size": tokenizer.vocab_size})
+        out_dir = Path(out) if out is not None else _free_run_dir(preset)
     check_split("train", train_ids, model_cfg.block_size)
     check_split("validation", val_ids, model_cfg.block_size)
-
-    out_dir = Path(out) if out is not None else _free_run_dir(preset)
-    if out_dir.exists() and not out_dir.is_dir():
-        raise ValueError(f"--out {out_dir} is a file, not a directory")
-    if (out_dir / "model.safetensors").exists() and not overwrite:
-        raise ValueError(f"{out_dir} already holds a trained model; pass --overwrite to replace "
-                         f"it or choose another --out")
-    # The run is built in <out>.partial and moved into place only when complete, so a failed
-    # run neither leaves a half-written run under the run's name nor damages an earlier one.
-    stage = out_dir.with_name(out_dir.name + ".partial")
-    shutil.rmtree(stage, ignore_errors=True)
-    stage.mkdir(parents=True)
+    if info.is_main:
+        _prepare_run_dir(out_dir, overwrite, checkpoint)
+    if info.world_size > 1:
+        dist.barrier()
 
     torch.manual_seed(train_cfg.seed)
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    model = DecoderLM(model_cfg).to(device)
-    log(f"data: {source}: {len(text):,} characters, vocabulary {tokenizer.vocab_size}, "
-        f"train {len(train_ids):,} / validation {len(val_ids):,} tokens")
+    model = (load_model(checkpoint) if checkpoint is not None else DecoderLM(model_cfg)).to(device)
+    if info.world_size > 1:  # the same initial weights everywhere, different dropout per rank
+        torch.manual_seed(train_cfg.seed + info.rank)
+    log(f"data: {source}, vocabulary {tokenizer.vocab_size}, train {len(train_ids):,} / "
+        f"validation {len(val_ids):,} tokens")
     log(f"model: {model.num_parameters():,} parameters (n_layers {model_cfg.n_layers}, "
         f"d_model {model_cfg.d_model}, n_heads {model_cfg.n_heads}, block_size "
         f"{model_cfg.block_size}); preset {preset!r}, {train_cfg.max_steps} steps, "
-        f"{train_cfg.dtype} on {device}")
-    result = train(model, train_cfg, train_ids, val_ids, stage / "metrics.jsonl", progress)
-
-    model.save_pretrained(stage, {"train": train_cfg.to_dict(), "preset": preset,
-                                  "data": source})
-    tokenizer.save_pretrained(stage)
-    _write_artifacts(model, tokenizer, train_cfg, result, val_ids, stage)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    for path in stage.iterdir():
-        os.replace(path, out_dir / path.name)
-    stage.rmdir()
+        f"{train_cfg.dtype} on {device}" + (f" x {info.world_size} processes"
+                                            if info.world_size > 1 else "")
+        + (f"; resuming from {checkpoint}" if checkpoint else ""))
+    extra = {"train": train_cfg.to_dict(), "preset": preset, "data": source, "data_spec": spec}
+    result = train(model, train_cfg, train_ids, val_ids, out_dir, progress, info,
+                   resume_from=checkpoint,
+                   checkpoint_files={"extra": extra, "tokenizer": tokenizer}, log=log)
+    if result.interrupted:
+        log(f"resume with: decoderlm train --resume {out_dir}")
+        return RunSummary(out_dir, None, None, result.elapsed_s, result.tokens_per_s, source,
+                          result.step, True)
+    if info.is_main:
+        final = load_model(result.checkpoint, map_location=str(device)) \
+            if info.world_size > 1 else model
+        final.save_pretrained(out_dir, extra)
+        tokenizer.save_pretrained(out_dir)
+        metrics = [json.loads(line) for line in
+                   (out_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines()]
+        _write_artifacts(final, tokenizer, train_cfg, metrics, val_ids, out_dir)
     summary = RunSummary(out_dir, result.val_loss, result.val_loss / LN2, result.elapsed_s,
-                         result.tokens_per_s, source)
-    log(f"final validation loss {summary.val_loss:.4f} nats/char = {summary.val_bpc:.4f} "
-        f"bits/char (whole validation split), {result.elapsed_s:.1f} s of training at "
+                         result.tokens_per_s, source, result.step)
+    unit = "char" if isinstance(tokenizer, CharTokenizer) else "token"
+    log(f"final validation loss {summary.val_loss:.4f} nats/{unit} = {summary.val_bpc:.4f} "
+        f"bits/{unit} (whole validation split), {result.elapsed_s:.1f} s of training at "
         f"{result.tokens_per_s:,.0f} tokens/s")
     log(f"wrote {out_dir}/: model.safetensors config.json tokenizer.json metrics.jsonl "
-        f"loss.png attention.png samples.txt")
+        f"loss.png attention.png samples.txt checkpoints/")
     return summary
 
 
-def _write_artifacts(model, tokenizer, cfg: TrainConfig, result: TrainResult,
-                     val_ids: torch.Tensor, out_dir: Path) -> None:
+def _prepare_run_dir(out_dir: Path, overwrite: bool, checkpoint: Path | None) -> None:
+    """Make out_dir ready: a new run needs it absent or free of an earlier run (or
+    --overwrite, which deletes that run now); a resumed run keeps metrics.jsonl up to the
+    checkpoint's step and drops the records logged after it."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ValueError(f"--out {out_dir} is a file, not a directory")
+    if checkpoint is not None:
+        step = load_trainer_state(checkpoint)["step"]
+        metrics = out_dir / "metrics.jsonl"
+        if metrics.is_file():
+            kept = [line for line in metrics.read_text(encoding="utf-8").splitlines(True)
+                    if line.strip() and json.loads(line).get("step", 0) <= step]
+            atomic_write(metrics, lambda tmp: Path(tmp).write_text("".join(kept),
+                                                                   encoding="utf-8"))
+        return
+    held = [name for name in _RUN_FILES if (out_dir / name).exists()]
+    if held and not overwrite:
+        raise ValueError(f"{out_dir} already holds a run ({', '.join(held)}); pass --resume "
+                         f"{out_dir} to continue it, --overwrite to replace it, or choose "
+                         f"another --out")
+    if held:
+        shutil.rmtree(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+
+def _write_artifacts(model, tokenizer, cfg: TrainConfig, metrics: list[dict], val_ids,
+                     out_dir: Path) -> None:
     from .plots import plot_attention, plot_loss
 
-    plot_loss(result.metrics, out_dir / "loss.png")
-    window = val_ids[: min(64, model.config.block_size, len(val_ids))][None, :]
+    plot_loss(metrics, out_dir / "loss.png")
+    n = min(64, model.config.block_size, len(val_ids))
+    window = torch.as_tensor(np.asarray(val_ids[:n]), dtype=torch.long)[None, :]
+    device = model.lm_head.weight.device
     model.eval()
     with torch.no_grad():
-        _, att = model.forward_with_attention(window.to(model.lm_head.weight.device))
-    shown = tokenizer.decode(window[0])
+        _, att = model.forward_with_attention(window.to(device))
     plot_attention(att[:, 0].cpu().numpy(), out_dir / "attention.png",
-                   title=f"attention on validation characters 0-{window.size(1) - 1}: "
-                         f"{shown!r}")
-    prompt = cfg.sample_prompt if all(c in tokenizer.stoi for c in cfg.sample_prompt) \
-        else tokenizer.decode(val_ids[:1])
-    idx = torch.tensor([tokenizer.encode(prompt)], dtype=torch.long)
-    out = model.generate(idx.to(model.lm_head.weight.device), cfg.sample_chars, seed=cfg.seed)
+                   title=f"attention on validation tokens 0-{n - 1}: "
+                         f"{tokenizer.decode(window[0])!r}")
+    try:
+        prompt = tokenizer.encode(cfg.sample_prompt)
+    except ValueError:  # the prompt has characters outside a character vocabulary
+        prompt = []
+    idx = torch.tensor([prompt or window[0, :1].tolist()], dtype=torch.long)
+    out = model.generate(idx.to(device), cfg.sample_chars, seed=cfg.seed)
     (out_dir / "samples.txt").write_text(tokenizer.decode(out[0]), encoding="utf-8")
