@@ -18,12 +18,12 @@ SMALL = ["--n-layers", "1", "--n-heads", "2", "--d-model", "16", "--block-size",
          "--batch-size", "4", "--max-steps", "6", "--eval-interval", "3", "--no-progress"]
 
 
-def train_small(tmp_path, *extra) -> tuple:
+def train_small(tmp_path, *extra, expect: int = 0) -> tuple:
     """Train the SMALL model on TEXT into tmp_path/run; returns (data file, run dir)."""
     data = tmp_path / "tiny.txt"
     data.write_text(TEXT, encoding="utf-8")
     out = tmp_path / "run"
-    assert main(["train", "--data", str(data), "--out", str(out), *SMALL, *extra]) == 0
+    assert main(["train", "--data", str(data), "--out", str(out), *SMALL, *extra]) == expect
     return data, out
 
 
@@ -91,8 +91,12 @@ def test_train_writes_a_complete_run_and_sample_is_reproducible(tmp_path, capsys
     (["sample", "--run", "/no/such/run"], "not found"),
     (["train", "--lr", "nan"], "lr must be a finite number"),
     (["train", "--weight-decay", "-1"], "weight_decay must be a finite number"),
-    (["train", "--max-steps", "0"], "expected an integer >= 1, got '0'"),
-    (["train", "--seed", "99999999999999999999"], "expected an integer in [0, "),
+    (["train", "--max-steps", "0"], "max_steps must be a positive integer, got 0"),
+    (["train", "--max-steps", "1.5"], "expected an integer, got '1.5'"),
+    (["train", "--seed", "99999999999999999999"], "seed must be an integer >= 0 below"),
+    (["train", "--compile", "maybe"], "expected true or false, got 'maybe'"),
+    (["train", "--grad-clip", "x"], "expected a number or none, got 'x'"),
+    (["train", "--resume", "/no/such/run"], "resume directory /no/such/run not found"),
     (["train", "--device", "meta"], "unknown device 'meta'"),
     (["train", "--out", ""], "empty string"),
     (["train", "--data", "."], "has no wiki.train.raw"),
@@ -142,25 +146,30 @@ def test_out_that_is_a_file_is_refused(tmp_path, capsys):
         assert "Traceback" not in capsys.readouterr().err
 
 
-def test_a_failed_run_leaves_the_earlier_run_intact(tmp_path, capsys, monkeypatch):
-    import decoderlm.train as train_module
-
+def test_an_existing_run_is_kept_unless_overwrite(tmp_path, capsys):
     data, out = train_small(tmp_path)
-    before = {p.name: p.read_bytes() for p in out.iterdir()}
-    real_train = train_module.train
+    before = (out / "model.safetensors").read_bytes()
+    assert main(["train", "--data", str(data), "--out", str(out), *SMALL]) == 2
+    err = capsys.readouterr().err
+    assert "already holds a run" in err and "--resume" in err and "--overwrite" in err
+    assert (out / "model.safetensors").read_bytes() == before
+    assert main(["train", "--data", str(data), "--out", str(out), "--overwrite", *SMALL,
+                 "--seed", "7"]) == 0
+    assert (out / "model.safetensors").read_bytes() != before
+    assert len((out / "metrics.jsonl").read_text().splitlines()) == 2  # the old run is gone
 
-    def diverge(model, cfg, train_ids, val_ids, metrics_path, progress):
-        real_train(model, cfg, train_ids, val_ids, metrics_path, progress)
-        raise ValueError("the training loss became nan at step 6")
 
-    monkeypatch.setattr(train_module, "train", diverge)
-    assert main(["train", "--data", str(data), "--out", str(out), "--overwrite", *SMALL]) == 2
-    assert "became nan" in capsys.readouterr().err
-    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
-    assert (tmp_path / "run.partial" / "metrics.jsonl").read_text().count("\n") == 2
-    monkeypatch.undo()
-    assert main(["train", "--data", str(data), "--out", str(out), "--overwrite", *SMALL]) == 0
-    assert not (tmp_path / "run.partial").exists()
+def test_a_diverging_run_stops_with_a_message_and_keeps_the_last_good_checkpoint(tmp_path,
+                                                                                  capsys):
+    data, out = train_small(tmp_path, "--checkpoint-interval", "1", "--lr", "1e30",
+                            "--max-steps", "40", "--dtype", "float32", expect=2)
+    err = capsys.readouterr().err
+    assert "the training loss became" in err and "last good checkpoint" in err
+    good = err.split("last good checkpoint is ")[1].strip()
+    from decoderlm.checkpoint import load_trainer_state
+    state = load_trainer_state(good)
+    assert state["step"] >= 1 and math.isfinite(state["loss_sum"])
+    assert not (out / "model.safetensors").exists()
 
 
 def test_damaged_run_files_give_clear_errors(tmp_path, capsys):

@@ -177,6 +177,9 @@ class TrainConfig:
         lr: peak learning rate of AdamW.
         min_lr: learning rate at the end of the cosine decay.
         warmup_steps: steps of linear warm-up from lr / warmup_steps to lr.
+        decay_steps: the cosine decay reaches min_lr at this step and stays there; None
+            means max_steps (nanoGPT's lr_decay_iters). Set it to stop a run early (max_steps)
+            and resume it later on the same schedule.
         schedule: "cosine" (linear warm-up, then cosine decay to min_lr) or "constant" (lr at
             every step, no warm-up).
         weight_decay: AdamW decoupled weight decay, applied to weight matrices and
@@ -209,6 +212,7 @@ class TrainConfig:
     lr: float = 2e-4
     min_lr: float = 2e-5
     warmup_steps: int = 0
+    decay_steps: int | None = None
     schedule: str = "constant"
     weight_decay: float = 1e-2
     beta1: float = 0.9
@@ -233,6 +237,8 @@ class TrainConfig:
                    "eval_batches", "log_interval", "keep_checkpoints")
         _check_int(self, "warmup_steps", "sample_chars", "checkpoint_interval", low=0)
         _check_bool(self, "compile", "activation_checkpointing", "fsdp")
+        if self.decay_steps is not None:
+            _check_int(self, "decay_steps")
         _check_int(self, "seed", low=0, high=2**63)
         if self.schedule not in ("cosine", "constant"):
             raise ValueError(f"schedule must be 'cosine' or 'constant', got {self.schedule!r}")

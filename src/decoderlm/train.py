@@ -44,13 +44,14 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
 
     "constant": cfg.lr. "cosine": linear warm-up lr * (step + 1) / warmup_steps over the first
     warmup_steps steps, then min_lr + (lr - min_lr) * (1 + cos(pi * progress)) / 2 with
-    progress going from 0 to 1 over the remaining steps (Loshchilov & Hutter 2017, eq. 5).
+    progress going from 0 to 1 over the steps up to decay_steps (default max_steps), then 1
+    (Loshchilov & Hutter 2017, eq. 5).
     """
     if cfg.schedule == "constant":
         return cfg.lr
     if step < cfg.warmup_steps:
         return cfg.lr * (step + 1) / cfg.warmup_steps
-    decay_steps = max(1, cfg.max_steps - 1 - cfg.warmup_steps)
+    decay_steps = max(1, (cfg.decay_steps or cfg.max_steps) - 1 - cfg.warmup_steps)
     progress = min(1.0, (step - cfg.warmup_steps) / decay_steps)
     return cfg.min_lr + 0.5 * (cfg.lr - cfg.min_lr) * (1.0 + math.cos(math.pi * progress))
 

@@ -1,0 +1,219 @@
+"""Checkpoints and exact resume: pitfalls rows 19, 28 and 29, SIGKILL / SIGTERM, torn writes.
+
+Every run here is the pitfalls table's TINY model (vocab 65, block 32, 2 layers, 4 heads,
+d_model 64) on a fixed 2,000-character corpus of 65 symbols, float32 on the CPU, with dropout
+so that the torch RNG state matters too. The oracle is an uninterrupted run of the same
+settings: a resumed run must log the same losses and end with the same weights, bit for bit.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from decoderlm.checkpoint import list_checkpoints, load_trainer_state
+from decoderlm.cli import main
+from decoderlm.config import TrainConfig
+from decoderlm.train import lr_at
+
+SYMBOLS = [chr(c) for c in range(33, 33 + 64)] + ["\n"]  # 65 distinct characters
+TINY = ["--n-layers", "2", "--n-heads", "4", "--d-model", "64", "--block-size", "32",
+        "--dropout", "0.1", "--batch-size", "4", "--lr", "1e-3", "--min-lr", "1e-4",
+        "--warmup-steps", "5", "--schedule", "cosine", "--dtype", "float32", "--seed", "0",
+        "--log-interval", "1", "--eval-interval", "5", "--eval-batches", "2", "--no-progress",
+        "--sample-chars", "10"]
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    g = torch.Generator().manual_seed(0)
+    ids = torch.cat([torch.arange(65), torch.randint(0, 65, (2000 - 65,), generator=g)])
+    path = tmp_path_factory.mktemp("corpus") / "tiny2000.txt"
+    path.write_text("".join(SYMBOLS[i] for i in ids.tolist()), encoding="utf-8")
+    return path
+
+
+def cli(*args, background=False):
+    """Run `python -m decoderlm ...` in a new process (one thread)."""
+    command = [sys.executable, "-m", "decoderlm", *map(str, args)]
+    if background:
+        return subprocess.Popen(command, env=ENV, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+    return subprocess.run(command, env=ENV, capture_output=True, text=True, timeout=300)
+
+
+def records(run_dir):
+    """metrics.jsonl without the wall-clock fields."""
+    lines = (run_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
+    return [{k: v for k, v in json.loads(line).items() if k not in ("elapsed_s", "tokens_per_s")}
+            for line in lines]
+
+
+def weights(run_dir):
+    return load_file(str(run_dir / "model.safetensors"))
+
+
+def assert_same_run(a, b):
+    assert records(a) == records(b)  # every logged loss, lr and val_loss, bit for bit
+    wa, wb = weights(a), weights(b)
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(corpus, tmp_path_factory):
+    """Run A of pitfalls row 19: 20 steps, cosine to 1e-4 by step 20."""
+    out = tmp_path_factory.mktemp("a") / "run"
+    assert main(["train", "--data", str(corpus), "--out", str(out), *TINY,
+                 "--max-steps", "20", "--decay-steps", "20"]) == 0
+    return out
+
+
+def test_stop_after_10_steps_and_resume_in_a_new_process_is_exact(corpus, uninterrupted,
+                                                                   tmp_path):
+    # pitfalls row 19: run B trains 10 steps, saves, and resumes in a new process
+    out = tmp_path / "run"
+    first = cli("train", "--data", corpus, "--out", out, *TINY, "--max-steps", "10",
+                "--decay-steps", "20")
+    assert first.returncode == 0, first.stderr
+    state = load_trainer_state(list_checkpoints(out)[-1])
+    assert state["step"] == 10
+    assert {float(s["step"]) for s in state["optimizer"]["state"].values()} == {10.0}
+    second = cli("train", "--resume", out, "--max-steps", "20")
+    assert second.returncode == 0, second.stderr
+    assert "resuming from" in second.stdout
+    cfg = TrainConfig(lr=1e-3, min_lr=1e-4, warmup_steps=5, schedule="cosine", max_steps=20)
+    assert records(out)[10]["lr"] == lr_at(10, cfg)  # the first resumed step's lr
+    assert_same_run(uninterrupted, out)
+    end_a = load_trainer_state(list_checkpoints(uninterrupted)[-1])
+    end_b = load_trainer_state(list_checkpoints(out)[-1])
+    assert torch.equal(end_a["data_sampler"], end_b["data_sampler"])  # the same batches
+
+
+@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGTERM])
+def test_a_killed_or_terminated_run_resumes_exactly(corpus, tmp_path, how):
+    steps = ["--max-steps", "400", "--checkpoint-interval", "3", "--eval-interval", "50"]
+    reference = tmp_path / "reference"
+    assert main(["train", "--data", str(corpus), "--out", str(reference), *TINY, *steps]) == 0
+    out = tmp_path / "run"
+    proc = cli("train", "--data", corpus, "--out", out, *TINY, *steps, background=True)
+    deadline = time.monotonic() + 120
+    while not list_checkpoints(out) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.005)
+    proc.send_signal(how)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert not (out / "model.safetensors").exists(), "the run ended before the signal"
+    if how == signal.SIGKILL:
+        assert proc.returncode == -signal.SIGKILL
+    else:  # a checkpoint, a message, exit status 0
+        assert proc.returncode == 0, stderr
+        assert "checkpoint saved" in stdout and f"--resume {out}" in stdout
+    stopped_at = load_trainer_state(list_checkpoints(out)[-1])["step"]
+    assert 0 < stopped_at < 400
+    resumed = cli("train", "--resume", out)
+    assert resumed.returncode == 0, resumed.stderr
+    assert_same_run(reference, out)
+
+
+def test_a_crash_while_writing_a_checkpoint_leaves_the_previous_one(corpus, tmp_path,
+                                                                   monkeypatch, capsys):
+    import decoderlm.checkpoint as ckpt
+
+    real_save, calls = torch.save, []
+
+    def torn_save(obj, path):  # the second checkpoint dies half-way through its file
+        calls.append(path)
+        if len(calls) == 2:
+            with open(path, "wb") as f:
+                f.write(b"PK\x03\x04 half a zip")
+            raise OSError("No space left on device")
+        real_save(obj, path)
+
+    monkeypatch.setattr(ckpt.torch, "save", torn_save)
+    out = tmp_path / "run"
+    args = ["train", "--data", str(corpus), "--out", str(out), *TINY, "--max-steps", "4",
+            "--checkpoint-interval", "1"]
+    assert main(args) == 2
+    assert "No space left on device" in capsys.readouterr().err
+    monkeypatch.undo()
+    assert [p.name for p in list_checkpoints(out)] == ["step-00000001"]
+    assert not list((out / "checkpoints").glob(".tmp-*"))
+    assert load_trainer_state(list_checkpoints(out)[0])["step"] == 1
+    assert main(["train", "--resume", str(out)]) == 0
+    reference = tmp_path / "reference"
+    assert main(["train", "--data", str(corpus), "--out", str(reference), *TINY,
+                 "--max-steps", "4", "--checkpoint-interval", "1"]) == 0
+    assert_same_run(reference, out)
+
+
+def test_damaged_and_missing_checkpoints_give_clear_errors(corpus, tmp_path, capsys):
+    out = tmp_path / "run"
+    base = ["train", "--data", str(corpus), "--out", str(out), *TINY, "--checkpoint-interval",
+            "2", "--keep-checkpoints", "3"]
+    assert main([*base, "--max-steps", "4"]) == 0
+    capsys.readouterr()
+    newest = list_checkpoints(out)[-1] / "trainer_state.pt"
+    newest.write_bytes(newest.read_bytes()[:300])  # truncated
+    with pytest.raises(ValueError, match="cannot be loaded safely"):
+        load_trainer_state(newest.parent)
+    assert main(["train", "--resume", str(out), "--max-steps", "6"]) == 0
+    captured = capsys.readouterr()
+    assert "skipping checkpoint" in captured.out and "step-00000002" in captured.out
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main(["train", "--resume", str(empty)]) == 2
+    assert "holds no checkpoint" in capsys.readouterr().err
+    assert main(["train", "--resume", str(out), "--n-layers", "3", "--max-steps", "8"]) == 2
+    err = capsys.readouterr().err
+    assert "does not match the command line" in err and "n_layers is 2" in err
+    assert main(["train", "--resume", str(out), "--max-steps", "6"]) == 2
+    assert "pass a larger --max-steps" in capsys.readouterr().err
+    assert main(["train", "--resume", str(out), "--overwrite"]) == 2
+    assert "pick one" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+def test_loss_scaler_only_for_float16_and_saved_with_the_checkpoint(corpus, tmp_path, dtype):
+    # pitfalls row 28
+    out = tmp_path / "run"
+    args = ["train", "--data", str(corpus), "--out", str(out), *TINY, "--dtype", dtype]
+    assert main([*args, "--max-steps", "5", "--decay-steps", "7"]) == 0
+    state = load_trainer_state(list_checkpoints(out)[-1])
+    assert {float(s["step"]) for s in state["optimizer"]["state"].values()} == {5.0}
+    if dtype != "float16":
+        assert state["scaler"] == {}
+        return
+    assert state["scaler"]["scale"] == 65536.0 and state["scaler"]["_growth_tracker"] == 5
+    assert main(["train", "--resume", str(out), "--max-steps", "7"]) == 0
+    after = load_trainer_state(list_checkpoints(out)[-1])["scaler"]
+    # restored, not restarted: the growth tracker went on counting from 5
+    assert after["_growth_tracker"] == 7 and after["scale"] == 65536.0
+
+
+def test_checkpoints_load_with_weights_only_and_unsafe_pickles_are_refused(corpus, tmp_path):
+    # pitfalls row 29
+    out = tmp_path / "run"
+    assert main(["train", "--data", str(corpus), "--out", str(out), *TINY,
+                 "--max-steps", "2"]) == 0
+    checkpoint = list_checkpoints(out)[-1]
+    plain = torch.load(checkpoint / "trainer_state.pt", weights_only=True)  # (a)
+    assert isinstance(plain["train"], dict) and isinstance(plain["loss_sum"], float)
+    assert json.loads((checkpoint / "config.json").read_text())["model"]["n_layers"] == 2
+
+    marker = tmp_path / "pwned"
+
+    class Exploit:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+
+    torch.save({"step": 1, "payload": Exploit()}, checkpoint / "trainer_state.pt")  # (b)
+    with pytest.raises(ValueError, match="cannot be loaded safely"):
+        load_trainer_state(checkpoint)
+    assert not marker.exists()
