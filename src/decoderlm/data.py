@@ -245,7 +245,7 @@ def load_token_dir(path: str | Path) -> TokenDir:
     meta = read_json(path / META_NAME)
     bad = f"{path / META_NAME} is not a decoderlm token directory's meta.json"
     if not isinstance(meta, dict) or not isinstance(meta.get("tokens"), dict):
-        raise ValueError(f"{bad} (no 'tokens' entry)")
+        raise ValueError(f"{bad} (no 'tokens' entry)")  # noqa: TRY004 (a bad file)
     dtype, vocab_size = meta.get("dtype"), meta.get("vocab_size")
     if dtype not in TOKEN_DTYPES:
         raise ValueError(f"{bad}: dtype {dtype!r} is not one of {list(TOKEN_DTYPES)}")

@@ -47,8 +47,14 @@ from .tokenizers import (
     make_tokenizer,
 )
 
-__all__ = ["prepare", "source_files", "iter_token_chunks", "encode_source", "token_dtype",
-           "CHUNK_BYTES"]
+__all__ = [
+    "CHUNK_BYTES",
+    "encode_source",
+    "iter_token_chunks",
+    "prepare",
+    "source_files",
+    "token_dtype",
+]
 
 CHUNK_BYTES = 1 << 20
 _NOT_UTF8_HINT = ("convert it to UTF-8, or prepare it with --tokenizer byte, which takes any "

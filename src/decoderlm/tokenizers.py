@@ -18,9 +18,18 @@ from pathlib import Path
 
 from .checkpoint import read_json, write_json
 
-__all__ = ["Tokenizer", "CharTokenizer", "ByteTokenizer", "GPT2Tokenizer",
-           "UnknownCharacterError", "load_tokenizer", "tokenizer_from_dict", "make_tokenizer",
-           "TOKENIZER_KINDS", "DEFAULT_UNK_TOKEN"]
+__all__ = [
+    "DEFAULT_UNK_TOKEN",
+    "TOKENIZER_KINDS",
+    "ByteTokenizer",
+    "CharTokenizer",
+    "GPT2Tokenizer",
+    "Tokenizer",
+    "UnknownCharacterError",
+    "load_tokenizer",
+    "make_tokenizer",
+    "tokenizer_from_dict",
+]
 
 TOKENIZER_NAME = "tokenizer.json"
 TOKENIZER_KINDS = ("char", "byte", "gpt2")

@@ -287,7 +287,10 @@ def run_experiment(preset: str = "default", data: str | Path | None = None,
     result = train(model, train_cfg, train_ids, val_ids, stage / "metrics.jsonl", progress)
 
     model.save_pretrained(stage, {"train": train_cfg.to_dict(), "preset": preset,
-                                  "data": source})
+                                  "data": source, "data_spec": {
+                                      "path": None if data is None else str(Path(data).resolve()),
+                                      "dataset": dataset, "max_chars": max_chars,
+                                      "token_dir": None, "val_fraction": train_cfg.val_fraction}})
     tokenizer.save_pretrained(stage)
     _write_artifacts(model, tokenizer, train_cfg, result, val_ids, stage)
     out_dir.mkdir(parents=True, exist_ok=True)
