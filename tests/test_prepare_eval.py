@@ -348,6 +348,7 @@ MEMORY_SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.skipif(sys.platform != "linux", reason="uses RLIMIT_DATA and /proc/self/status")
 def test_a_token_file_larger_than_the_memory_limit_trains(tmp_path):
     # RLIMIT_DATA bounds the process's private memory (heap, anonymous mmaps) but not a
     # read-only file mapping: the 4 GiB corpus (sparse on disk) trains within 256 MiB of
@@ -485,3 +486,12 @@ def test_eval_a_byte_model_on_a_prepared_token_directory(tmp_path, capsys):
     assert report["nats_per_token"] == pytest.approx(evaluate(model, val), rel=1e-6)
     assert report["bits_per_byte"] == pytest.approx(report["nats_per_token"] / math.log(2))
     assert "bits_per_char" not in report
+    # a run whose data_spec names the token directory: --split reads it
+    config = json.loads((tmp_path / "run" / "config.json").read_text())
+    config["data_spec"] = {"path": None, "dataset": None, "max_chars": None,
+                           "token_dir": str(tmp_path / "tok"), "val_fraction": 0.1}
+    (tmp_path / "run" / "config.json").write_text(json.dumps(config))
+    train_report = evaluate_run(tmp_path / "run", split="train")
+    assert train_report["tokens"] == int(0.9 * len(data))
+    assert train_report["nats_per_token"] == pytest.approx(
+        evaluate(model, torch.tensor(list(data[: int(0.9 * len(data))]))), rel=1e-6)
