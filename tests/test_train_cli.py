@@ -67,7 +67,7 @@ def test_train_writes_a_complete_run_and_sample_is_reproducible(tmp_path, capsys
     config = json.loads((out / "config.json").read_text())
     assert config["model"]["block_size"] == 16 and config["train"]["max_steps"] == 6
     tok = load_tokenizer(out)
-    assert tok.chars == sorted(set(TEXT))
+    assert tok.chars == sorted(set(TEXT)) + ["\ufffd"] and tok.unk_token == "\ufffd"
     sample = (out / "samples.txt").read_text(encoding="utf-8")
     assert sample.startswith("T") and len(sample) == 601
     DecoderLM.from_pretrained(out)

@@ -8,9 +8,18 @@
 
 from .config import PRESETS, ModelConfig, TrainConfig, get_preset
 from .model import DecoderLM
-from .tokenizers import CharTokenizer, GPT2Tokenizer, UnknownCharacterError, load_tokenizer
+from .tokenizers import (
+    ByteTokenizer,
+    CharTokenizer,
+    GPT2Tokenizer,
+    Tokenizer,
+    UnknownCharacterError,
+    load_tokenizer,
+    make_tokenizer,
+)
 
 __version__ = "0.1.0"
 
 __all__ = ["ModelConfig", "TrainConfig", "PRESETS", "get_preset", "DecoderLM", "CharTokenizer",
-           "GPT2Tokenizer", "UnknownCharacterError", "load_tokenizer", "__version__"]
+           "GPT2Tokenizer", "ByteTokenizer", "Tokenizer", "UnknownCharacterError", "load_tokenizer",
+           "make_tokenizer", "__version__"]

@@ -1,4 +1,4 @@
-"""The `decoderlm` command: train | sample | serve | presets | params.
+"""The `decoderlm` command: train | prepare | eval | sample | serve | presets | params.
 
 User mistakes (bad flags, missing files, unknown characters, ...) print one line
 `decoderlm: error: ...` and exit with status 2, never a traceback.
@@ -149,6 +149,41 @@ def build_parser() -> argparse.ArgumentParser:
             dict(metavar=flag[2:].upper().replace("-", "_"))
         group.add_argument(flag, dest=dest, type=parse, help=text.replace("%", "%%"), **extra)
 
+    r = sub.add_parser("prepare", help="tokenize text files into train.bin / val.bin",
+                       description="Stream text files through a tokenizer into DIR/train.bin "
+                       "(the first 1 - F of the token stream) and DIR/val.bin (the last F), "
+                       "np.uint16 or np.uint32, with DIR/meta.json; see decoderlm.prepare.")
+    corpus = r.add_mutually_exclusive_group(required=True)
+    corpus.add_argument("--data", nargs="+", metavar="PATH",
+                        help="UTF-8 text files, or directories (their *.txt files, or the "
+                        "wiki.train.raw of a WikiText directory), encoded in this order")
+    corpus.add_argument("--dataset", metavar="NAME",
+                        help="e.g. wikitext-2-raw-v1 (train split) through the optional "
+                        "`datasets` package (needs the network)")
+    r.add_argument("--tokenizer", choices=["char", "byte", "gpt2"], default="char",
+                   help="char: the corpus's characters plus an unknown token U+FFFD; byte: "
+                   "the 256 UTF-8 bytes (any file); gpt2: GPT-2's BPE (default: %(default)s)")
+    r.add_argument("--out", metavar="DIR", type=_non_empty, required=True)
+    r.add_argument("--val-fraction", type=float, default=0.1, metavar="F",
+                   help="the last F of the tokens form val.bin, in [0, 1) (default: %(default)s)")
+    r.add_argument("--overwrite", action="store_true",
+                   help="replace a token directory already in --out")
+
+    e = sub.add_parser("eval", help="loss, bits per character and perplexity of a run",
+                       description="Score a run on a whole split of its own data (--split), "
+                       "a prepared token directory or a text file (--data): mean next-token "
+                       "loss over non-overlapping block_size windows.")
+    e.add_argument("--run", metavar="DIR", required=True, help="a run directory")
+    e.add_argument("--data", metavar="PATH", help="a text file (scored whole, unknown "
+                   "characters mapped to the run's unknown token and counted) or a prepared "
+                   "token directory (default: the data the run was trained on)")
+    e.add_argument("--split", choices=["val", "train"],
+                   help="split of the run's data or of a token directory (default: val)")
+    e.add_argument("--json", action="store_true", help="print JSON instead of text")
+    e.add_argument("--device", type=_device, default="cpu")
+    e.add_argument("--batch-size", type=_positive_int, default=32, metavar="B",
+                   help="windows per forward pass (default: %(default)s)")
+
     s = sub.add_parser("sample", help="print text sampled from a trained model",
                        description="Sample a continuation of --prompt and print it.")
     _add_model_source(s)
@@ -217,8 +252,28 @@ def _cmd_train(args) -> int:
     return 0
 
 
+def _cmd_prepare(args) -> int:
+    from .prepare import prepare
+
+    prepare(args.data, args.tokenizer, args.out, args.val_fraction, args.overwrite,
+            args.dataset)
+    return 0
+
+
+def _cmd_eval(args) -> int:
+    import json
+
+    from .evaluation import evaluate_run, format_report
+
+    report = evaluate_run(args.run, args.data, args.split, args.device, args.batch_size)
+    print(json.dumps(report, indent=2, ensure_ascii=False) if args.json
+          else format_report(report))
+    return 0
+
+
 def _load_model_and_tokenizer(args):
     """The model and tokenizer of --run DIR or --hf DIR, checked to belong together."""
+    from .evaluation import check_vocab
     from .model import DecoderLM
     from .tokenizers import GPT2Tokenizer, load_tokenizer
 
@@ -228,9 +283,7 @@ def _load_model_and_tokenizer(args):
     else:
         model = DecoderLM.from_pretrained(args.run, map_location=args.device)
         tokenizer = load_tokenizer(args.run)
-    if tokenizer.vocab_size != model.config.vocab_size:
-        raise ValueError(f"the tokenizer of {args.run or args.hf} has {tokenizer.vocab_size} "
-                         f"tokens but the model expects vocab_size={model.config.vocab_size}")
+    check_vocab(tokenizer, model, args.run or args.hf)
     return model, tokenizer
 
 
@@ -371,7 +424,8 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
     except SystemExit as exit_:  # --help (0) or a bad argument (2, message already printed)
         return exit_.code
-    command = {"train": _cmd_train, "sample": _cmd_sample, "serve": _cmd_serve,
+    command = {"train": _cmd_train, "prepare": _cmd_prepare, "eval": _cmd_eval,
+               "sample": _cmd_sample, "serve": _cmd_serve,
                "presets": _cmd_presets, "params": _cmd_params}
     try:
         return command[args.command](args)

@@ -280,8 +280,8 @@ PRESETS: dict[str, Preset] = {
     "seed-notebook": Preset(
         description="the seed notebook's run exactly: 3 layers x 128 wide, 4 heads, context 96, "
         "batch 32, 400 steps of AdamW at lr 2e-4, weight decay 1e-2, no schedule, no clipping "
-        "(vocab_size 138: the embedded corpus's characters)",
-        model=dict(vocab_size=138, block_size=96, n_layers=3, n_heads=4, d_model=128),
+        "(vocab_size 139: the embedded corpus's 138 characters plus an unknown-character id)",
+        model=dict(vocab_size=139, block_size=96, n_layers=3, n_heads=4, d_model=128),
         train=dict(batch_size=32, max_steps=400, lr=2e-4, warmup_steps=0,
                    schedule="constant", weight_decay=1e-2, grad_clip=None, dtype="float32",
                    eval_interval=100),
@@ -290,7 +290,7 @@ PRESETS: dict[str, Preset] = {
         description="what `decoderlm train` runs: the seed model's shape (3 layers x 128 wide, "
         "4 heads, context 96, batch 32) with dropout 0.05, trained 1,800 steps with warm-up + "
         "cosine decay from lr 3e-3 to 3e-4, weight decay 0.1, clipping at 1.0, bfloat16 autocast",
-        model=dict(vocab_size=138, block_size=96, n_layers=3, n_heads=4, d_model=128,
+        model=dict(vocab_size=139, block_size=96, n_layers=3, n_heads=4, d_model=128,
                    dropout=0.05),
         train=dict(batch_size=32, max_steps=1800, lr=3e-3, min_lr=3e-4, warmup_steps=100,
                    schedule="cosine", weight_decay=0.1, beta2=0.99, grad_clip=1.0,

@@ -4,29 +4,79 @@ The package ships the first 300,000 characters of the WikiText-2 (raw) validatio
 (`EMBEDDED_CORPUS`, CC BY-SA 3.0; see corpora/README.md) so the default run needs no network.
 Text becomes token ids, the ids are split into train (first 90%) and validation (last 10%)
 as the seed notebook does, and batches are random contiguous windows of block_size + 1 tokens.
+
+Token ids are either a torch tensor or a NumPy array; a prepared token directory
+(`decoderlm prepare`, see prepare.py) is read with `load_token_dir` as read-only np.memmap
+arrays, so a corpus larger than memory trains: `get_batch` and `windows` copy only the windows
+they return.
 """
 
 from __future__ import annotations
 
+import codecs
+import io
+from collections.abc import Iterator
+from dataclasses import dataclass
 from importlib.resources import files
 from pathlib import Path
 
+import numpy as np
 import torch
 
+from .checkpoint import read_json
+
 __all__ = ["EMBEDDED_CORPUS", "load_text", "split_ids", "get_batch", "windows", "check_split",
-           "SEED_CROP_CHARS"]
+           "SEED_CROP_CHARS", "iter_text_chunks", "TokenDir", "load_token_dir", "is_token_dir",
+           "META_NAME", "TOKEN_DTYPES"]
 
 EMBEDDED_CORPUS = files("decoderlm") / "corpora" / "wikitext2_valid_300k.txt"
 SEED_CROP_CHARS = 300_000
 WIKITEXT_FILES = ("wiki.train.raw", "wiki.valid.raw", "wiki.test.raw")
 
 
+META_NAME = "meta.json"
+TOKEN_DTYPES = ("uint16", "uint32")
+_SPLITS = ("train", "val")
+
+
+def _not_utf8(path: Path, offset: int, hint: str = "convert it to UTF-8 first") -> ValueError:
+    return ValueError(f"{path} is not UTF-8 text (invalid byte at offset {offset}); {hint}")
+
+
 def _read_utf8(path: Path) -> str:
     try:
         return path.read_text(encoding="utf-8")
     except UnicodeDecodeError as e:
-        raise ValueError(f"{path} is not UTF-8 text (invalid byte at offset {e.start}); "
-                         f"convert it to UTF-8 first") from None
+        raise _not_utf8(path, e.start) from None
+
+
+def iter_text_chunks(path: str | Path, chunk_bytes: int = 1 << 20,
+                     hint: str = "convert it to UTF-8 first") -> Iterator[str]:
+    """The text of a UTF-8 file, read `chunk_bytes` bytes at a time, as consecutive strings.
+
+    Newlines are translated as `load_text` (Python's universal newlines) does: "\r\n" and "\r"
+    become "\n", so "".join(chunks) equals the file read with `_read_utf8`. A chunk never ends
+    inside a multi-byte character; chunks can be empty.
+
+    Raises:
+        ValueError: the file is not UTF-8; the message gives the byte offset of the first
+            invalid byte in the file, and `hint`.
+    """
+    path = Path(path)
+    utf8 = codecs.getincrementaldecoder("utf-8")()
+    decoder = io.IncrementalNewlineDecoder(utf8, translate=True)
+    consumed = 0  # bytes of the file passed to the decoder so far
+    with open(path, "rb") as f:
+        while True:
+            data = f.read(chunk_bytes)
+            pending = len(utf8.getstate()[0])
+            try:
+                yield decoder.decode(data, final=not data)
+            except UnicodeDecodeError as e:
+                raise _not_utf8(path, consumed - pending + e.start, hint) from None
+            consumed += len(data)
+            if not data:
+                return
 
 
 def load_text(path: str | Path | None = None, max_chars: int | None = None,
@@ -99,26 +149,29 @@ def split_ids(ids: torch.Tensor, val_fraction: float) -> tuple[torch.Tensor, tor
     return ids[:n_train], ids[n_train:]
 
 
-def check_split(name: str, data: torch.Tensor, block_size: int) -> None:
-    """Raise ValueError unless split `name` holds at least block_size + 1 tokens (one window)."""
+def check_split(name: str, data: torch.Tensor | np.ndarray, block_size: int) -> None:
+    """Raise ValueError unless split `name` (a [N] tensor or array of token ids) holds at
+    least block_size + 1 tokens (one window)."""
     if len(data) <= block_size:
         raise ValueError(f"the {name} split has {len(data)} tokens but one training window "
                          f"needs block_size + 1 = {block_size + 1}; use a longer corpus or a "
                          f"smaller block_size (now {block_size})")
 
 
-def get_batch(data: torch.Tensor, batch_size: int, block_size: int,
+def get_batch(data: torch.Tensor | np.ndarray, batch_size: int, block_size: int,
               generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Sample random contiguous windows for next-token prediction.
 
     Args:
-        data: [N] int64 token ids, N > block_size.
+        data: [N] token ids, N > block_size: an int64 tensor, or an integer NumPy array or
+            np.memmap (e.g. `TokenDir.train`), of which only the sampled windows are read.
         batch_size: B.
         block_size: T.
-        generator: torch RNG for the window starts (uniform over 0..N-T-1).
+        generator: torch RNG for the window starts (uniform over 0..N-T-1); the same generator
+            state gives the same starts for a tensor and an array.
 
     Returns:
-        (x, y): [B, T] int64 each, y[b, t] = x[b, t + 1] (the window shifted by one).
+        (x, y): [B, T] int64 tensors on the CPU, y[b, t] = x[b, t + 1] (the window shifted by one).
 
     Raises:
         ValueError: N <= block_size.
@@ -128,9 +181,96 @@ def get_batch(data: torch.Tensor, batch_size: int, block_size: int,
     return windows(data, starts, block_size)
 
 
-def windows(data: torch.Tensor, starts: torch.Tensor, block_size: int
+def windows(data: torch.Tensor | np.ndarray, starts: torch.Tensor, block_size: int
             ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(x, y) [len(starts), block_size]: the windows data[s : s + block_size + 1] split into
-    inputs and next-token targets."""
-    window = data[starts[:, None] + torch.arange(block_size + 1)]
+    """(x, y) [len(starts), block_size] int64: the windows data[s : s + block_size + 1] split
+    into inputs and next-token targets. `data` is a [N] tensor or a NumPy array / np.memmap,
+    from which only these windows are gathered (fancy indexing) and converted to int64."""
+    if isinstance(data, np.ndarray):
+        index = starts.numpy()[:, None] + np.arange(block_size + 1)
+        window = torch.from_numpy(data[index].astype(np.int64))
+    else:
+        window = data[starts[:, None] + torch.arange(block_size + 1)].long()
     return window[:, :-1], window[:, 1:]
+
+
+@dataclass
+class TokenDir:
+    """A prepared token directory (written by `decoderlm prepare`), opened read-only.
+
+    Attributes:
+        path: the directory.
+        train, val: [N_train], [N_val] token ids as read-only np.memmap arrays of meta's dtype
+            (np.uint16 or np.uint32; an empty split is an empty array), for get_batch /
+            windows / train.evaluate, which read only the windows they need.
+        meta: meta.json: tokenizer, vocab_size, dtype, tokens {"train", "val"}, val_fraction,
+            sources, unknown_characters, ...
+        tokenizer: the tokenizer the ids were made with (rebuilt from meta["tokenizer"]).
+    """
+
+    path: Path
+    train: np.ndarray
+    val: np.ndarray
+    meta: dict
+    tokenizer: object
+
+    def split(self, name: str) -> np.ndarray:
+        """The split called `name` ("train" | "val"); ValueError for another name."""
+        if name not in _SPLITS:
+            raise ValueError(f"unknown split {name!r}; use 'train' or 'val'")
+        return getattr(self, name)
+
+
+def is_token_dir(path: str | Path) -> bool:
+    """Whether `path` is a directory holding meta.json, train.bin and val.bin."""
+    path = Path(path)
+    return all((path / name).is_file() for name in (META_NAME, "train.bin", "val.bin"))
+
+
+def load_token_dir(path: str | Path) -> TokenDir:
+    """Open a prepared token directory: meta.json, train.bin, val.bin (see prepare.py).
+
+    Raises:
+        FileNotFoundError: the directory or one of its files is missing.
+        ValueError: meta.json is not valid JSON or lacks its fields, its dtype is not uint16 /
+            uint32 or cannot hold vocab_size, its tokenizer does not have vocab_size ids, or a
+            .bin file's size is not its token count times the dtype's size (a truncated file,
+            or one written with another dtype).
+    """
+    from .tokenizers import tokenizer_from_dict
+
+    path = Path(path)
+    if not path.is_dir():
+        raise FileNotFoundError(f"token directory {path} not found (or not a directory)")
+    meta = read_json(path / META_NAME)
+    bad = f"{path / META_NAME} is not a decoderlm token directory's meta.json"
+    if not isinstance(meta, dict) or not isinstance(meta.get("tokens"), dict):
+        raise ValueError(f"{bad} (no 'tokens' entry)")  # noqa: TRY004 (a bad file)
+    dtype, vocab_size = meta.get("dtype"), meta.get("vocab_size")
+    if dtype not in TOKEN_DTYPES:
+        raise ValueError(f"{bad}: dtype {dtype!r} is not one of {list(TOKEN_DTYPES)}")
+    if not isinstance(vocab_size, int) or not 0 < vocab_size <= np.iinfo(dtype).max + 1:
+        raise ValueError(f"{bad}: vocab_size {vocab_size!r} does not fit dtype {dtype}")
+    tokenizer = tokenizer_from_dict(meta.get("tokenizer"), str(path / META_NAME))
+    if tokenizer.vocab_size != vocab_size:
+        raise ValueError(f"{bad}: its tokenizer has {tokenizer.vocab_size} ids but vocab_size "
+                         f"is {vocab_size}")
+    itemsize = np.dtype(dtype).itemsize
+    arrays = {}
+    for name in _SPLITS:
+        count, file = meta["tokens"].get(name), path / f"{name}.bin"
+        if not isinstance(count, int) or count < 0:
+            raise ValueError(f"{bad}: tokens[{name!r}] is {count!r}, not a token count")
+        if not file.is_file():
+            raise FileNotFoundError(f"{file} not found")
+        size = file.stat().st_size
+        if size != count * itemsize:
+            raise ValueError(f"{file} has {size:,} bytes but meta.json says {count:,} {dtype} "
+                             f"tokens = {count * itemsize:,} bytes; the file is truncated, or "
+                             f"was written with another dtype; prepare the data again")
+        if count:
+            arrays[name] = np.memmap(file, dtype=dtype, mode="r")
+        else:  # mmap cannot map an empty file
+            arrays[name] = np.empty(0, dtype=dtype)
+            arrays[name].flags.writeable = False
+    return TokenDir(path, arrays["train"], arrays["val"], meta, tokenizer)

@@ -1,22 +1,39 @@
-"""Tokenizers: text <-> token ids.
+"""Tokenizers: text <-> token ids, behind one interface (`Tokenizer`).
 
 `CharTokenizer` is the seed notebook's character-level tokenizer: the vocabulary is the sorted
-set of characters of the corpus (code-point order), id i is the i-th character.
+set of characters of the corpus (code-point order), id i is the i-th character; optionally one
+more entry, an explicit unknown token, after them (see `CharTokenizer.from_text`).
+`ByteTokenizer` has 256 ids, the bytes of the UTF-8 encoding: every string encodes.
 `GPT2Tokenizer` is OpenAI's GPT-2 byte-level BPE (50,257 ids, `<|endoftext|>` = 50256), run by
 tiktoken from the encoder.json and vocab.bpe files the package ships (no network).
-Both have encode / decode / vocab_size / save_pretrained / from_pretrained; a tokenizer is
-saved with the model as tokenizer.json, so a checkpoint always decodes with its own vocabulary.
+A tokenizer is saved with the model as tokenizer.json ({"type": kind, ...fields}), so a
+checkpoint always decodes with its own vocabulary; `load_tokenizer` reads any of the three and
+`make_tokenizer` builds one by kind.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 
 from .checkpoint import read_json, write_json
 
-__all__ = ["CharTokenizer", "GPT2Tokenizer", "UnknownCharacterError", "load_tokenizer"]
+__all__ = [
+    "DEFAULT_UNK_TOKEN",
+    "TOKENIZER_KINDS",
+    "ByteTokenizer",
+    "CharTokenizer",
+    "GPT2Tokenizer",
+    "Tokenizer",
+    "UnknownCharacterError",
+    "load_tokenizer",
+    "make_tokenizer",
+    "tokenizer_from_dict",
+]
 
 TOKENIZER_NAME = "tokenizer.json"
+TOKENIZER_KINDS = ("char", "byte", "gpt2")
+DEFAULT_UNK_TOKEN = "\ufffd"  # U+FFFD REPLACEMENT CHARACTER, what decoders print for "unknown"
 GPT2_BPE_DIR = Path(__file__).parent / "bpe"
 # sha256 of OpenAI's originals, as tiktoken pins them
 _GPT2_HASHES = {"vocab.bpe": "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5",
@@ -30,27 +47,57 @@ class UnknownCharacterError(ValueError):
         unknown: list of (character, first position in the text) pairs, in order of position.
     """
 
-    def __init__(self, unknown: list[tuple[str, int]]):
+    def __init__(self, unknown: list[tuple[str, int]], hint: str = ""):
         self.unknown = unknown
         shown = ", ".join(f"{c!r} at position {i}" for c, i in unknown[:10])
         more = f" and {len(unknown) - 10} more" if len(unknown) > 10 else ""
+        hint = hint or "remove them from the text or train on a corpus that contains them"
         super().__init__(f"{len(unknown)} character(s) not in the vocabulary: {shown}{more}; "
-                         f"remove them from the text or train on a corpus that contains them")
+                         f"{hint}")
 
 
-class _Saved:
-    """save_pretrained / from_pretrained through tokenizer.json, shared by the tokenizers."""
+class Tokenizer:
+    """The interface every tokenizer has.
+
+    encode(text, unknown="error") -> list[int]; decode(ids) -> str; vocab_size (int);
+    kind ("char" | "byte" | "gpt2"); count_unknown(text) -> int; save_pretrained(directory);
+    from_pretrained(directory); to_dict() -> {"type": kind, ...the fields that rebuild it}.
+    """
 
     kind = ""
+
+    @property
+    def vocab_size(self) -> int:
+        raise NotImplementedError
+
+    def encode(self, text: str, unknown: str = "error") -> list[int]:
+        """Token ids of `text`, ints in [0, vocab_size).
+
+        unknown: "error" (raise UnknownCharacterError on characters outside the vocabulary)
+            or "unk" (map them to the unknown token); only a CharTokenizer has unknowns.
+        """
+        raise NotImplementedError
+
+    def decode(self, ids) -> str:
+        raise NotImplementedError
+
+    def count_unknown(self, text: str) -> int:
+        """How many characters of `text` are outside the vocabulary (0 unless char-level)."""
+        return 0
 
     def _saved_fields(self) -> dict:
         return {}
 
+    def to_dict(self) -> dict:
+        """{"type": kind, ...fields}: what tokenizer.json and a token directory's meta.json
+        hold; `tokenizer_from_dict` rebuilds the tokenizer from it."""
+        return {"type": self.kind, **self._saved_fields()}
+
     def save_pretrained(self, directory: str | Path) -> None:
-        """Write tokenizer.json ({"type": kind, ...}) into `directory` (created if missing)."""
+        """Write tokenizer.json (`to_dict()`) into `directory` (created if missing)."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        write_json(directory / TOKENIZER_NAME, {"type": self.kind, **self._saved_fields()})
+        write_json(directory / TOKENIZER_NAME, self.to_dict())
 
     @classmethod
     def from_pretrained(cls, directory: str | Path):
@@ -65,19 +112,29 @@ class _Saved:
         return tok
 
 
-class CharTokenizer(_Saved):
+def _check_unknown_mode(unknown: str) -> None:
+    if unknown not in ("error", "unk"):
+        raise ValueError(f"unknown must be 'error' or 'unk', got {unknown!r}")
+
+
+class CharTokenizer(Tokenizer):
     """Character-level tokenizer.
 
     Args:
         chars: the vocabulary, one distinct single character per id.
+        unk_token: None (no unknown token: text with characters outside the vocabulary cannot
+            be encoded) or one of `chars`, the token that encode(text, unknown="unk") gives
+            every unknown character. Saved in tokenizer.json; files written before it existed
+            load with None.
 
     Raises:
-        ValueError: chars is empty, holds duplicates or strings that are not one character.
+        ValueError: chars is empty, holds duplicates or strings that are not one character, or
+            unk_token is not one of them.
     """
 
     kind = "char"
 
-    def __init__(self, chars: list[str] | str):
+    def __init__(self, chars: list[str] | str, unk_token: str | None = None):
         chars = list(chars)
         if not chars:
             raise ValueError("a CharTokenizer needs at least one character")
@@ -88,37 +145,79 @@ class CharTokenizer(_Saved):
             raise ValueError("vocabulary has duplicate characters")
         self.chars = chars
         self.stoi = {c: i for i, c in enumerate(chars)}
+        if unk_token is not None and unk_token not in self.stoi:
+            raise ValueError(f"unk_token {unk_token!r} is not in the vocabulary")
+        self.unk_token = unk_token
 
     @classmethod
-    def from_text(cls, text: str) -> "CharTokenizer":
-        """The vocabulary of `text`: its distinct characters in code-point order."""
-        if not text:
+    def from_text(cls, text: str | Iterable[str], unk_token: str | None = None
+                  ) -> "CharTokenizer":
+        """The vocabulary of `text` (a string, or an iterable of string chunks read in turn):
+        its distinct characters in code-point order.
+
+        unk_token: None (the default, the seed notebook's vocabulary), or a character to use as
+            the explicit unknown token (e.g. DEFAULT_UNK_TOKEN, U+FFFD). It is appended after
+            the sorted characters, so every character of the text keeps the id it has without
+            it (id vocab_size - 1 is the unknown); if the text already holds that character it
+            keeps its sorted place and doubles as the unknown token.
+
+        Raises:
+            ValueError: the text is empty.
+        """
+        seen: set[str] = set()
+        for chunk in [text] if isinstance(text, str) else text:
+            seen.update(chunk)
+        if not seen:
             raise ValueError("cannot build a character vocabulary from empty text")
-        return cls(sorted(set(text)))
+        chars = sorted(seen)
+        if unk_token is not None and unk_token not in seen:
+            chars.append(unk_token)
+        return cls(chars, unk_token)
 
     @property
     def vocab_size(self) -> int:
         return len(self.chars)
 
-    def encode(self, text: str) -> list[int]:
+    @property
+    def unk_id(self) -> int | None:
+        """The id of unk_token (None without one)."""
+        return None if self.unk_token is None else self.stoi[self.unk_token]
+
+    def encode(self, text: str, unknown: str = "error") -> list[int]:
         """Token ids of `text`, one per character.
 
+        Args:
+            unknown: "error" (the default) or "unk": map characters outside the vocabulary to
+                unk_id (count them with `count_unknown`).
+
         Raises:
-            UnknownCharacterError (a ValueError): naming every unknown character and the
-                position where it first occurs.
+            UnknownCharacterError (a ValueError): unknown="error" (or "unk" without an
+                unk_token) and the text has characters outside the vocabulary; it names each
+                of them and the position where it first occurs.
         """
+        _check_unknown_mode(unknown)
         stoi = self.stoi
         try:
             return [stoi[c] for c in text]
         except KeyError:
+            if unknown == "unk" and self.unk_token is not None:
+                unk = self.stoi[self.unk_token]
+                return [stoi.get(c, unk) for c in text]
             seen: dict[str, int] = {}
             for i, c in enumerate(text):
                 if c not in stoi and c not in seen:
                     seen[c] = i
-            raise UnknownCharacterError(list(seen.items())) from None
+            hint = ("this character vocabulary has no unknown token to map them to (it was "
+                    "built without unk_token); remove them from the text or use a model "
+                    "whose vocabulary has one" if unknown == "unk" else "")
+            raise UnknownCharacterError(list(seen.items()), hint) from None
+
+    def count_unknown(self, text: str) -> int:
+        stoi = self.stoi
+        return sum(1 for c in text if c not in stoi)
 
     def decode(self, ids) -> str:
-        """Text of token ids (a list or a 1-D tensor of ints).
+        """Text of token ids (a list or a 1-D tensor of ints); unk_id decodes to unk_token.
 
         Raises:
             ValueError: an id is outside [0, vocab_size).
@@ -131,13 +230,48 @@ class CharTokenizer(_Saved):
         return "".join(self.chars[i] for i in ids)
 
     def _saved_fields(self) -> dict:
-        return {"chars": self.chars}
+        return {"chars": self.chars, "unk_token": self.unk_token}
 
     def __repr__(self) -> str:
-        return f"CharTokenizer(vocab_size={self.vocab_size})"
+        return f"CharTokenizer(vocab_size={self.vocab_size}, unk_token={self.unk_token!r})"
 
 
-class GPT2Tokenizer(_Saved):
+class ByteTokenizer(Tokenizer):
+    """Byte-level tokenizer: 256 ids, id b is the byte b of the text's UTF-8 encoding.
+
+    Every string encodes (there are no unknown characters); a character takes 1-4 ids.
+    decode(ids) decodes the bytes as UTF-8 with errors="replace": a sequence that is not valid
+    UTF-8 (e.g. a sample cut in the middle of a character) becomes U+FFFD instead of raising.
+    """
+
+    kind = "byte"
+
+    @property
+    def vocab_size(self) -> int:
+        return 256
+
+    def encode(self, text: str, unknown: str = "error") -> list[int]:
+        """The UTF-8 bytes of `text` as ints in [0, 256) (`unknown` is accepted and unused)."""
+        _check_unknown_mode(unknown)
+        return list(text.encode("utf-8"))
+
+    def decode(self, ids) -> str:
+        """Text of byte ids; invalid UTF-8 becomes U+FFFD (errors="replace").
+
+        Raises:
+            ValueError: an id is outside [0, 256).
+        """
+        ids = [int(i) for i in ids]
+        bad = [i for i in ids if not 0 <= i < 256]
+        if bad:
+            raise ValueError(f"token ids {bad[:5]} are outside [0, 256) for the byte tokenizer")
+        return bytes(ids).decode("utf-8", errors="replace")
+
+    def __repr__(self) -> str:
+        return "ByteTokenizer(vocab_size=256)"
+
+
+class GPT2Tokenizer(Tokenizer):
     """GPT-2's byte-level BPE (Radford et al. 2019), through tiktoken.
 
     Args:
@@ -177,8 +311,9 @@ class GPT2Tokenizer(_Saved):
     def vocab_size(self) -> int:
         return self.encoding.n_vocab
 
-    def encode(self, text: str) -> list[int]:
-        """Token ids of `text` (ints in [0, 50257))."""
+    def encode(self, text: str, unknown: str = "error") -> list[int]:
+        """Token ids of `text` (ints in [0, 50257); `unknown` is accepted and unused)."""
+        _check_unknown_mode(unknown)
         return self.encoding.encode(text, allowed_special={"<|endoftext|>"})
 
     def decode(self, ids) -> str:
@@ -197,18 +332,51 @@ class GPT2Tokenizer(_Saved):
         return "GPT2Tokenizer(vocab_size=50257)"
 
 
-def load_tokenizer(directory: str | Path) -> CharTokenizer | GPT2Tokenizer:
-    """Load the tokenizer saved in a run directory (tokenizer.json).
+def tokenizer_from_dict(data, source: str = "tokenizer") -> Tokenizer:
+    """The tokenizer described by `to_dict()`'s output ({"type": "char", "chars": [...],
+    "unk_token": ...} | {"type": "byte"} | {"type": "gpt2"}).
+
+    Raises:
+        ValueError: an unknown type or malformed fields (the message names `source`).
+    """
+    kind = data.get("type") if isinstance(data, dict) else None
+    if kind == "char" and isinstance(data.get("chars"), list):
+        return CharTokenizer(data["chars"], data.get("unk_token"))
+    if kind == "byte":
+        return ByteTokenizer()
+    if kind == "gpt2":
+        return GPT2Tokenizer()
+    raise ValueError(f"{source}: unknown or malformed tokenizer (type {kind!r})")
+
+
+def load_tokenizer(directory: str | Path) -> Tokenizer:
+    """Load the tokenizer saved in a directory (tokenizer.json): char, byte or gpt2.
 
     Raises:
         FileNotFoundError: no tokenizer.json in `directory`.
         ValueError: the file names an unknown tokenizer type or is malformed.
     """
-    data = read_json(Path(directory) / TOKENIZER_NAME)
-    kind = data.get("type") if isinstance(data, dict) else None
-    if kind == "char" and isinstance(data.get("chars"), list):
-        return CharTokenizer(data["chars"])
+    path = Path(directory) / TOKENIZER_NAME
+    return tokenizer_from_dict(read_json(path), str(path))
+
+
+def make_tokenizer(kind: str, text: str | Iterable[str] | None = None,
+                   unk_token: str | None = DEFAULT_UNK_TOKEN) -> Tokenizer:
+    """A new tokenizer of `kind` ("char" | "byte" | "gpt2").
+
+    text: the corpus (a string or an iterable of chunks) a "char" vocabulary is built from;
+        unused by the others. unk_token: the char vocabulary's unknown token (default U+FFFD,
+        appended after the corpus's characters; None for none), see `CharTokenizer.from_text`.
+
+    Raises:
+        ValueError: an unknown kind, or "char" without text.
+    """
+    if kind == "char":
+        if text is None:
+            raise ValueError("a char tokenizer is built from text; pass text")
+        return CharTokenizer.from_text(text, unk_token)
+    if kind == "byte":
+        return ByteTokenizer()
     if kind == "gpt2":
         return GPT2Tokenizer()
-    raise ValueError(f"{Path(directory) / TOKENIZER_NAME}: unknown or malformed tokenizer "
-                     f"(type {kind!r})")
+    raise ValueError(f"unknown tokenizer kind {kind!r}; use one of {list(TOKENIZER_KINDS)}")

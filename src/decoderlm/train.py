@@ -29,9 +29,9 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_state
 from .checkpoint import (atomic_write, latest_checkpoint, list_checkpoints, load_model,
                          load_trainer_state, read_json, save_checkpoint)
 from .config import ModelConfig, TrainConfig, get_preset
-from .data import SEED_CROP_CHARS, check_split, load_text, split_ids, windows
+from .data import SEED_CROP_CHARS, check_split, is_token_dir, load_text, split_ids, windows
 from .model import DecoderLM
-from .tokenizers import CharTokenizer, load_tokenizer
+from .tokenizers import DEFAULT_UNK_TOKEN, CharTokenizer, load_tokenizer
 
 __all__ = ["train", "lr_at", "evaluate", "configure_optimizer", "run_experiment", "TrainResult",
            "RunSummary", "DistInfo", "init_distributed", "load_corpus", "LN2"]
@@ -463,15 +463,12 @@ def _data_spec(data, dataset, max_chars, val_fraction) -> dict:
     """Where a run's corpus comes from, as stored in config.json["data_spec"] (read back by
     `--resume` and `decoderlm eval --split`)."""
     if max_chars is None and (dataset is not None or (data is not None and Path(data).is_dir()
-                                                      and not _is_token_dir(data))):
+                                                      and not is_token_dir(data))):
         max_chars = SEED_CROP_CHARS
-    token_dir = str(data) if data is not None and _is_token_dir(data) else None
-    return {"path": None if data is None else str(data), "dataset": dataset,
+    path = None if data is None else str(Path(data).resolve())
+    token_dir = path if data is not None and is_token_dir(data) else None
+    return {"path": path, "dataset": dataset,
             "max_chars": max_chars or None, "token_dir": token_dir, "val_fraction": val_fraction}
-
-
-def _is_token_dir(path) -> bool:
-    return (Path(path) / "meta.json").is_file()
 
 
 def load_corpus(spec: dict, tokenizer=None):
@@ -488,7 +485,8 @@ def load_corpus(spec: dict, tokenizer=None):
         return (tokens.tokenizer, tokens.train, tokens.val,
                 f"{spec['token_dir']} (prepared {type(tokens.tokenizer).__name__} tokens)")
     text, source = load_text(spec["path"], spec["max_chars"], spec["dataset"])
-    tokenizer = tokenizer if tokenizer is not None else CharTokenizer.from_text(text)
+    if tokenizer is None:  # with an explicit unknown id, for evaluation on unseen text
+        tokenizer = CharTokenizer.from_text(text, unk_token=DEFAULT_UNK_TOKEN)
     ids = torch.tensor(tokenizer.encode(text), dtype=torch.long)
     train_ids, val_ids = split_ids(ids, spec["val_fraction"])
     return tokenizer, train_ids, val_ids, f"{source}: {len(text):,} characters"
@@ -565,7 +563,7 @@ def run_experiment(preset: str | None = None, data: str | Path | None = None,
         preset, spec = saved.get("preset"), saved.get("data_spec")
         if not isinstance(spec, dict):
             raise ValueError(f"{checkpoint / 'config.json'} has no data_spec entry")
-        given = {k: v for k, v in (("path", None if data is None else str(data)),
+        given = {k: v for k, v in (("path", None if data is None else str(Path(data).resolve())),
                                    ("dataset", dataset), ("max_chars", max_chars)) if v is not None}
         _check_same("data", spec, given)
         _check_same("model config", saved["model"], model_overrides)

@@ -1,0 +1,150 @@
+"""Score a trained run on a whole split or a text (`decoderlm eval`).
+
+The loss is `train.evaluate`'s: the mean next-token cross-entropy over every non-overlapping
+block_size window of the ids (windows start at 0, T, 2T, ...; deterministic, no dropout), so
+the tokens scored are the n_windows * T targets 1 .. n_windows * T; the few tokens after the
+last full window are not scored, and the report says how many were.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+
+from .checkpoint import CONFIG_NAME, read_json
+from .data import is_token_dir, load_text, load_token_dir, split_ids
+from .prepare import encode_source, source_files
+from .tokenizers import CharTokenizer, Tokenizer, load_tokenizer
+
+__all__ = ["check_vocab", "evaluate_run", "format_report"]
+
+LN2 = math.log(2.0)
+
+
+def check_vocab(tokenizer: Tokenizer, model, source) -> None:
+    """ValueError unless the tokenizer has the model's vocab_size ids (they belong together)."""
+    if tokenizer.vocab_size != model.config.vocab_size:
+        raise ValueError(f"the tokenizer of {source} has {tokenizer.vocab_size} tokens but the "
+                         f"model expects vocab_size={model.config.vocab_size}")
+
+
+def _encode_text_files(tokenizer: Tokenizer, data: Path) -> tuple[np.ndarray, int]:
+    """All ids of the text file(s) at `data`, unknown characters mapped to the unk id."""
+    parts, n_unknown = [], 0
+    for path in source_files([data]):
+        try:
+            ids, n = encode_source(tokenizer, path, unknown="unk")
+        except ValueError as e:
+            raise ValueError(f"{path}: {e}") from None
+        parts.append(ids)
+        n_unknown += n
+    return np.concatenate(parts), n_unknown
+
+
+def _ids_of_data_spec(run: Path, tokenizer: Tokenizer, split: str
+                      ) -> tuple[np.ndarray, int, str]:
+    config = read_json(run / CONFIG_NAME)
+    spec = config.get("data_spec") if isinstance(config, dict) else None
+    if not isinstance(spec, dict):  # a user-facing file problem: ValueError, as elsewhere
+        raise ValueError(  # noqa: TRY004
+            f"{run / CONFIG_NAME} does not record the run's data (no 'data_spec', written by "
+            f"runs of this version on); pass --data PATH to evaluate on a text file or a "
+            f"prepared token directory")
+    if spec.get("token_dir"):
+        return _ids_of_token_dir(Path(spec["token_dir"]), tokenizer, split)
+    text, source = load_text(spec.get("path"), spec.get("max_chars"), spec.get("dataset"))
+    ids, n_unknown = encode_source(tokenizer, text, unknown="unk")
+    train_ids, val_ids = split_ids(ids, float(spec["val_fraction"]))
+    return (val_ids if split == "val" else train_ids), n_unknown, source
+
+
+def _ids_of_token_dir(path: Path, tokenizer: Tokenizer, split: str
+                      ) -> tuple[np.ndarray, int, str]:
+    tokens = load_token_dir(path)
+    if tokens.tokenizer.to_dict() != tokenizer.to_dict():
+        raise ValueError(f"{path} was prepared with another tokenizer ({tokens.tokenizer!r}) "
+                         f"than the run's ({tokenizer!r}); its ids mean other tokens. Pass the "
+                         f"text file to encode it with the run's tokenizer")
+    return tokens.split(split), int(tokens.meta.get("unknown_characters", 0)), str(path)
+
+
+def evaluate_run(run: str | Path, data: str | Path | None = None, split: str | None = None,
+                 device: str = "cpu", batch_size: int = 32) -> dict:
+    """Loss of the model in run directory `run` on a whole split or text.
+
+    Args:
+        run: a run directory (model.safetensors, config.json, tokenizer.json).
+        data: None (the run's own data, from config.json's "data_spec"); a prepared token
+            directory (its `split`, default "val"; it must use the run's tokenizer); or a text
+            file / directory of text files (all of it), encoded with the run's tokenizer, with
+            characters outside a char vocabulary mapped to its unknown token and counted.
+        split: "val" (default) or "train"; not for a text file.
+        device: where the model runs. batch_size: windows per forward pass.
+
+    Returns:
+        A dict: run, data (where the ids came from), split, tokenizer (kind), nats_per_token,
+        bits_per_token, bits_per_char (char tokenizer) or bits_per_byte (byte tokenizer),
+        perplexity (exp(nats_per_token)), tokens (in the split or text), tokens_scored,
+        windows, block_size, unknown_characters, unk_token (char tokenizer).
+
+    Raises:
+        FileNotFoundError / ValueError: missing or damaged files; a run without data_spec and
+            no `data`; a text with unknown characters and a char vocabulary without an unknown
+            token; ids shorter than block_size + 1.
+    """
+    from .model import DecoderLM
+    from .train import evaluate
+
+    run = Path(run)
+    if split not in (None, "val", "train"):
+        raise ValueError(f"unknown split {split!r}; use 'val' or 'train'")
+    model = DecoderLM.from_pretrained(run, map_location=device)
+    tokenizer = load_tokenizer(run)
+    check_vocab(tokenizer, model, run)
+    if data is None:
+        split = split or "val"
+        ids, n_unknown, source = _ids_of_data_spec(run, tokenizer, split)
+    elif is_token_dir(data):
+        split = split or "val"
+        ids, n_unknown, source = _ids_of_token_dir(Path(data), tokenizer, split)
+    elif split is not None:
+        raise ValueError(f"--split chooses a split of the run's data or of a prepared token "
+                         f"directory; {data} is text, which is scored whole")
+    else:
+        (ids, n_unknown), source = _encode_text_files(tokenizer, Path(data)), str(data)
+    T = model.config.block_size
+    nats = evaluate(model, ids, None, batch_size)  # checks len(ids) > block_size
+    n_windows = (len(ids) - 1) // T
+    report = {"run": str(run), "data": source, "split": split, "tokenizer": tokenizer.kind,
+              "nats_per_token": nats, "bits_per_token": nats / LN2,
+              "perplexity": math.exp(nats), "tokens": len(ids),
+              "tokens_scored": n_windows * T, "windows": n_windows, "block_size": T,
+              "unknown_characters": n_unknown}
+    if tokenizer.kind in ("char", "byte"):
+        report[f"bits_per_{tokenizer.kind}"] = nats / LN2
+    if isinstance(tokenizer, CharTokenizer):
+        report["unk_token"] = tokenizer.unk_token
+    return report
+
+
+def format_report(report: dict) -> str:
+    """The report of `evaluate_run` as a few lines of text."""
+    where = report["data"] + (f" [split: {report['split']}]" if report["split"] else "")
+    unit = {"char": "bits/char", "byte": "bits/byte"}.get(report["tokenizer"], "bits/token")
+    lines = [
+        f"data: {where}",
+        (f"scored {report['tokens_scored']:,} tokens of {report['tokens']:,} "
+         f"({report['windows']:,} non-overlapping windows of block_size "
+         f"{report['block_size']}; the first token and the "
+         f"{report['tokens'] - 1 - report['tokens_scored']:,} after the last full window are "
+         f"not predicted)"),
+        (f"loss {report['nats_per_token']:.4f} nats/token = {report['bits_per_token']:.4f} "
+         f"{unit}, perplexity {report['perplexity']:.3f}"),
+    ]
+    if report["tokenizer"] == "char":
+        unk = report.get("unk_token")
+        mapped = f" (mapped to the unknown token {unk!r})" if unk is not None else ""
+        lines.append(f"unknown characters: {report['unknown_characters']:,}{mapped}")
+    return "\n".join(lines)

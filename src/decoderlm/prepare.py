@@ -1,0 +1,285 @@
+"""Prepare a corpus as token files (`decoderlm prepare`), and stream-encode text files.
+
+A prepared token directory holds
+
+    train.bin   the first 1 - val_fraction of the token stream (n_train = int((1 - f) * N), the
+                rule of `data.split_ids`, i.e. the seed experiment's 90/10 split)
+    val.bin     the rest: the last val_fraction of the stream
+    meta.json   tokenizer ({"type": kind, ...its fields}), vocab_size, dtype, tokens {"train",
+                "val"}, val_fraction, sources (path, bytes, sha256 of each file), and
+                unknown_characters (always 0 here: a char vocabulary is built from the corpus)
+
+The .bin files are raw little-endian np.uint16 (vocab_size <= 65,536) or np.uint32, without a
+header; `data.load_token_dir` opens them as read-only np.memmap arrays. The text is read and
+encoded in chunks (never the whole corpus as one string); GPT-2 BPE chunks are cut only between
+a non-space character and a space or newline, where no BPE pre-token can span the cut, so the
+ids equal those of encoding the whole text at once. Several files are encoded one after the
+other (a file boundary is a token boundary). The directory is built under a temporary name
+beside DIR and renamed into place at the end: a failed prepare leaves no half-written DIR.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import tempfile
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import numpy as np
+
+from .checkpoint import write_json
+from .data import (
+    META_NAME,
+    WIKITEXT_FILES,
+    _load_hf_wikitext,
+    is_token_dir,
+    iter_text_chunks,
+)
+from .tokenizers import (
+    DEFAULT_UNK_TOKEN,
+    TOKENIZER_KINDS,
+    CharTokenizer,
+    GPT2Tokenizer,
+    Tokenizer,
+    UnknownCharacterError,
+    make_tokenizer,
+)
+
+__all__ = [
+    "CHUNK_BYTES",
+    "encode_source",
+    "iter_token_chunks",
+    "prepare",
+    "source_files",
+    "token_dtype",
+]
+
+CHUNK_BYTES = 1 << 20
+_NOT_UTF8_HINT = ("convert it to UTF-8, or prepare it with --tokenizer byte, which takes any "
+                  "bytes")
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    """np.uint16 when every id fits (vocab_size <= 65,536), else np.uint32 (little-endian)."""
+    return np.dtype("<u2") if vocab_size <= 1 << 16 else np.dtype("<u4")
+
+
+def source_files(paths: Iterable[str | Path]) -> list[Path]:
+    """The text files named by `paths`, in order. A file is itself; a directory holding the
+    original WikiText files gives its wiki.train.raw only (as `data.load_text` does); any
+    other directory gives its *.txt files in name order.
+
+    Raises:
+        FileNotFoundError: a path does not exist, or a directory has no text files.
+        ValueError: a path is neither a file nor a directory, or a file is empty.
+    """
+    files: list[Path] = []
+    for path in map(Path, paths):
+        if path.is_dir():
+            wiki = path / WIKITEXT_FILES[0]
+            found = [wiki] if wiki.is_file() else sorted(p for p in path.glob("*.txt")
+                                                         if p.is_file())
+            if not found:
+                raise FileNotFoundError(f"directory {path} has no *.txt files and no "
+                                        f"{WIKITEXT_FILES[0]}")
+            files += found
+        elif not path.exists():
+            raise FileNotFoundError(f"data file {path} not found")
+        elif not path.is_file():
+            raise ValueError(f"{path} is not a regular file; pass a UTF-8 text file")
+        else:
+            files.append(path)
+    for path in files:
+        if path.stat().st_size == 0:
+            raise ValueError(f"{path} is empty")
+    return files
+
+
+def _text_chunks(source: Path | str, chunk_bytes: int) -> Iterator[str]:
+    """Chunks of a file's text, or of a text given as a string."""
+    if isinstance(source, Path):
+        yield from iter_text_chunks(source, chunk_bytes, _NOT_UTF8_HINT)
+    else:
+        for i in range(0, len(source), chunk_bytes):
+            yield source[i:i + chunk_bytes]
+
+
+def _bpe_cut(text: str) -> int:
+    """The last index i where text[i - 1] is not whitespace and text[i] is " " or "\\n" (0 if
+    none). No GPT-2 pre-token holds a non-space character followed by a space, and the pattern
+    has no look-behind, so encoding text[:i] and text[i:] apart gives the ids of text."""
+    end = len(text)
+    while True:
+        i = max(text.rfind(" ", 0, end), text.rfind("\n", 0, end))
+        if i <= 0:
+            return 0
+        if not text[i - 1].isspace():
+            return i
+        end = i
+
+
+def iter_token_chunks(tokenizer: Tokenizer, source: Path | str, unknown: str = "error",
+                      chunk_bytes: int = CHUNK_BYTES) -> Iterator[tuple[np.ndarray, int]]:
+    """Encode one source (a file, or a text string) piece by piece.
+
+    Yields (ids, n_unknown): ids a 1-D integer array (int64; uint8 for a ByteTokenizer reading
+    a file, whose bytes are taken as they are, without newline translation); n_unknown the
+    count of characters in the piece outside a char vocabulary (mapped to its unk_id when
+    unknown="unk"). The concatenated ids equal tokenizer.encode(whole text).
+
+    Raises:
+        ValueError: a file is not UTF-8 (char and gpt2), with the byte offset.
+        UnknownCharacterError: characters outside the vocabulary and unknown="error" (or no
+            unk_token); positions count from the start of the source.
+    """
+    if tokenizer.kind == "byte" and isinstance(source, Path):
+        with open(source, "rb") as f:
+            while data := f.read(chunk_bytes):
+                yield np.frombuffer(data, dtype=np.uint8), 0
+        return
+    is_bpe, is_char = isinstance(tokenizer, GPT2Tokenizer), isinstance(tokenizer, CharTokenizer)
+    carry, position = "", 0
+    for chunk in [*_text_chunks(source, chunk_bytes), None]:
+        if chunk is None:
+            piece, carry = carry, ""
+        else:
+            text = carry + chunk
+            cut = _bpe_cut(text) if is_bpe else len(text)
+            piece, carry = text[:cut], text[cut:]
+        if not piece:
+            continue
+        try:
+            ids = tokenizer.encode(piece, unknown)
+        except UnknownCharacterError as e:
+            hint = str(e).split("; ", 1)[1]
+            raise UnknownCharacterError([(c, i + position) for c, i in e.unknown], hint) from None
+        n_unknown = tokenizer.count_unknown(piece) if is_char and unknown == "unk" else 0
+        position += len(piece)
+        yield np.asarray(ids, dtype=np.int64), n_unknown
+
+
+def encode_source(tokenizer: Tokenizer, source: Path | str, unknown: str = "error",
+                  chunk_bytes: int = CHUNK_BYTES) -> tuple[np.ndarray, int]:
+    """(ids, n_unknown) of a whole source, ids [N] in `token_dtype(tokenizer.vocab_size)`;
+    see `iter_token_chunks`."""
+    dtype = token_dtype(tokenizer.vocab_size)
+    parts, n_unknown = [np.empty(0, dtype)], 0
+    for ids, n in iter_token_chunks(tokenizer, source, unknown, chunk_bytes):
+        parts.append(ids.astype(dtype))
+        n_unknown += n
+    return np.concatenate(parts), n_unknown
+
+
+def _file_info(path: Path) -> dict:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while data := f.read(CHUNK_BYTES):
+            digest.update(data)
+    return {"path": str(path.resolve()), "bytes": path.stat().st_size,
+            "sha256": digest.hexdigest()}
+
+
+def _check_out(out: Path, overwrite: bool) -> None:
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} is a file, not a directory")
+    if out.exists():
+        if not overwrite:
+            raise ValueError(f"{out} already exists; pass --overwrite to replace it or choose "
+                             f"another --out")
+        if any(out.iterdir()) and not is_token_dir(out):
+            raise ValueError(f"{out} is not a prepared token directory (no meta.json, "
+                             f"train.bin, val.bin); refusing to replace it, choose another --out")
+
+
+def prepare(data: Iterable[str | Path] | None, tokenizer: str, out: str | Path,
+            val_fraction: float = 0.1, overwrite: bool = False, dataset: str | None = None,
+            chunk_bytes: int = CHUNK_BYTES, log=print) -> dict:
+    """Tokenize text files into a token directory `out` (see the module docstring).
+
+    Args:
+        data: text files and directories (see `source_files`); or None with `dataset`.
+        tokenizer: "char" (vocabulary of the corpus's characters, found in a first streaming
+            pass, plus the unknown token U+FFFD appended after them), "byte" or "gpt2".
+        out: the directory to create.
+        val_fraction: the last val_fraction of the token stream becomes val.bin, in [0, 1).
+        overwrite: replace an existing token directory `out`.
+        dataset: a `wikitext` configuration (e.g. "wikitext-2-raw-v1") read through the
+            optional Hugging Face `datasets` package instead of files (held in memory).
+        chunk_bytes: bytes read (characters, for `dataset`) per chunk.
+
+    Returns:
+        meta, the dict written to meta.json.
+
+    Raises:
+        FileNotFoundError / ValueError: a missing or empty file, a file that is not UTF-8
+            (the byte offset; char and gpt2), a bad tokenizer or val_fraction, `out` a file or
+            already there without `overwrite`, a corpus too short for a train split.
+        RuntimeError: `dataset` without the `datasets` package.
+    """
+    if tokenizer not in TOKENIZER_KINDS:
+        raise ValueError(f"unknown tokenizer {tokenizer!r}; use one of {list(TOKENIZER_KINDS)}")
+    if not 0.0 <= val_fraction < 1.0:
+        raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
+    if (dataset is None) == (not data):
+        raise ValueError("give data paths or a dataset name (one of the two)")
+    out = Path(out)
+    _check_out(out, overwrite)
+    if dataset is not None:
+        sources: list[Path | str] = [_load_hf_wikitext(dataset)]
+        infos = [{"dataset": f"wikitext/{dataset}", "split": "train"}]
+    else:
+        sources = list(source_files(data))
+        infos = [_file_info(p) for p in sources]
+
+    def all_text():
+        for source in sources:
+            yield from _text_chunks(source, chunk_bytes)
+
+    tok = make_tokenizer(tokenizer, all_text() if tokenizer == "char" else None,
+                         DEFAULT_UNK_TOKEN)
+    dtype = token_dtype(tok.vocab_size)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    stage = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".partial"))
+    try:
+        n_total = 0
+        with open(stage / "train.bin", "wb") as f:  # the whole stream first, then split
+            for source in sources:
+                for ids, _ in iter_token_chunks(tok, source, "error", chunk_bytes):
+                    f.write(ids.astype(dtype).tobytes())
+                    n_total += len(ids)
+            n_train = int((1.0 - val_fraction) * n_total)  # as data.split_ids
+            if n_train == 0:
+                raise ValueError(f"the corpus has {n_total} tokens: too few for a train split "
+                                 f"with val_fraction {val_fraction}")
+            f.flush()
+        with open(stage / "train.bin", "r+b") as f, open(stage / "val.bin", "wb") as g:
+            f.seek(n_train * dtype.itemsize)
+            shutil.copyfileobj(f, g)
+            f.truncate(n_train * dtype.itemsize)
+            os.fsync(f.fileno())
+            os.fsync(g.fileno())
+        meta = {"format": "decoderlm-tokens", "version": 1, "tokenizer": tok.to_dict(),
+                "vocab_size": tok.vocab_size, "dtype": dtype.name, "byte_order": "little",
+                "tokens": {"train": n_train, "val": n_total - n_train},
+                "val_fraction": val_fraction,
+                "split": "train.bin = the first int((1 - val_fraction) * N) tokens of the "
+                         "stream, val.bin = the rest",
+                "sources": infos, "unknown_characters": 0,
+                "newlines": "as in the files" if tokenizer == "byte" else
+                            "universal: \\r\\n and \\r read as \\n"}
+        write_json(stage / META_NAME, meta)
+        if out.exists():
+            old = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".old"))
+            os.replace(out, old / "dir")
+            os.replace(stage, out)
+            shutil.rmtree(old)
+        else:
+            os.replace(stage, out)
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
+    log(f"wrote {out}/: {n_train:,} train + {n_total - n_train:,} val tokens ({tok.kind}, "
+        f"vocab_size {tok.vocab_size}, {dtype.name}) from {len(sources)} source(s)")
+    return meta

@@ -1,0 +1,493 @@
+"""Tokenizers behind one interface, `decoderlm prepare`, token directories, `decoderlm eval`."""
+
+import json
+import math
+import random
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import tiny_model
+
+import decoderlm.train as train_module
+from decoderlm import (
+    ByteTokenizer,
+    CharTokenizer,
+    DecoderLM,
+    UnknownCharacterError,
+    load_tokenizer,
+)
+from decoderlm.cli import main
+from decoderlm.data import (
+    EMBEDDED_CORPUS,
+    get_batch,
+    is_token_dir,
+    iter_text_chunks,
+    load_token_dir,
+    windows,
+)
+from decoderlm.evaluation import evaluate_run
+from decoderlm.prepare import encode_source, prepare, token_dtype
+from decoderlm.tokenizers import DEFAULT_UNK_TOKEN, GPT2Tokenizer, make_tokenizer
+from decoderlm.train import evaluate, run_experiment
+
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
+SHAKESPEARE = SHARED / "tinyshakespeare" / "input.txt"
+WIKI = SHARED / "wikitext-2-raw"
+needs_shared = pytest.mark.skipif(not SHAKESPEARE.is_file() or not (WIKI / "test.txt").is_file(),
+                                  reason=f"the real data files are not in {SHARED}")
+SMALL = {"n_layers": 1, "n_heads": 2, "d_model": 16, "block_size": 32, "dropout": 0.0}
+SMALL_TRAIN = {"max_steps": 4, "batch_size": 8, "eval_interval": 4}
+
+
+def quiet(*args, **kwargs):
+    pass
+
+
+def one_line_error(capsys, argv, *fragments):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("decoderlm: error:") and err.count("\n") == 1, err
+    assert "Traceback" not in err
+    for fragment in fragments:
+        assert fragment in err, err
+    return err
+
+
+# --- tokenizers ---------------------------------------------------------------------------
+
+def test_byte_tokenizer_is_utf8_bytes_and_decodes_with_replacement(tmp_path):
+    tok = ByteTokenizer()
+    text = "naïve — 東京 🙂\n"
+    assert tok.vocab_size == 256 and tok.kind == "byte"
+    assert tok.encode(text) == list(text.encode("utf-8"))
+    assert tok.decode(tok.encode(text)) == text
+    assert tok.decode([0x68, 0xC3]) == "h\ufffd"  # a character cut in half
+    with pytest.raises(ValueError, match="outside"):
+        tok.decode([256])
+    tok.save_pretrained(tmp_path)
+    assert json.loads((tmp_path / "tokenizer.json").read_text()) == {"type": "byte"}
+    assert isinstance(load_tokenizer(tmp_path), ByteTokenizer)
+
+
+def test_char_unknown_token_is_appended_and_optional(tmp_path):
+    plain = CharTokenizer.from_text("hello world\n")
+    tok = CharTokenizer.from_text("hello world\n", unk_token=DEFAULT_UNK_TOKEN)
+    assert tok.chars == plain.chars + ["\ufffd"] and tok.unk_id == plain.vocab_size
+    assert plain.unk_id is None and plain.unk_token is None
+    assert tok.encode("hold") == plain.encode("hold")  # known characters keep their ids
+    with pytest.raises(UnknownCharacterError) as err:
+        tok.encode("help!")  # strict unless asked
+    assert err.value.unknown == [("p", 3), ("!", 4)]
+    assert tok.encode("help!", unknown="unk") == plain.encode("hel") + [tok.unk_id] * 2
+    assert tok.count_unknown("help!p") == 3
+    with pytest.raises(UnknownCharacterError, match="no unknown token"):
+        plain.encode("help", unknown="unk")
+    with pytest.raises(ValueError, match="'error' or 'unk'"):
+        tok.encode("h", unknown="skip")
+    # a text that holds U+FFFD keeps it in its sorted place, as the unknown token
+    inside = CharTokenizer.from_text("b\ufffda", unk_token=DEFAULT_UNK_TOKEN)
+    assert inside.chars == ["a", "b", "\ufffd"] and inside.unk_id == 2
+    with pytest.raises(ValueError, match="not in the vocabulary"):
+        CharTokenizer(["a"], unk_token="b")
+    tok.save_pretrained(tmp_path)
+    again = load_tokenizer(tmp_path)
+    assert again.chars == tok.chars and again.unk_token == "\ufffd"
+    # tokenizer.json written before unk_token existed
+    (tmp_path / "tokenizer.json").write_text(json.dumps({"type": "char", "chars": ["a", "b"]}))
+    assert load_tokenizer(tmp_path).unk_token is None
+
+
+def test_make_tokenizer_kinds():
+    assert make_tokenizer("char", iter(["ba", "c"])).chars == ["a", "b", "c", "\ufffd"]
+    assert make_tokenizer("char", "ba", unk_token=None).chars == ["a", "b"]
+    assert make_tokenizer("byte").vocab_size == 256
+    assert make_tokenizer("gpt2").encode("Hello world") == [15496, 995]
+    with pytest.raises(ValueError, match="unknown tokenizer kind"):
+        make_tokenizer("wordpiece")
+    with pytest.raises(ValueError, match="pass text"):
+        make_tokenizer("char")
+    assert token_dtype(65_536) == np.uint16 and token_dtype(65_537) == np.uint32
+
+
+# --- streaming text and BPE chunks ----------------------------------------------------------
+
+def test_text_chunks_split_characters_and_newlines_like_read_text(tmp_path):
+    path = tmp_path / "t.txt"
+    path.write_bytes("añ東🙂\r\nx\ry\r\n".encode() * 50)
+    for chunk_bytes in (1, 2, 3, 7, 1 << 20):
+        chunks = list(iter_text_chunks(path, chunk_bytes))
+        assert "".join(chunks) == path.read_text(encoding="utf-8")  # CRLF, CR -> LF too
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes("é".encode() * 500 + b"\xff" + b"tail")
+    for chunk_bytes in (7, 64, 1 << 20):
+        with pytest.raises(ValueError, match="invalid byte at offset 1000"):
+            list(iter_text_chunks(bad, chunk_bytes))
+    cut = tmp_path / "cut.txt"
+    cut.write_bytes(b"abc" + "東".encode()[:2])  # a character cut off at the end
+    with pytest.raises(ValueError, match="offset 3"):
+        list(iter_text_chunks(cut, 2))
+
+
+def test_bpe_chunks_are_cut_where_the_ids_do_not_change(tmp_path):
+    rng = random.Random(0)
+    atoms = ["a", "word", " ", "  ", "\n", "\n\n", " \n ", "\t", "\u00a0", "\u3000", "7", "42",
+             "'s", "'ll", "!", "?!", "é", "東京", "🙂", "<|endoftext|>", "\r\n"]
+    text = "".join(rng.choice(atoms) for _ in range(6000))
+    path = tmp_path / "adversarial.txt"
+    path.write_text(text, encoding="utf-8", newline="")
+    whole = GPT2Tokenizer().encode(path.read_text(encoding="utf-8"))
+    for chunk_bytes in (5, 17, 64, 1000):
+        ids, _ = encode_source(GPT2Tokenizer(), path, chunk_bytes=chunk_bytes)
+        assert ids.tolist() == whole, chunk_bytes
+
+
+@needs_shared
+def test_prepare_gpt2_on_real_files_equals_tiktoken_on_the_whole_text(tmp_path):
+    import tiktoken
+    from tiktoken.load import data_gym_to_mergeable_bpe_ranks
+    from tiktoken_ext.openai_public import r50k_pat_str
+
+    # the oracle: tiktoken with the independent copy of OpenAI's files in shared/data
+    ranks = data_gym_to_mergeable_bpe_ranks(str(SHARED / "gpt2-bpe" / "vocab.bpe"),
+                                            str(SHARED / "gpt2-bpe" / "encoder.json"))
+    oracle = tiktoken.Encoding("gpt2-oracle", pat_str=r50k_pat_str, mergeable_ranks=ranks,
+                               special_tokens={"<|endoftext|>": 50256})
+    meta = prepare([WIKI], "gpt2", tmp_path / "wiki", chunk_bytes=1 << 16, log=quiet)
+    expected = np.array(oracle.encode(WIKI.joinpath("test.txt").read_text(encoding="utf-8"))
+                        + oracle.encode(WIKI.joinpath("valid.txt").read_text(encoding="utf-8")))
+    tokens = load_token_dir(tmp_path / "wiki")
+    assert np.array_equal(np.concatenate([tokens.train, tokens.val]), expected)
+    n_train = int(0.9 * len(expected))
+    assert meta["tokens"] == {"train": n_train, "val": len(expected) - n_train}
+    assert [Path(s["path"]).name for s in meta["sources"]] == ["test.txt", "valid.txt"]
+    assert [s["bytes"] for s in meta["sources"]] == [1_290_590, 1_146_846]  # SOURCES.md
+    assert meta["dtype"] == "uint16" and meta["vocab_size"] == 50_257
+    assert tokens.train.dtype == np.uint16 and not tokens.train.flags.writeable
+
+
+@needs_shared
+def test_prepare_char_and_byte_on_tiny_shakespeare(tmp_path, capsys):
+    data = SHAKESPEARE.read_bytes()  # pure ASCII: one character per byte
+    n, n_train = 1_115_394, int(0.9 * 1_115_394)
+    assert main(["prepare", "--data", str(SHAKESPEARE), "--tokenizer", "byte", "--out",
+                 str(tmp_path / "byte")]) == 0
+    tokens = load_token_dir(tmp_path / "byte")
+    assert np.array_equal(tokens.train, np.frombuffer(data, np.uint8)[:n_train])
+    assert np.array_equal(tokens.val, np.frombuffer(data, np.uint8)[n_train:])
+
+    assert main(["prepare", "--data", str(SHAKESPEARE), "--tokenizer", "char", "--out",
+                 str(tmp_path / "char"), "--val-fraction", "0.25"]) == 0
+    assert "wrote" in capsys.readouterr().out
+    tokens = load_token_dir(tmp_path / "char")
+    chars = sorted(set(data.decode("ascii")))
+    assert len(chars) == 65 and tokens.tokenizer.chars == chars + ["\ufffd"]
+    lookup = np.zeros(128, np.int64)
+    lookup[[ord(c) for c in chars]] = np.arange(65)
+    expected = lookup[np.frombuffer(data, np.uint8)]
+    n_train = int(0.75 * n)
+    assert np.array_equal(tokens.train, expected[:n_train])
+    assert np.array_equal(tokens.val, expected[n_train:])
+    meta = tokens.meta
+    assert meta["tokens"] == {"train": n_train, "val": n - n_train}
+    assert meta["vocab_size"] == 66 and meta["val_fraction"] == 0.25
+    assert meta["unknown_characters"] == 0 and meta["tokenizer"]["unk_token"] == "\ufffd"
+    assert meta["sources"] == [{"path": str(SHAKESPEARE.resolve()), "bytes": n, "sha256":
+                                "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"}]
+
+
+def test_a_vocabulary_over_65536_ids_is_stored_as_uint32(tmp_path):
+    text = "".join(chr(0x10000 + i) for i in range(70_000))  # 70,000 distinct characters
+    (tmp_path / "big.txt").write_text(text, encoding="utf-8")
+    meta = prepare([tmp_path / "big.txt"], "char", tmp_path / "out", log=quiet)
+    tokens = load_token_dir(tmp_path / "out")
+    assert meta["dtype"] == "uint32" and tokens.train.dtype == np.uint32
+    assert meta["vocab_size"] == 70_001
+    assert np.array_equal(np.concatenate([tokens.train, tokens.val]), np.arange(70_000))
+
+
+# --- failures leave nothing half-written; clear errors --------------------------------------
+
+def test_a_failed_prepare_leaves_no_directory_and_keeps_an_old_one(tmp_path):
+    (tmp_path / "good.txt").write_text("hello world " * 100, encoding="utf-8")
+    (tmp_path / "bad.txt").write_bytes(b"fine text, then \xff")
+    out = tmp_path / "tokens"
+    with pytest.raises(ValueError, match="offset 16"):
+        prepare([tmp_path / "good.txt", tmp_path / "bad.txt"], "gpt2", out, log=quiet)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.txt", "good.txt"]
+    prepare([tmp_path / "good.txt"], "byte", out, log=quiet)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    with pytest.raises(ValueError, match="offset 16"):
+        prepare([tmp_path / "bad.txt"], "char", out, overwrite=True, log=quiet)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.txt", "good.txt", "tokens"]
+    prepare([tmp_path / "good.txt"], "char", out, overwrite=True, log=quiet)
+    assert load_token_dir(out).tokenizer.kind == "char"
+
+
+def test_prepare_user_mistakes_are_one_line_errors(tmp_path, capsys):
+    good, empty, latin1 = tmp_path / "good.txt", tmp_path / "empty.txt", tmp_path / "latin1.txt"
+    good.write_text("some text " * 10, encoding="utf-8")
+    empty.write_text("")
+    latin1.write_bytes("café au lait".encode("latin-1"))
+    out = str(tmp_path / "out")
+    one_line_error(capsys, ["prepare", "--data", str(empty), "--out", out], "is empty")
+    one_line_error(capsys, ["prepare", "--data", str(latin1), "--out", out],
+                   "invalid byte at offset 3", "--tokenizer byte")
+    one_line_error(capsys, ["prepare", "--data", str(tmp_path / "nope.txt"), "--out", out],
+                   "not found")
+    one_line_error(capsys, ["prepare", "--data", str(good), "--out", str(good)], "is a file")
+    one_line_error(capsys, ["prepare", "--data", str(good), "--out", out, "--val-fraction",
+                            "1.5"], "val_fraction must be in [0, 1)")
+    one_line_error(capsys, ["prepare", "--data", str(tmp_path), "--out", out], "is empty")
+    assert not Path(out).exists()
+    assert main(["prepare", "--data", str(latin1), "--tokenizer", "byte", "--out", out]) == 0
+    one_line_error(capsys, ["prepare", "--data", str(good), "--out", out], "--overwrite")
+    (tmp_path / "keep").mkdir()
+    (tmp_path / "keep" / "notes.md").write_text("mine")
+    one_line_error(capsys, ["prepare", "--data", str(good), "--out", str(tmp_path / "keep"),
+                            "--overwrite"], "refusing to replace it")
+    try:
+        import datasets  # noqa: F401
+    except ImportError:  # never the network in tests: only the error of its absence
+        one_line_error(capsys, ["prepare", "--dataset", "wikitext-2-raw-v1", "--out",
+                                out + "2"], "`datasets` package")
+
+
+def test_damaged_token_directories_give_clear_errors(tmp_path):
+    (tmp_path / "a.txt").write_text("abcdefgh" * 100, encoding="utf-8")
+    out = tmp_path / "tok"
+    prepare([tmp_path / "a.txt"], "char", out, log=quiet)
+    meta = json.loads((out / "meta.json").read_text())
+    assert is_token_dir(out) and not is_token_dir(tmp_path)
+    train_bytes = (out / "train.bin").read_bytes()
+    (out / "train.bin").write_bytes(train_bytes[:-2])
+    with pytest.raises(ValueError, match="truncated"):
+        load_token_dir(out)
+    (out / "train.bin").write_bytes(np.frombuffer(train_bytes, np.uint16).astype(np.uint32)
+                                    .tobytes())  # ids written as uint32, meta says uint16
+    with pytest.raises(ValueError, match="another dtype"):
+        load_token_dir(out)
+    (out / "train.bin").write_bytes(train_bytes)
+    load_token_dir(out)
+    (out / "meta.json").write_text(json.dumps({**meta, "dtype": "int8"}))
+    with pytest.raises(ValueError, match="dtype 'int8'"):
+        load_token_dir(out)
+    (out / "meta.json").write_text(json.dumps({**meta, "vocab_size": 3}))
+    with pytest.raises(ValueError, match="has 9 ids but vocab_size is 3"):
+        load_token_dir(out)
+    (out / "meta.json").write_text("{not json")
+    with pytest.raises(ValueError, match="not valid UTF-8 JSON"):
+        load_token_dir(out)
+    (out / "meta.json").unlink()
+    assert not is_token_dir(out)
+    with pytest.raises(FileNotFoundError, match="meta.json not found"):
+        load_token_dir(out)
+
+
+# --- batches from memmaps -------------------------------------------------------------------
+
+def test_batches_and_evaluation_from_a_memmap_equal_those_from_a_tensor(tmp_path):
+    text = EMBEDDED_CORPUS.read_text(encoding="utf-8")[:20_000]
+    (tmp_path / "c.txt").write_text(text, encoding="utf-8")
+    prepare([tmp_path / "c.txt"], "char", tmp_path / "tok", log=quiet)
+    tokens = load_token_dir(tmp_path / "tok")
+    tensor = torch.tensor(tokens.tokenizer.encode(text))[: len(tokens.train)]
+    g1, g2 = torch.Generator().manual_seed(5), torch.Generator().manual_seed(5)
+    for _ in range(3):
+        x, y = get_batch(tokens.train, 4, 16, g1)
+        x2, y2 = get_batch(tensor, 4, 16, g2)
+        assert x.dtype == y.dtype == torch.int64 and x.shape == (4, 16)
+        assert torch.equal(x, x2) and torch.equal(y, y2)
+    x, _ = windows(tokens.train, torch.tensor([0, 100]), 8)
+    assert torch.equal(x, tensor[torch.tensor([[0], [100]]) + torch.arange(8)])
+    model = tiny_model(vocab_size=tokens.meta["vocab_size"])
+    assert evaluate(model, tokens.train, 20) == evaluate(model, tensor, 20)
+
+
+MEMORY_SCRIPT = textwrap.dedent("""
+    import json, resource, sys
+    import numpy as np, torch
+    from decoderlm import DecoderLM, ModelConfig
+    from decoderlm.data import get_batch, load_token_dir
+    from decoderlm.train import evaluate
+
+    directory, headroom = sys.argv[1], int(sys.argv[2])
+    data_kb = next(int(line.split()[1]) for line in open("/proc/self/status")
+                   if line.startswith("VmData:"))
+    limit = data_kb * 1024 + headroom
+    resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
+    tokens = load_token_dir(directory)
+    try:  # the limit is real: the corpus cannot be read into memory
+        np.array(tokens.train, dtype=np.int64)
+        raise SystemExit("the memory limit did not stop a full copy")
+    except MemoryError:
+        pass
+    torch.manual_seed(0)
+    model = DecoderLM(ModelConfig(vocab_size=256, block_size=32, n_layers=1, n_heads=2,
+                                  d_model=32))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    generator = torch.Generator().manual_seed(0)
+    losses = []
+    for _ in range(3):
+        x, y = get_batch(tokens.train, 8, 32, generator)
+        _, loss = model(x, y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    evaluate(model, tokens.val[:10_000])
+    peak_kb = next(int(line.split()[1]) for line in open("/proc/self/status")
+                   if line.startswith("VmHWM:"))
+    print(json.dumps({"losses": losses, "limit": limit, "peak_rss": peak_kb * 1024,
+                      "tokens": len(tokens.train)}))
+""")
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="uses RLIMIT_DATA and /proc/self/status")
+def test_a_token_file_larger_than_the_memory_limit_trains(tmp_path):
+    # RLIMIT_DATA bounds the process's private memory (heap, anonymous mmaps) but not a
+    # read-only file mapping: the 4 GiB corpus (sparse on disk) trains within 256 MiB of
+    # headroom only if batches copy just their windows.
+    out = tmp_path / "big"
+    out.mkdir()
+    n_train, n_val = 2 * 2**30, 4096  # uint16 tokens: train.bin is 4 GiB
+    rng = np.random.default_rng(0)
+    with open(out / "train.bin", "wb") as f:
+        f.truncate(n_train * 2)
+        for offset in np.linspace(0, n_train * 2 - 2**16, 64).astype(np.int64) // 2 * 2:
+            f.seek(int(offset))
+            f.write(rng.integers(0, 256, 2**15, dtype=np.uint16).tobytes())
+    (out / "val.bin").write_bytes(rng.integers(0, 256, n_val, dtype=np.uint16).tobytes())
+    (out / "meta.json").write_text(json.dumps({
+        "tokenizer": {"type": "byte"}, "vocab_size": 256, "dtype": "uint16",
+        "tokens": {"train": n_train, "val": n_val}}))
+    headroom = 256 * 2**20
+    src = Path(__file__).resolve().parents[1] / "src"
+    result = subprocess.run([sys.executable, "-c", MEMORY_SCRIPT, str(out), str(headroom)],
+                            check=False, capture_output=True, text=True, timeout=120,
+                            env={"PYTHONPATH": str(src), "OMP_NUM_THREADS": "1",
+                                 "PATH": "/usr/bin:/bin"})
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = json.loads(result.stdout.splitlines()[-1])
+    assert report["tokens"] == n_train
+    assert all(math.isfinite(v) for v in report["losses"])
+    file_size = n_train * 2
+    assert report["limit"] < file_size and report["peak_rss"] < file_size / 4
+
+
+# --- eval -----------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def crop_runs(tmp_path_factory):
+    """Two tiny character models trained briefly on the shipped crop: with an unknown token in
+    the vocabulary (what `decoderlm train` builds) and without one (older runs)."""
+    root = tmp_path_factory.mktemp("runs")
+    with_unk = run_experiment("seed-notebook", out=root / "unk", model_overrides=SMALL,
+                              train_overrides=SMALL_TRAIN, device="cpu", progress=False,
+                              log=quiet)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(train_module, "DEFAULT_UNK_TOKEN", None)
+        plain = run_experiment("seed-notebook", out=root / "plain", model_overrides=SMALL,
+                               train_overrides=SMALL_TRAIN, device="cpu", progress=False,
+                               log=quiet)
+    assert load_tokenizer(with_unk.out_dir).unk_token == DEFAULT_UNK_TOKEN
+    assert load_tokenizer(plain.out_dir).unk_token is None
+    return with_unk, plain
+
+
+def test_eval_val_split_is_the_runs_final_validation_loss(crop_runs, capsys):
+    _, plain = crop_runs
+    report = evaluate_run(plain.out_dir)
+    assert report["nats_per_token"] == pytest.approx(plain.val_loss, rel=1e-6)
+    n_val = 300_000 - int(0.9 * 300_000)
+    assert report["tokens"] == n_val and report["windows"] == (n_val - 1) // 32
+    assert report["tokens_scored"] == report["windows"] * 32
+    assert report["bits_per_char"] == pytest.approx(plain.val_loss / math.log(2))
+    assert report["perplexity"] == pytest.approx(math.exp(plain.val_loss))
+    assert main(["eval", "--run", str(plain.out_dir), "--split", "train", "--json"]) == 0
+    train_report = json.loads(capsys.readouterr().out)
+    assert train_report["split"] == "train" and train_report["tokens"] == 270_000
+
+
+@needs_shared
+def test_eval_on_wikitext_test_maps_unknown_characters_to_the_unknown_token(crop_runs, capsys):
+    with_unk, plain = crop_runs
+    test_text = (WIKI / "test.txt").read_text(encoding="utf-8")
+    crop = set(EMBEDDED_CORPUS.read_text(encoding="utf-8"))
+    expected_unknown = sum(1 for c in test_text if c not in crop)  # the oracle
+    assert expected_unknown > 0
+    assert main(["eval", "--run", str(with_unk.out_dir), "--data", str(WIKI / "test.txt"),
+                 "--batch-size", "512"]) == 0
+    out = capsys.readouterr().out
+    assert f"unknown characters: {expected_unknown:,} (mapped to the unknown token '\ufffd')" \
+        in out
+    assert main(["eval", "--run", str(with_unk.out_dir), "--data", str(WIKI / "test.txt"),
+                 "--batch-size", "512", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["unknown_characters"] == expected_unknown
+    assert report["tokens"] == len(test_text) and math.isfinite(report["nats_per_token"])
+    # the oracle: ids made without the tokenizer's encode, scored by the same windows
+    tok = load_tokenizer(with_unk.out_dir)
+    ids = torch.tensor([tok.stoi.get(c, tok.chars.index("\ufffd")) for c in test_text])
+    model = DecoderLM.from_pretrained(with_unk.out_dir)
+    assert report["nats_per_token"] == pytest.approx(evaluate(model, ids, batch_size=512),
+                                                     rel=1e-6)
+    # the run without an unknown token says so instead of crashing
+    one_line_error(capsys, ["eval", "--run", str(plain.out_dir), "--data",
+                            str(WIKI / "test.txt")], "no unknown token", "'杜' at position")
+
+
+def test_eval_errors_are_clear(crop_runs, tmp_path, capsys):
+    _, plain = crop_runs
+    run = tmp_path / "run"
+    run.mkdir()
+    for path in plain.out_dir.iterdir():
+        if path.is_file():
+            (run / path.name).write_bytes(path.read_bytes())
+    short = tmp_path / "short.txt"
+    short.write_text("The cat", encoding="utf-8")
+    one_line_error(capsys, ["eval", "--run", str(run), "--data", str(short)],
+                   "needs block_size + 1 = 33")
+    one_line_error(capsys, ["eval", "--run", str(run), "--data", str(short), "--split", "val"],
+                   "scored whole")
+    prepare([short], "byte", tmp_path / "bytes", log=quiet)
+    one_line_error(capsys, ["eval", "--run", str(run), "--data", str(tmp_path / "bytes")],
+                   "prepared with another tokenizer")
+    config = json.loads((run / "config.json").read_text())
+    del config["data_spec"]
+    (run / "config.json").write_text(json.dumps(config))
+    one_line_error(capsys, ["eval", "--run", str(run)], "no 'data_spec'", "--data PATH")
+    one_line_error(capsys, ["eval", "--run", str(tmp_path / "nowhere")], "not found")
+
+
+def test_eval_a_byte_model_on_a_prepared_token_directory(tmp_path, capsys):
+    text = EMBEDDED_CORPUS.read_text(encoding="utf-8")[:5_000]
+    (tmp_path / "c.txt").write_text(text, encoding="utf-8")
+    prepare([tmp_path / "c.txt"], "byte", tmp_path / "tok", log=quiet)
+    tokens = load_token_dir(tmp_path / "tok")
+    model = tiny_model(vocab_size=256)
+    model.save_pretrained(tmp_path / "run")
+    tokens.tokenizer.save_pretrained(tmp_path / "run")
+    assert main(["eval", "--run", str(tmp_path / "run"), "--data", str(tmp_path / "tok"),
+                 "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    data = text.encode("utf-8")
+    val = torch.tensor(list(data[int(0.9 * len(data)):]))
+    assert report["split"] == "val" and report["tokens"] == len(val)
+    assert report["nats_per_token"] == pytest.approx(evaluate(model, val), rel=1e-6)
+    assert report["bits_per_byte"] == pytest.approx(report["nats_per_token"] / math.log(2))
+    assert "bits_per_char" not in report
+    # a run whose data_spec names the token directory: --split reads it
+    config = json.loads((tmp_path / "run" / "config.json").read_text())
+    config["data_spec"] = {"path": None, "dataset": None, "max_chars": None,
+                           "token_dir": str(tmp_path / "tok"), "val_fraction": 0.1}
+    (tmp_path / "run" / "config.json").write_text(json.dumps(config))
+    train_report = evaluate_run(tmp_path / "run", split="train")
+    assert train_report["tokens"] == int(0.9 * len(data))
+    assert train_report["nats_per_token"] == pytest.approx(
+        evaluate(model, torch.tensor(list(data[: int(0.9 * len(data))]))), rel=1e-6)
