@@ -1,8 +1,9 @@
 """Sampling from a DecoderLM: a KV cache, temperature, top-k, top-p, greedy, seeds, left
 padding, streaming.
 
-The context slides past block_size (the cache is rebuilt from the last block_size tokens), so
-any number of new tokens can be generated without an index error.
+The context slides past max_positions (block_size unless a sinusoidal or rotary model's config
+allows more): the cache is rebuilt from the last max_positions tokens, so any number of new
+tokens can be generated without an index error.
 """
 
 from __future__ import annotations
@@ -106,12 +107,12 @@ def _stop_sequences(stop) -> list[torch.Tensor]:
 
 
 class KVCache:
-    """Keys and values of every layer for decoding: k[l], v[l] [B, n_heads, block_size,
+    """Keys and values of every layer for decoding: k[l], v[l] [B, n_heads, max_positions,
     head_dim] in the model's dtype, of which the first `length` positions are filled."""
 
     def __init__(self, model, batch_size: int, device, dtype):
         c = model.config
-        shape = (batch_size, c.n_heads, c.block_size, c.head_dim)
+        shape = (batch_size, c.n_heads, c.max_positions, c.head_dim)
         self.k = [torch.empty(shape, device=device, dtype=dtype) for _ in range(c.n_layers)]
         self.v = [torch.empty(shape, device=device, dtype=dtype) for _ in range(c.n_layers)]
         self.length = 0
@@ -146,7 +147,7 @@ def stream_generate(model, idx: torch.Tensor, max_new_tokens: int, temperature: 
         temperature = 0.0
     if seed is not None:
         generator = torch.Generator(device=idx.device).manual_seed(seed)
-    block_size, vocab_size = model.config.block_size, model.config.vocab_size
+    limit, vocab_size = model.config.max_positions, model.config.vocab_size
     mask = (torch.ones_like(idx, dtype=torch.bool) if attention_mask is None
             else attention_mask.to(device=idx.device, dtype=torch.bool))
     dtype = model.lm_head.weight.dtype
@@ -157,12 +158,12 @@ def stream_generate(model, idx: torch.Tensor, max_new_tokens: int, temperature: 
     cache, ids, positions = None, idx, None
     try:
         for step in range(max_new_tokens):
-            if cache is not None and cache.length < block_size:  # one new token
+            if cache is not None and cache.length < limit:  # one new token
                 positions = positions[:, -1:] + 1
                 logits = model.forward_cached(ids[:, -1:], cache, positions,
                                               mask[:, -cache.length - 1:], last_only=True)
-            else:  # prefill: the prompt, or a rebuild of the last block_size tokens
-                window, window_mask = ids[:, -block_size:], mask[:, -block_size:]
+            else:  # prefill: the prompt, or a rebuild of the last max_positions tokens
+                window, window_mask = ids[:, -limit:], mask[:, -limit:]
                 positions = (window_mask.long().cumsum(1) - 1).clamp(min=0)
                 cache = KVCache(model, ids.size(0), ids.device, dtype)
                 logits = model.forward_cached(window, cache, positions, window_mask,
@@ -199,21 +200,22 @@ def generate(model, idx: torch.Tensor, max_new_tokens: int, temperature: float =
     """Extend idx by max_new_tokens tokens sampled from `model`, with a KV cache.
 
     One forward pass over the prompt fills the cache (a `KVCache`: per layer [B, n_heads,
-    block_size, head_dim]); then each new token is one forward pass of one position. When
-    the sequence outgrows block_size the context slides: the cache is rebuilt from the last
-    block_size tokens (every position encoding is trained on block_size positions only), so
-    the tokens equal those of rerunning the full forward on the last block_size tokens.
+    max_positions, head_dim]); then each new token is one forward pass of one position. When
+    the sequence outgrows the config's max_positions (block_size, the trained length, unless
+    a sinusoidal or rotary model allows more) the context slides: the cache is rebuilt from
+    the last max_positions tokens, so the tokens equal those of rerunning the full forward on
+    the last max_positions tokens.
 
     Args:
         model: a DecoderLM; it runs in eval mode here (no dropout) and its mode is restored.
-        idx: [B, T] int64 prompt ids, T >= 1 (T may exceed block_size).
+        idx: [B, T] int64 prompt ids, T >= 1 (T may exceed max_positions).
         max_new_tokens: number of tokens to append, >= 0.
         temperature, top_k, top_p: see `sample_next`; do_sample=False is greedy decoding.
         seed: seeds a fresh torch.Generator so the same call gives the same tokens.
         generator: a torch.Generator to draw from instead (ignored when seed is given).
         attention_mask: [B, T] 1 for prompt tokens, 0 for left padding (prompts of different
             lengths in one batch); positions count real tokens only, so each row gets the
-            tokens it would get alone (while the batch fits in block_size).
+            tokens it would get alone (while the batch fits in max_positions).
         use_cache: False reruns the whole window at every step (for checking).
         stop: a token id, or a list of ids and/or id sequences: a row ends once its new
             tokens end with one of them (the stop tokens are kept in the output).

@@ -261,11 +261,11 @@ class DecoderLM(nn.Module):
                         if config.pos_encoding == "learned" else None)
         # fixed tables are buffers, rebuilt from the config, not stored in checkpoints
         if config.pos_encoding == "sinusoidal":
-            self.register_buffer("pos_table", sinusoidal_positions(config.block_size,
+            self.register_buffer("pos_table", sinusoidal_positions(config.max_positions,
                                                                    config.d_model),
                                  persistent=False)
         if config.pos_encoding == "rope":
-            cos, sin = rope_cos_sin(config.block_size, config.head_dim, config.rope_base)
+            cos, sin = rope_cos_sin(config.max_positions, config.head_dim, config.rope_base)
             self.register_buffer("rope_cos", cos, persistent=False)
             self.register_buffer("rope_sin", sin, persistent=False)
         self.drop = nn.Dropout(config.dropout)
@@ -291,10 +291,10 @@ class DecoderLM(nn.Module):
         if idx.dim() != 2 or idx.dtype not in (torch.int64, torch.int32):
             raise ValueError(f"idx must be an int64 tensor of shape [B, T], got dtype "
                              f"{idx.dtype} and shape {tuple(idx.shape)}")
-        T = idx.size(1)
-        if T > self.config.block_size:
-            raise ValueError(f"sequence length T={T} exceeds block_size={self.config.block_size}; "
-                             f"pass at most block_size tokens (generate() crops the context)")
+        T, limit = idx.size(1), self.config.max_positions
+        if T > limit:
+            raise ValueError(f"sequence length T={T} exceeds {self.config.length_limit}; pass "
+                             f"at most {limit} tokens (generate() crops the context)")
         if T == 0:
             raise ValueError("idx has no tokens (T=0); pass at least one token id")
         if not torch.compiler.is_compiling():
@@ -332,7 +332,8 @@ class DecoderLM(nn.Module):
         """Logits for every position, and the next-token loss when targets are given.
 
         Args:
-            idx: [B, T] int64 token ids, T <= block_size.
+            idx: [B, T] int64 token ids, T <= max_positions (block_size unless the config
+                allows more).
             targets: [B, T] int64, the token that follows each position (idx shifted left by
                 one); -1 marks a position to ignore. None skips the loss.
 
@@ -341,7 +342,7 @@ class DecoderLM(nn.Module):
             cross-entropy over non-ignored positions, a float32 scalar in nats, or None.
 
         Raises:
-            ValueError: idx is not [B, T] integer, T is 0 or exceeds block_size, or an id is
+            ValueError: idx is not [B, T] integer, T is 0 or exceeds max_positions, or an id is
                 outside [0, vocab_size).
         """
         logits, _ = self._run(idx, need_weights=False)
@@ -373,7 +374,7 @@ class DecoderLM(nn.Module):
             idx: [B, T] int64, the new tokens.
             cache: a `decoderlm.generate.KVCache` holding cache.length earlier positions; the
                 new keys and values are appended to it (its length grows by T).
-            position_ids: [B, T] int64, each new token's position (< block_size).
+            position_ids: [B, T] int64, each new token's position (< max_positions).
             key_mask: [B, cache.length + T] bool, False for padding (never attended to).
             last_only: compute the logits of the last position only.
 
