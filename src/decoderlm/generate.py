@@ -242,7 +242,9 @@ def stream_text(model, tokenizer, prompt_ids: list[int], max_new_tokens: int,
     Text is held back while it ends in an incomplete character (U+FFFD from a partial UTF-8
     byte sequence) or could be the start of a stop text. The continuation ends before the
     first stop text (which is not yielded) with finish_reason "stop", or after
-    max_new_tokens tokens with "length".
+    max_new_tokens tokens with "length". It decodes one row that is never stopped by token
+    id, so generate's pad_token_id never reaches the text (tokenizers refuse ids outside the
+    vocabulary, -1 included).
 
     Yields:
         (delta, None) while going, then one last (delta, "stop" | "length", n_new_tokens).
