@@ -75,7 +75,9 @@ def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | Non
         ValueError: temperature < 0, top_k < 1, top_p outside [0, 1], or non-finite logits.
     """
     _check_controls(temperature, top_k, top_p)
-    if not torch.isfinite(logits).all():
+    # one reduction: a NaN or inf anywhere makes the sum non-finite, and float64 cannot
+    # overflow from summing float32 values
+    if not math.isfinite(logits.sum(dtype=torch.float64)):
         raise ValueError("the model produced non-finite logits (NaN or inf)")
     logits = logits.float()
     if temperature == 0:
@@ -148,25 +150,33 @@ def stream_generate(model, idx: torch.Tensor, max_new_tokens: int, temperature: 
     if seed is not None:
         generator = torch.Generator(device=idx.device).manual_seed(seed)
     limit, vocab_size = model.config.max_positions, model.config.vocab_size
-    mask = (torch.ones_like(idx, dtype=torch.bool) if attention_mask is None
-            else attention_mask.to(device=idx.device, dtype=torch.bool))
+    (B, T0), n = idx.shape, idx.size(1)  # n: tokens so far
+    ids = idx.new_empty(B, T0 + max_new_tokens)  # filled as we go: no concatenation per token
+    ids[:, :T0] = idx
+    mask = None  # None: no padding, so no attention mask to build at each step
+    if attention_mask is not None and not attention_mask.bool().all():
+        mask = torch.ones(ids.shape, dtype=torch.bool, device=idx.device)
+        mask[:, :T0] = attention_mask.to(device=idx.device, dtype=torch.bool)
     dtype = model.lm_head.weight.dtype
     was_training = model.training
     model.eval()
     stops = _stop_sequences(stop)
-    finished = torch.zeros(idx.size(0), dtype=torch.bool, device=idx.device)
-    cache, ids, positions = None, idx, None
+    finished = torch.zeros(B, dtype=torch.bool, device=idx.device)
+    cache, positions = None, None
     try:
         for step in range(max_new_tokens):
             if cache is not None and cache.length < limit:  # one new token
                 positions = positions[:, -1:] + 1
-                logits = model.forward_cached(ids[:, -1:], cache, positions,
-                                              mask[:, -cache.length - 1:], last_only=True)
+                logits = model.forward_cached(
+                    ids[:, n - 1:n], cache, positions,
+                    None if mask is None else mask[:, n - cache.length - 1:n], last_only=True)
             else:  # prefill: the prompt, or a rebuild of the last max_positions tokens
-                window, window_mask = ids[:, -limit:], mask[:, -limit:]
-                positions = (window_mask.long().cumsum(1) - 1).clamp(min=0)
-                cache = KVCache(model, ids.size(0), ids.device, dtype)
-                logits = model.forward_cached(window, cache, positions, window_mask,
+                lo = max(0, n - limit)
+                window_mask = None if mask is None else mask[:, lo:n]
+                positions = (torch.arange(n - lo, device=idx.device).expand(B, -1)
+                             if mask is None else (window_mask.long().cumsum(1) - 1).clamp(min=0))
+                cache = KVCache(model, B, idx.device, dtype)
+                logits = model.forward_cached(ids[:, lo:n], cache, positions, window_mask,
                                               last_only=True)
                 if not use_cache:
                     cache = None
@@ -174,14 +184,15 @@ def stream_generate(model, idx: torch.Tensor, max_new_tokens: int, temperature: 
                 nxt = sample_next(logits[:, -1, :], temperature, top_k, top_p, generator)
             except ValueError as e:
                 raise ValueError(f"step {step}: {e}") from None
-            if int(nxt.min()) < 0 or int(nxt.max()) >= vocab_size:
-                raise ValueError(f"step {step}: sampled token id {nxt.tolist()} is outside "
+            chosen = nxt.tolist()
+            if min(chosen) < 0 or max(chosen) >= vocab_size:
+                raise ValueError(f"step {step}: sampled token id {chosen} is outside "
                                  f"[0, {vocab_size})")
-            ids = torch.cat([ids, nxt[:, None]], dim=1)
-            mask = torch.cat([mask, mask.new_ones(mask.size(0), 1)], dim=1)
-            yield torch.where(finished, torch.full_like(nxt, pad_token_id), nxt)
+            ids[:, n] = nxt
+            n += 1
+            yield torch.where(finished, torch.full_like(nxt, pad_token_id), nxt) if stops else nxt
             if stops:
-                generated = ids[:, idx.size(1):]
+                generated = ids[:, T0:n]
                 for seq in stops:
                     if generated.size(1) >= len(seq):
                         finished |= (generated[:, -len(seq):] == seq.to(ids.device)).all(1)

@@ -157,9 +157,11 @@ class CausalSelfAttention(nn.Module):
     (y [B, T, d_model], att | None); rope is (cos, sin) [T or B x 1 x T, head_dim / 2] when the
     config's pos_encoding is "rope". For cached decoding, cache = (k_buf, v_buf, start): the
     new keys and values are written at positions start.. of the [B, n_heads, T_max, head_dim]
-    buffers and attention runs over all start + T of them under `mask` (bool [B, 1, T, S]).
-    The default path calls `F.scaled_dot_product_attention(is_causal=True)` (fused kernels);
-    with need_weights=True it runs `causal_attention` and also returns att [B, n_heads, T, T].
+    buffers and attention runs over all start + T of them under `mask` (bool [B, 1, T, S]);
+    mask None there means no padding and either one new token (it sees every key) or an
+    empty cache (plain causal). The default path calls `F.scaled_dot_product_attention`
+    (fused kernels; causal unless there is one query); with need_weights=True it runs
+    `causal_attention` and also returns att [B, n_heads, T, T].
     """
 
     def __init__(self, config: ModelConfig):
@@ -183,13 +185,11 @@ class CausalSelfAttention(nn.Module):
             k_buf[:, :, start:start + T] = k
             v_buf[:, :, start:start + T] = v
             k, v = k_buf[:, :, :start + T], v_buf[:, :, :start + T]
-        if mask is not None:  # bool [B, 1, T, S], True where query t may attend to key s
-            y, att = F.scaled_dot_product_attention(q, k, v, attn_mask=mask), None
-        elif need_weights:
+        if need_weights:
             y, att = causal_attention(q, k, v, dropout_p)
-        else:
-            y, att = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p,
-                                                    is_causal=True), None
+        else:  # mask: bool [B, 1, T, S], True where query t may attend to key s
+            y, att = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p,
+                                                    is_causal=mask is None and T > 1), None
         y = y.transpose(1, 2).reshape(B, T, C)
         return self.resid_dropout(self.proj(y)), att
 
@@ -298,7 +298,7 @@ class DecoderLM(nn.Module):
         if T == 0:
             raise ValueError("idx has no tokens (T=0); pass at least one token id")
         if not torch.compiler.is_compiling():
-            lo, hi = int(idx.min()), int(idx.max())
+            lo, hi = (int(v) for v in torch.aminmax(idx))
             if lo < 0 or hi >= self.config.vocab_size:
                 raise ValueError(f"token ids must be in [0, vocab_size={self.config.vocab_size}), "
                                  f"got ids from {lo} to {hi}; was the input encoded with this "
@@ -367,7 +367,8 @@ class DecoderLM(nn.Module):
         return logits, torch.stack(atts)
 
     def forward_cached(self, idx: torch.Tensor, cache, position_ids: torch.Tensor,
-                       key_mask: torch.Tensor, last_only: bool = False) -> torch.Tensor:
+                       key_mask: torch.Tensor | None = None,
+                       last_only: bool = False) -> torch.Tensor:
         """Logits of new tokens given the keys and values of the earlier ones (decoding).
 
         Args:
@@ -375,7 +376,8 @@ class DecoderLM(nn.Module):
             cache: a `decoderlm.generate.KVCache` holding cache.length earlier positions; the
                 new keys and values are appended to it (its length grows by T).
             position_ids: [B, T] int64, each new token's position (< max_positions).
-            key_mask: [B, cache.length + T] bool, False for padding (never attended to).
+            key_mask: [B, cache.length + T] bool, False for padding (never attended to);
+                None means no padding.
             last_only: compute the logits of the last position only.
 
         Returns:
@@ -383,14 +385,18 @@ class DecoderLM(nn.Module):
         """
         T, start = idx.size(1), cache.length
         S = start + T
-        causal = torch.ones(T, S, dtype=torch.bool, device=idx.device).tril(start)
-        # a padding query may see no key at all; letting every query see itself keeps every
-        # softmax row finite (no NaN); the outputs at padding are never used
-        itself = torch.arange(S, device=idx.device) == \
-            (torch.arange(T, device=idx.device) + start)[:, None]
-        mask = (causal[None] & key_mask[:, None, :]) | itself[None]
+        mask = None  # without padding, one new token or an empty cache needs no mask
+        if key_mask is not None or (T > 1 and start > 0):
+            if key_mask is None:
+                key_mask = torch.ones(idx.size(0), S, dtype=torch.bool, device=idx.device)
+            causal = torch.ones(T, S, dtype=torch.bool, device=idx.device).tril(start)
+            # a padding query may see no key at all; letting every query see itself keeps
+            # every softmax row finite (no NaN); the outputs at padding are never used
+            itself = torch.arange(S, device=idx.device) == \
+                (torch.arange(T, device=idx.device) + start)[:, None]
+            mask = ((causal[None] & key_mask[:, None, :]) | itself[None])[:, None]
         caches = [(k, v, start) for k, v in zip(cache.k, cache.v)]
-        logits, _ = self._run(idx, False, position_ids, caches, mask[:, None], last_only)
+        logits, _ = self._run(idx, False, position_ids, caches, mask, last_only)
         cache.length = S
         return logits
 
