@@ -22,6 +22,10 @@ def test_flops_conventions_of_the_pitfalls_table():
         flops_per_token(cfg, 32, "chinchilla")
     with pytest.raises(ValueError, match="block_size=32"):
         flops_per_token(cfg, 33)
+    longer = ModelConfig(**{**cfg.to_dict(), "pos_encoding": "rope", "max_positions": 64})
+    assert flops_per_token(longer, 64)["forward_per_sequence"] > 0
+    with pytest.raises(ValueError, match="max_positions=64"):
+        flops_per_token(longer, 65)
 
 
 def test_matmul_flops_match_a_count_of_the_model_s_matmuls():

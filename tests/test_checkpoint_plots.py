@@ -26,6 +26,18 @@ def test_save_then_load_gives_identical_logits(tmp_path, tied):
     assert ("lm_head.weight" in keys) == (not tied)
 
 
+def test_max_positions_is_saved_and_a_config_json_without_it_still_loads(tmp_path):
+    model = tiny_model(block_size=16, max_positions=48, pos_encoding="rope")
+    model.save_pretrained(tmp_path)
+    assert json.loads((tmp_path / "config.json").read_text())["model"]["max_positions"] == 48
+    assert DecoderLM.from_pretrained(tmp_path).config.max_positions == 48
+    tiny_model().save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    del config["model"]["max_positions"]  # written before the field existed
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert DecoderLM.from_pretrained(tmp_path).config.max_positions == 32  # block_size
+
+
 def test_compiled_and_ddp_style_prefixes_are_stripped(tmp_path):
     # pitfalls row 3
     model = randomize(tiny_model())

@@ -120,3 +120,23 @@ def test_non_finite_logits_and_bad_ids_name_the_step(monkeypatch):
                         lambda probs, n, generator=None: torch.full((probs.size(0), 1), -2**63))
     with pytest.raises(ValueError, match=r"step 0: sampled token id \[-9223372036854775808\]"):
         generate(model, torch.tensor([[1]]), 10, seed=0)
+
+
+def test_the_pad_id_never_becomes_text():
+    # generate() pads stopped rows with pad_token_id (-1 by default); decoding such a row must
+    # fail loudly, not index the vocabulary from its end (Python's chars[-1])
+    from decoderlm import CharTokenizer, GPT2Tokenizer
+    from decoderlm.generate import stream_text
+
+    model = tiny_model()
+    chars = CharTokenizer([chr(c) for c in range(48, 48 + 65)])
+    prompt = torch.tensor([[1, 2], [3, 4]])
+    free = model.generate(prompt, 10, do_sample=False)
+    padded = model.generate(prompt, 10, do_sample=False, stop=[int(free[0, 2])])
+    assert (padded[0, 3:] == -1).all() and (padded[1] == free[1]).all()
+    for tok in (chars, GPT2Tokenizer()):
+        with pytest.raises(ValueError, match=r"\[-1, -1.*are outside"):
+            tok.decode(padded[0])
+    # the text API decodes one row that never stops by token id, so no pad is ever decoded
+    pieces = list(stream_text(model, chars, [1, 2], 10, temperature=0))
+    assert "".join(p[0] for p in pieces) == chars.decode(free[0, 2:])

@@ -8,10 +8,11 @@ from decoderlm.generate import KVCache, stream_generate
 
 
 def greedy_by_full_forward(model, prompt, n):
-    """The oracle: rerun the model on the last block_size tokens for every new token."""
+    """The oracle: rerun the model on the last max_positions tokens (block_size unless the
+    config allows more) for every new token."""
     seq = prompt
     for _ in range(n):
-        logits, _ = model(seq[:, -model.config.block_size:])
+        logits, _ = model(seq[:, -model.config.max_positions:])
         seq = torch.cat([seq, logits[:, -1].argmax(-1, keepdim=True)], dim=1)
     return seq
 
@@ -30,6 +31,31 @@ def test_cached_greedy_equals_full_forward_for_200_tokens_past_block_size(overri
     expected = greedy_by_full_forward(model, prompt, 200)
     assert torch.equal(model.generate(prompt, 200, do_sample=False), expected)
     assert torch.equal(model.generate(prompt, 200, do_sample=False, use_cache=False), expected)
+
+
+@pytest.mark.parametrize("pos", ["sinusoidal", "rope"])
+def test_positions_go_past_block_size_up_to_max_positions_then_slide(pos):
+    # block_size 16, max_positions 48, 5-token prompt, 60 new tokens: 65 > 48, so it slides
+    model = randomize(tiny_model(block_size=16, max_positions=48, pos_encoding=pos), seed=5)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(0.4)
+    calls = []  # (number of new tokens, largest position id) of every cached forward
+    forward_cached = model.forward_cached
+
+    def spy(idx, cache, position_ids, *args, **kwargs):
+        calls.append((idx.size(1), int(position_ids.max())))
+        return forward_cached(idx, cache, position_ids, *args, **kwargs)
+
+    model.forward_cached = spy
+    prompt = torch.randint(0, 65, (2, 5))
+    out = model.generate(prompt, 60, do_sample=False)
+    # the prompt, then one token at a time at positions 5..47 (no rebuild at block_size),
+    # then, from 48 tokens on, a rebuild of the last 48 at every step
+    assert calls == [(5, 4)] + [(1, p) for p in range(5, 48)] + [(48, 47)] * 16
+    assert torch.equal(out, greedy_by_full_forward(model, prompt, 60))
+    del model.forward_cached
+    assert torch.equal(model.generate(prompt, 60, do_sample=False, use_cache=False), out)
 
 
 @pytest.mark.parametrize("pos", ["learned", "rope"])

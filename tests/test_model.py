@@ -203,6 +203,12 @@ def test_model_can_memorise_one_batch():
     ("dropout", dict(dropout=float("nan")), "dropout must be a finite number"),
     ("dropout", dict(dropout=None), "dropout must be a finite number"),
     ("bias", dict(bias="yes"), "bias must be true or false"),
+    ("max_positions", {"block_size": 16, "max_positions": 48},
+     r"max_positions \(48\) > block_size \(16\) needs pos_encoding 'sinusoidal' or 'rope'"),
+    ("max_positions", {"block_size": 16, "max_positions": 8, "pos_encoding": "rope"},
+     r"max_positions \(8\) must be >= block_size \(16\)"),
+    ("max_positions", {"max_positions": 40.0, "pos_encoding": "rope"},
+     "max_positions must be a positive integer"),
 ])
 def test_config_validation_names_the_field(field, kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -219,6 +225,24 @@ def test_too_long_input_raises_clear_error_naming_block_size():
     model = tiny_model(block_size=16)
     with pytest.raises(ValueError, match="T=17 exceeds block_size=16"):
         model(torch.zeros(1, 17, dtype=torch.long))
+    longer = tiny_model(block_size=16, max_positions=48, pos_encoding="sinusoidal")
+    assert longer(torch.zeros(1, 48, dtype=torch.long))[0].shape == (1, 48, 65)
+    with pytest.raises(ValueError, match="T=49 exceeds max_positions=48"):
+        longer(torch.zeros(1, 49, dtype=torch.long))
+
+
+@pytest.mark.parametrize("pos", ["sinusoidal", "rope"])
+def test_positions_past_block_size_match_the_numpy_reference(pos):
+    # the tables past block_size (up to max_positions) against the reference's formulas
+    model = randomize(tiny_model(block_size=16, max_positions=48, pos_encoding=pos), seed=4)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(0.5)
+    idx = torch.randint(0, 65, (1, 48))
+    logits, _ = model(idx)
+    params = {k: v.numpy() for k, v in model.state_dict().items()}
+    expected = reference.forward(params, model.config, idx.numpy())
+    assert np.abs(logits.detach().numpy() - expected).max() < 1e-4
 
 
 def test_out_of_vocabulary_ids_and_bad_dtypes_raise_value_error(tiny):

@@ -119,6 +119,15 @@ def test_stop_text_ends_the_completion(server):
     ({"prompt": "hi!", "max_tokens": 2}, 400, "'!' at position 2"),
     ({"prompt": ""}, 400, "non-empty"),
     ({"prompt": "hi", "model": "gpt-4"}, 404, "not served here"),
+    ({"prompt": "hi", "logprobs": 5}, 400, "logprobs=5 is not supported"),
+    ({"prompt": "hi", "echo": True}, 400, "echo=true is not supported"),
+    ({"prompt": "hi", "best_of": 3}, 400, "best_of=3 is not supported"),
+    ({"prompt": "hi", "suffix": "end"}, 400, 'suffix=\\"end\\" is not supported'),
+    ({"prompt": "hi", "presence_penalty": 0.5}, 400, "presence_penalty=0.5 is not supported"),
+    ({"prompt": "hi", "frequency_penalty": -1}, 400, "frequency_penalty=-1 is not supported"),
+    ({"prompt": "hi", "logit_bias": {"5": 100}}, 400, "logit_bias="),
+    ({"prompt": "hi", "echo": 0}, 400, "echo=0 is not supported"),
+    ({"prompt": "hi", "max_token": 5}, 400, "unknown field 'max_token'"),
 ])
 def test_bad_requests_get_a_clear_status_and_message(server, body, status, message):
     url, _, _ = server
@@ -158,3 +167,49 @@ def test_top_p_zero_is_greedy_as_in_the_python_api(server):
     greedy = httpx.post(f"{url}/v1/completions", json={**body, "temperature": 0}, timeout=30)
     nucleus = httpx.post(f"{url}/v1/completions", json={**body, "top_p": 0}, timeout=30)
     assert greedy.json()["choices"][0]["text"] == nucleus.json()["choices"][0]["text"]
+
+
+def test_no_op_values_of_unsupported_fields_and_user_are_accepted(server):
+    url, _, _ = server
+    body = {"prompt": "abc", "max_tokens": 6, "temperature": 0}
+    plain = httpx.post(f"{url}/v1/completions", json=body, timeout=30).json()
+    extras = {"logprobs": None, "echo": False, "best_of": 1, "suffix": None,
+              "presence_penalty": 0, "frequency_penalty": 0.0, "logit_bias": {},
+              "user": "someone"}
+    r = httpx.post(f"{url}/v1/completions", json={**body, **extras}, timeout=30)
+    assert r.status_code == 200
+    assert r.json()["choices"] == plain["choices"]
+
+
+def test_a_client_that_disconnects_stops_the_generation():
+    from decoderlm.serve import create_app
+
+    model = tiny_model()
+    steps = []
+
+    def slow(module, args):  # about 20 ms per token, and a count of the tokens made
+        steps.append(1)
+        time.sleep(0.02)
+
+    model.tok_emb.register_forward_pre_hook(slow)
+    app = create_app(model, CharTokenizer(CHARS[:65]), "tiny", max_tokens_limit=5000)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.time() + 20
+        while not srv.started and time.time() < deadline:
+            time.sleep(0.05)
+        with pytest.raises(httpx.ReadTimeout):  # the client gives up and closes the connection
+            httpx.post(f"http://127.0.0.1:{port}/v1/completions",
+                       json={"prompt": "abc", "max_tokens": 5000}, timeout=0.5)
+        time.sleep(0.5)
+        made = len(steps)
+        time.sleep(0.5)
+        assert 0 < made == len(steps) < 200  # it stopped, long before 5,000 tokens
+    finally:
+        srv.should_exit = True
+        thread.join(timeout=10)

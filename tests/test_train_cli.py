@@ -131,6 +131,23 @@ def test_console_entry_point_runs_as_a_subprocess(tmp_path):
     assert result.returncode == 0 and "seed-notebook" in result.stdout
 
 
+def test_sample_into_a_closed_pipe_exits_0_quietly(tmp_path):
+    # `decoderlm sample ... | head -c 10`: the reader goes away long before the sample ends
+    from decoderlm import CharTokenizer
+
+    tiny_model().save_pretrained(tmp_path)
+    CharTokenizer([chr(c) for c in range(48, 48 + 65)]).save_pretrained(tmp_path)
+    sample = subprocess.Popen([sys.executable, "-m", "decoderlm", "sample", "--run",
+                               str(tmp_path), "--prompt", "0", "--max-new-tokens", "20000"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    head = subprocess.run(["head", "-c", "10"], stdin=sample.stdout, capture_output=True,
+                          check=True)
+    sample.stdout.close()  # only head holds the pipe's read end; it has exited
+    err = sample.stderr.read().decode()
+    assert sample.wait(timeout=60) == 0 and err == ""
+    assert len(head.stdout) == 10
+
+
 def test_argument_errors_are_one_line(capsys):
     assert main(["train", "--top-k", "3"]) == 2
     err = capsys.readouterr().err

@@ -62,6 +62,15 @@ def matmul_parameters(config: ModelConfig) -> int:
     return counts["non_embedding"] - lookup_only
 
 
+def _seq_len(config: ModelConfig, seq_len: int | None) -> int:
+    """seq_len, or block_size when None; raises ValueError outside 1..max_positions (the
+    longest sequence the model takes: block_size unless its config allows more)."""
+    T = config.block_size if seq_len is None else seq_len
+    if not 1 <= T <= config.max_positions:
+        raise ValueError(f"seq_len must be in 1..{config.length_limit}, got {T}")
+    return T
+
+
 def flops_per_token(config: ModelConfig, seq_len: int | None = None,
                     convention: str = "kaplan") -> dict[str, int]:
     """FLOPs (multiply-adds count 2) per token and per sequence of length seq_len.
@@ -78,11 +87,9 @@ def flops_per_token(config: ModelConfig, seq_len: int | None = None,
         training_per_sequence, all FLOPs.
 
     Raises:
-        ValueError: an unknown convention, or seq_len outside 1..block_size.
+        ValueError: an unknown convention, or seq_len outside 1..max_positions.
     """
-    T = config.block_size if seq_len is None else seq_len
-    if not 1 <= T <= config.block_size:
-        raise ValueError(f"seq_len must be in 1..block_size={config.block_size}, got {T}")
+    T = _seq_len(config, seq_len)
     factor = {"kaplan": 2, "palm": 4}.get(convention)
     if factor is None:
         raise ValueError(f"convention must be 'kaplan' or 'palm', got {convention!r}")
@@ -140,11 +147,9 @@ def memory_bytes(config: ModelConfig, batch_size: int = 1, seq_len: int | None =
     beside all the activations; with a large vocabulary this is the step's high-water mark.
 
     Raises:
-        ValueError: unknown dtype, or seq_len outside 1..block_size.
+        ValueError: unknown dtype, or seq_len outside 1..max_positions.
     """
-    T = config.block_size if seq_len is None else seq_len
-    if not 1 <= T <= config.block_size:
-        raise ValueError(f"seq_len must be in 1..block_size={config.block_size}, got {T}")
+    T = _seq_len(config, seq_len)
     b = _bytes_per_element(dtype)
     P = count_parameters(config)["total"]
     act = activation_bytes_per_token(config, T, dtype)

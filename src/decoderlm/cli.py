@@ -419,7 +419,8 @@ def _cmd_params(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the CLI; returns the exit status (0 ok, 2 user error, 130 interrupted)."""
+    """Run the CLI; returns the exit status (0 ok, also when the reader of stdout closes it
+    early; 2 user error, 130 interrupted)."""
     try:
         args = build_parser().parse_args(argv)
     except SystemExit as exit_:  # --help (0) or a bad argument (2, message already printed)
@@ -429,9 +430,11 @@ def main(argv: list[str] | None = None) -> int:
                "presets": _cmd_presets, "params": _cmd_params}
     try:
         return command[args.command](args)
-    except BrokenPipeError:  # e.g. `decoderlm sample ... | head`: stop quietly
+    except BrokenPipeError:  # e.g. `decoderlm sample ... | head`: the reader has what it
+        # wanted, so stop quietly and successfully; stdout goes to /dev/null so that the
+        # interpreter's final flush does not fail again
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 1
+        return 0
     except (ValueError, OSError, RuntimeError) as e:
         print(f"decoderlm: error: {e}", file=sys.stderr)
         return 2

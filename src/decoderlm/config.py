@@ -78,7 +78,13 @@ class ModelConfig:
 
     Attributes:
         vocab_size: number of token ids; logits are [B, T, vocab_size].
-        block_size: context length, the most positions one forward pass may see.
+        block_size: context length: the positions the model is trained on, and the most one
+            forward pass may see with learned positions.
+        max_positions: the most positions one forward pass (or one KV cache) may see; None
+            means block_size. Sinusoidal and rotary positions are formulas, so "sinusoidal"
+            and "rope" may take sequences longer than they were trained on, up to this
+            limit (their tables are sized to it); generation slides its context only once
+            it is reached. A learned table has block_size rows, so "learned" allows no more.
         n_layers: number of decoder blocks.
         n_heads: attention heads per block; head_dim = d_model / n_heads.
         d_model: width of the residual stream, x is [B, T, d_model].
@@ -105,12 +111,14 @@ class ModelConfig:
 
     Raises:
         ValueError: a size is not a positive integer, d_model is not divisible by n_heads,
-            head_dim is odd with rope, dropout is outside [0, 1), or an option is not one of
+            head_dim is odd with rope, max_positions is below block_size (or above it with
+            learned positions), dropout is outside [0, 1), or an option is not one of
             its choices.
     """
 
     vocab_size: int = 50257
     block_size: int = 1024
+    max_positions: int | None = None
     n_layers: int = 12
     n_heads: int = 12
     d_model: int = 768
@@ -138,6 +146,16 @@ class ModelConfig:
             if self.mlp == "swiglu":
                 self.d_ff = 256 * math.ceil(int(8 * self.d_model / 3) / 256)
         _check_int(self, "d_ff", high=2**31)
+        if self.max_positions is None:
+            self.max_positions = self.block_size
+        _check_int(self, "max_positions", high=2**31)
+        if self.max_positions < self.block_size:
+            raise ValueError(f"max_positions ({self.max_positions}) must be >= block_size "
+                             f"({self.block_size}); leave it unset to use block_size")
+        if self.pos_encoding == "learned" and self.max_positions > self.block_size:
+            raise ValueError(f"max_positions ({self.max_positions}) > block_size "
+                             f"({self.block_size}) needs pos_encoding 'sinusoidal' or 'rope': "
+                             f"a learned position table has only block_size rows")
         if self.d_model % self.n_heads != 0:
             raise ValueError(
                 f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads}); "
@@ -155,6 +173,14 @@ class ModelConfig:
     def head_dim(self) -> int:
         """Width of one attention head: d_model // n_heads."""
         return self.d_model // self.n_heads
+
+    @property
+    def length_limit(self) -> str:
+        """The sequence-length limit for error messages: "block_size=N", or "max_positions=N"
+        when that is larger."""
+        if self.max_positions == self.block_size:
+            return f"block_size={self.block_size}"
+        return f"max_positions={self.max_positions}"
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -1,8 +1,9 @@
 """Sampling from a DecoderLM: a KV cache, temperature, top-k, top-p, greedy, seeds, left
 padding, streaming.
 
-The context slides past block_size (the cache is rebuilt from the last block_size tokens), so
-any number of new tokens can be generated without an index error.
+The context slides past max_positions (block_size unless a sinusoidal or rotary model's config
+allows more): the cache is rebuilt from the last max_positions tokens, so any number of new
+tokens can be generated without an index error.
 """
 
 from __future__ import annotations
@@ -74,7 +75,9 @@ def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | Non
         ValueError: temperature < 0, top_k < 1, top_p outside [0, 1], or non-finite logits.
     """
     _check_controls(temperature, top_k, top_p)
-    if not torch.isfinite(logits).all():
+    # one reduction: a NaN or inf anywhere makes the sum non-finite, and float64 cannot
+    # overflow from summing float32 values
+    if not math.isfinite(logits.sum(dtype=torch.float64)):
         raise ValueError("the model produced non-finite logits (NaN or inf)")
     logits = logits.float()
     if temperature == 0:
@@ -106,12 +109,12 @@ def _stop_sequences(stop) -> list[torch.Tensor]:
 
 
 class KVCache:
-    """Keys and values of every layer for decoding: k[l], v[l] [B, n_heads, block_size,
+    """Keys and values of every layer for decoding: k[l], v[l] [B, n_heads, max_positions,
     head_dim] in the model's dtype, of which the first `length` positions are filled."""
 
     def __init__(self, model, batch_size: int, device, dtype):
         c = model.config
-        shape = (batch_size, c.n_heads, c.block_size, c.head_dim)
+        shape = (batch_size, c.n_heads, c.max_positions, c.head_dim)
         self.k = [torch.empty(shape, device=device, dtype=dtype) for _ in range(c.n_layers)]
         self.v = [torch.empty(shape, device=device, dtype=dtype) for _ in range(c.n_layers)]
         self.length = 0
@@ -146,26 +149,34 @@ def stream_generate(model, idx: torch.Tensor, max_new_tokens: int, temperature: 
         temperature = 0.0
     if seed is not None:
         generator = torch.Generator(device=idx.device).manual_seed(seed)
-    block_size, vocab_size = model.config.block_size, model.config.vocab_size
-    mask = (torch.ones_like(idx, dtype=torch.bool) if attention_mask is None
-            else attention_mask.to(device=idx.device, dtype=torch.bool))
+    limit, vocab_size = model.config.max_positions, model.config.vocab_size
+    (B, T0), n = idx.shape, idx.size(1)  # n: tokens so far
+    ids = idx.new_empty(B, T0 + max_new_tokens)  # filled as we go: no concatenation per token
+    ids[:, :T0] = idx
+    mask = None  # None: no padding, so no attention mask to build at each step
+    if attention_mask is not None and not attention_mask.bool().all():
+        mask = torch.ones(ids.shape, dtype=torch.bool, device=idx.device)
+        mask[:, :T0] = attention_mask.to(device=idx.device, dtype=torch.bool)
     dtype = model.lm_head.weight.dtype
     was_training = model.training
     model.eval()
     stops = _stop_sequences(stop)
-    finished = torch.zeros(idx.size(0), dtype=torch.bool, device=idx.device)
-    cache, ids, positions = None, idx, None
+    finished = torch.zeros(B, dtype=torch.bool, device=idx.device)
+    cache, positions = None, None
     try:
         for step in range(max_new_tokens):
-            if cache is not None and cache.length < block_size:  # one new token
+            if cache is not None and cache.length < limit:  # one new token
                 positions = positions[:, -1:] + 1
-                logits = model.forward_cached(ids[:, -1:], cache, positions,
-                                              mask[:, -cache.length - 1:], last_only=True)
-            else:  # prefill: the prompt, or a rebuild of the last block_size tokens
-                window, window_mask = ids[:, -block_size:], mask[:, -block_size:]
-                positions = (window_mask.long().cumsum(1) - 1).clamp(min=0)
-                cache = KVCache(model, ids.size(0), ids.device, dtype)
-                logits = model.forward_cached(window, cache, positions, window_mask,
+                logits = model.forward_cached(
+                    ids[:, n - 1:n], cache, positions,
+                    None if mask is None else mask[:, n - cache.length - 1:n], last_only=True)
+            else:  # prefill: the prompt, or a rebuild of the last max_positions tokens
+                lo = max(0, n - limit)
+                window_mask = None if mask is None else mask[:, lo:n]
+                positions = (torch.arange(n - lo, device=idx.device).expand(B, -1)
+                             if mask is None else (window_mask.long().cumsum(1) - 1).clamp(min=0))
+                cache = KVCache(model, B, idx.device, dtype)
+                logits = model.forward_cached(ids[:, lo:n], cache, positions, window_mask,
                                               last_only=True)
                 if not use_cache:
                     cache = None
@@ -173,14 +184,15 @@ def stream_generate(model, idx: torch.Tensor, max_new_tokens: int, temperature: 
                 nxt = sample_next(logits[:, -1, :], temperature, top_k, top_p, generator)
             except ValueError as e:
                 raise ValueError(f"step {step}: {e}") from None
-            if int(nxt.min()) < 0 or int(nxt.max()) >= vocab_size:
-                raise ValueError(f"step {step}: sampled token id {nxt.tolist()} is outside "
+            chosen = nxt.tolist()
+            if min(chosen) < 0 or max(chosen) >= vocab_size:
+                raise ValueError(f"step {step}: sampled token id {chosen} is outside "
                                  f"[0, {vocab_size})")
-            ids = torch.cat([ids, nxt[:, None]], dim=1)
-            mask = torch.cat([mask, mask.new_ones(mask.size(0), 1)], dim=1)
-            yield torch.where(finished, torch.full_like(nxt, pad_token_id), nxt)
+            ids[:, n] = nxt
+            n += 1
+            yield torch.where(finished, torch.full_like(nxt, pad_token_id), nxt) if stops else nxt
             if stops:
-                generated = ids[:, idx.size(1):]
+                generated = ids[:, T0:n]
                 for seq in stops:
                     if generated.size(1) >= len(seq):
                         finished |= (generated[:, -len(seq):] == seq.to(ids.device)).all(1)
@@ -199,21 +211,22 @@ def generate(model, idx: torch.Tensor, max_new_tokens: int, temperature: float =
     """Extend idx by max_new_tokens tokens sampled from `model`, with a KV cache.
 
     One forward pass over the prompt fills the cache (a `KVCache`: per layer [B, n_heads,
-    block_size, head_dim]); then each new token is one forward pass of one position. When
-    the sequence outgrows block_size the context slides: the cache is rebuilt from the last
-    block_size tokens (every position encoding is trained on block_size positions only), so
-    the tokens equal those of rerunning the full forward on the last block_size tokens.
+    max_positions, head_dim]); then each new token is one forward pass of one position. When
+    the sequence outgrows the config's max_positions (block_size, the trained length, unless
+    a sinusoidal or rotary model allows more) the context slides: the cache is rebuilt from
+    the last max_positions tokens, so the tokens equal those of rerunning the full forward on
+    the last max_positions tokens.
 
     Args:
         model: a DecoderLM; it runs in eval mode here (no dropout) and its mode is restored.
-        idx: [B, T] int64 prompt ids, T >= 1 (T may exceed block_size).
+        idx: [B, T] int64 prompt ids, T >= 1 (T may exceed max_positions).
         max_new_tokens: number of tokens to append, >= 0.
         temperature, top_k, top_p: see `sample_next`; do_sample=False is greedy decoding.
         seed: seeds a fresh torch.Generator so the same call gives the same tokens.
         generator: a torch.Generator to draw from instead (ignored when seed is given).
         attention_mask: [B, T] 1 for prompt tokens, 0 for left padding (prompts of different
             lengths in one batch); positions count real tokens only, so each row gets the
-            tokens it would get alone (while the batch fits in block_size).
+            tokens it would get alone (while the batch fits in max_positions).
         use_cache: False reruns the whole window at every step (for checking).
         stop: a token id, or a list of ids and/or id sequences: a row ends once its new
             tokens end with one of them (the stop tokens are kept in the output).
@@ -240,7 +253,9 @@ def stream_text(model, tokenizer, prompt_ids: list[int], max_new_tokens: int,
     Text is held back while it ends in an incomplete character (U+FFFD from a partial UTF-8
     byte sequence) or could be the start of a stop text. The continuation ends before the
     first stop text (which is not yielded) with finish_reason "stop", or after
-    max_new_tokens tokens with "length".
+    max_new_tokens tokens with "length". It decodes one row that is never stopped by token
+    id, so generate's pad_token_id never reaches the text (tokenizers refuse ids outside the
+    vocabulary, -1 included).
 
     Yields:
         (delta, None) while going, then one last (delta, "stop" | "length", n_new_tokens).

@@ -158,9 +158,11 @@ class CausalSelfAttention(nn.Module):
     (y [B, T, d_model], att | None); rope is (cos, sin) [T or B x 1 x T, head_dim / 2] when the
     config's pos_encoding is "rope". For cached decoding, cache = (k_buf, v_buf, start): the
     new keys and values are written at positions start.. of the [B, n_heads, T_max, head_dim]
-    buffers and attention runs over all start + T of them under `mask` (bool [B, 1, T, S]).
-    The default path calls `F.scaled_dot_product_attention(is_causal=True)` (fused kernels);
-    with need_weights=True it runs `causal_attention` and also returns att [B, n_heads, T, T].
+    buffers and attention runs over all start + T of them under `mask` (bool [B, 1, T, S]);
+    mask None there means no padding and either one new token (it sees every key) or an
+    empty cache (plain causal). The default path calls `F.scaled_dot_product_attention`
+    (fused kernels; causal unless there is one query); with need_weights=True it runs
+    `causal_attention` and also returns att [B, n_heads, T, T].
     """
 
     def __init__(self, config: ModelConfig):
@@ -184,13 +186,11 @@ class CausalSelfAttention(nn.Module):
             k_buf[:, :, start:start + T] = k
             v_buf[:, :, start:start + T] = v
             k, v = k_buf[:, :, :start + T], v_buf[:, :, :start + T]
-        if mask is not None:  # bool [B, 1, T, S], True where query t may attend to key s
-            y, att = F.scaled_dot_product_attention(q, k, v, attn_mask=mask), None
-        elif need_weights:
+        if need_weights:
             y, att = causal_attention(q, k, v, dropout_p)
-        else:
-            y, att = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p,
-                                                    is_causal=True), None
+        else:  # mask: bool [B, 1, T, S], True where query t may attend to key s
+            y, att = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p,
+                                                    is_causal=mask is None and T > 1), None
         y = y.transpose(1, 2).reshape(B, T, C)
         return self.resid_dropout(self.proj(y)), att
 
@@ -262,11 +262,11 @@ class DecoderLM(nn.Module):
                         if config.pos_encoding == "learned" else None)
         # fixed tables are buffers, rebuilt from the config, not stored in checkpoints
         if config.pos_encoding == "sinusoidal":
-            self.register_buffer("pos_table", sinusoidal_positions(config.block_size,
+            self.register_buffer("pos_table", sinusoidal_positions(config.max_positions,
                                                                    config.d_model),
                                  persistent=False)
         if config.pos_encoding == "rope":
-            cos, sin = rope_cos_sin(config.block_size, config.head_dim, config.rope_base)
+            cos, sin = rope_cos_sin(config.max_positions, config.head_dim, config.rope_base)
             self.register_buffer("rope_cos", cos, persistent=False)
             self.register_buffer("rope_sin", sin, persistent=False)
         self.drop = nn.Dropout(config.dropout)
@@ -294,14 +294,14 @@ class DecoderLM(nn.Module):
         if idx.dim() != 2 or idx.dtype not in (torch.int64, torch.int32):
             raise ValueError(f"idx must be an int64 tensor of shape [B, T], got dtype "
                              f"{idx.dtype} and shape {tuple(idx.shape)}")
-        T = idx.size(1)
-        if T > self.config.block_size:
-            raise ValueError(f"sequence length T={T} exceeds block_size={self.config.block_size}; "
-                             f"pass at most block_size tokens (generate() crops the context)")
+        T, limit = idx.size(1), self.config.max_positions
+        if T > limit:
+            raise ValueError(f"sequence length T={T} exceeds {self.config.length_limit}; pass "
+                             f"at most {limit} tokens (generate() crops the context)")
         if T == 0:
             raise ValueError("idx has no tokens (T=0); pass at least one token id")
         if not torch.compiler.is_compiling():
-            lo, hi = int(idx.min()), int(idx.max())
+            lo, hi = (int(v) for v in torch.aminmax(idx))
             if lo < 0 or hi >= self.config.vocab_size:
                 raise ValueError(f"token ids must be in [0, vocab_size={self.config.vocab_size}), "
                                  f"got ids from {lo} to {hi}; was the input encoded with this "
@@ -340,7 +340,8 @@ class DecoderLM(nn.Module):
         """Logits for every position, and the next-token loss when targets are given.
 
         Args:
-            idx: [B, T] int64 token ids, T <= block_size.
+            idx: [B, T] int64 token ids, T <= max_positions (block_size unless the config
+                allows more).
             targets: [B, T] int64, the token that follows each position (idx shifted left by
                 one); -1 marks a position to ignore. None skips the loss.
 
@@ -349,7 +350,7 @@ class DecoderLM(nn.Module):
             cross-entropy over non-ignored positions, a float32 scalar in nats, or None.
 
         Raises:
-            ValueError: idx is not [B, T] integer, T is 0 or exceeds block_size, or an id is
+            ValueError: idx is not [B, T] integer, T is 0 or exceeds max_positions, or an id is
                 outside [0, vocab_size).
         """
         logits, _ = self._run(idx, need_weights=False)
@@ -374,15 +375,17 @@ class DecoderLM(nn.Module):
         return logits, torch.stack(atts)
 
     def forward_cached(self, idx: torch.Tensor, cache, position_ids: torch.Tensor,
-                       key_mask: torch.Tensor, last_only: bool = False) -> torch.Tensor:
+                       key_mask: torch.Tensor | None = None,
+                       last_only: bool = False) -> torch.Tensor:
         """Logits of new tokens given the keys and values of the earlier ones (decoding).
 
         Args:
             idx: [B, T] int64, the new tokens.
             cache: a `decoderlm.generate.KVCache` holding cache.length earlier positions; the
                 new keys and values are appended to it (its length grows by T).
-            position_ids: [B, T] int64, each new token's position (< block_size).
-            key_mask: [B, cache.length + T] bool, False for padding (never attended to).
+            position_ids: [B, T] int64, each new token's position (< max_positions).
+            key_mask: [B, cache.length + T] bool, False for padding (never attended to);
+                None means no padding.
             last_only: compute the logits of the last position only.
 
         Returns:
@@ -390,14 +393,18 @@ class DecoderLM(nn.Module):
         """
         T, start = idx.size(1), cache.length
         S = start + T
-        causal = torch.ones(T, S, dtype=torch.bool, device=idx.device).tril(start)
-        # a padding query may see no key at all; letting every query see itself keeps every
-        # softmax row finite (no NaN); the outputs at padding are never used
-        itself = torch.arange(S, device=idx.device) == \
-            (torch.arange(T, device=idx.device) + start)[:, None]
-        mask = (causal[None] & key_mask[:, None, :]) | itself[None]
+        mask = None  # without padding, one new token or an empty cache needs no mask
+        if key_mask is not None or (T > 1 and start > 0):
+            if key_mask is None:
+                key_mask = torch.ones(idx.size(0), S, dtype=torch.bool, device=idx.device)
+            causal = torch.ones(T, S, dtype=torch.bool, device=idx.device).tril(start)
+            # a padding query may see no key at all; letting every query see itself keeps
+            # every softmax row finite (no NaN); the outputs at padding are never used
+            itself = torch.arange(S, device=idx.device) == \
+                (torch.arange(T, device=idx.device) + start)[:, None]
+            mask = ((causal[None] & key_mask[:, None, :]) | itself[None])[:, None]
         caches = [(k, v, start) for k, v in zip(cache.k, cache.v)]
-        logits, _ = self._run(idx, False, position_ids, caches, mask[:, None], last_only)
+        logits, _ = self._run(idx, False, position_ids, caches, mask, last_only)
         cache.length = S
         return logits
 

@@ -114,7 +114,7 @@ def forward(params: dict[str, np.ndarray], config, idx: np.ndarray) -> np.ndarra
         params: the model's state dict as NumPy arrays (keys as in `DecoderLM.state_dict()`;
             if "lm_head.weight" is absent, the token embedding is used: tied weights).
         config: the ModelConfig.
-        idx: [B, T] integer token ids, T <= block_size.
+        idx: [B, T] integer token ids, T <= max_positions (block_size for learned positions).
 
     Returns:
         [B, T, vocab_size] float64 logits.

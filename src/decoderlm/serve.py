@@ -7,8 +7,13 @@
     GET  /health           {"status": "ok"}
 
 Each request samples with its own torch.Generator and KV cache, so concurrent requests
-(FastAPI runs the handlers in a thread pool) never share state. A bad field is a 422 (from the
-request schema) or a 400 with a message (limits, unknown characters).
+(generation runs in a thread pool) never share state. A bad field is a 422 (from the request
+schema) or a 400 with a message (limits, unknown characters). OpenAI fields this server cannot
+honour (logprobs, echo, best_of, suffix, presence_penalty, frequency_penalty, logit_bias) are
+accepted only at their no-op values (null, false, 1, null, 0, 0, {}), any other value is a 400
+naming the field; `user` is accepted and ignored (it only labels the caller); any other
+unknown field is a 400 too, so a misspelt option is never silently dropped. A request whose client
+disconnects stops generating at its next piece of text (usually the next token).
 """
 
 import json  # no `from __future__ import annotations`: FastAPI reads the request type
@@ -16,6 +21,24 @@ import time
 import uuid
 
 __all__ = ["create_app", "serve"]
+
+# OpenAI completion fields we do not implement, with the values that ask for nothing from them
+_NO_OP_FIELDS = {"logprobs": [None], "echo": [False], "best_of": [1], "suffix": [None],
+                 "presence_penalty": [0, 0.0], "frequency_penalty": [0, 0.0],
+                 "logit_bias": [None, {}]}
+
+
+def _unsupported_fields(extra: dict, supported: list[str]) -> str | None:
+    """A message naming the first field of `extra` (fields outside the request schema) that
+    this server cannot honour, or None when all of them ask for nothing."""
+    for name, value in extra.items():
+        if name not in _NO_OP_FIELDS:
+            return f"unknown field {name!r}; this server supports {supported}"
+        if not any(type(value) is type(ok) and value == ok for ok in _NO_OP_FIELDS[name]):
+            allowed = " or ".join(json.dumps(ok) for ok in _NO_OP_FIELDS[name])
+            return (f"{name}={json.dumps(value)} is not supported by this server; omit {name} "
+                    f"or send {allowed}")
+    return None
 
 
 def _missing_extra(e: ImportError):
@@ -31,7 +54,8 @@ def create_app(model, tokenizer, model_name: str, max_tokens_limit: int = 1024,
         RuntimeError: FastAPI is not installed.
     """
     try:
-        from fastapi import FastAPI, HTTPException, Request
+        from fastapi import FastAPI, HTTPException, Request, Response
+        from fastapi.concurrency import run_in_threadpool
         from fastapi.exceptions import RequestValidationError
         from fastapi.responses import JSONResponse, StreamingResponse
         from pydantic import BaseModel, ConfigDict, Field
@@ -41,7 +65,8 @@ def create_app(model, tokenizer, model_name: str, max_tokens_limit: int = 1024,
     from .generate import stream_text
 
     class CompletionRequest(BaseModel):
-        model_config = ConfigDict(strict=True)  # no "yes" for true, no true for 1
+        # strict: no "yes" for true, no true for 1; extra fields are kept to be checked
+        model_config = ConfigDict(strict=True, extra="allow")
 
         model: str | None = None
         prompt: str | list[str]
@@ -52,6 +77,7 @@ def create_app(model, tokenizer, model_name: str, max_tokens_limit: int = 1024,
         stop: str | list[str] | None = None
         stream: bool = False
         seed: int | None = Field(None, ge=0, lt=2**63)
+        user: str | None = None  # accepted and ignored
 
     app = FastAPI(title="decoderlm", version="0.1.0")
     model.eval()
@@ -73,6 +99,10 @@ def create_app(model, tokenizer, model_name: str, max_tokens_limit: int = 1024,
                                             "owned_by": "decoderlm"}]}
 
     def check(req: CompletionRequest) -> tuple[list[list[int]], list[str]]:
+        unsupported = _unsupported_fields(req.model_extra or {},
+                                          sorted(CompletionRequest.model_fields))
+        if unsupported:
+            raise HTTPException(400, unsupported)
         if req.model not in (None, model_name):
             raise HTTPException(404, f"model {req.model!r} is not served here; GET /v1/models")
         if req.max_tokens > max_tokens_limit:
@@ -107,7 +137,7 @@ def create_app(model, tokenizer, model_name: str, max_tokens_limit: int = 1024,
                     req.top_p if req.top_p < 1.0 else None, seed, stops)
 
     @app.post("/v1/completions")
-    def completions(req: CompletionRequest):
+    async def completions(req: CompletionRequest, request: Request):
         encoded, stops = check(req)
         cid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
         head = {"id": cid, "object": "text_completion", "created": created,
@@ -122,10 +152,16 @@ def create_app(model, tokenizer, model_name: str, max_tokens_limit: int = 1024,
                         yield f"data: {json.dumps(chunk)}\n\n"
                 yield "data: [DONE]\n\n"
             return StreamingResponse(events(), media_type="text/event-stream")
+        # one token per trip to the thread pool, so a client that has gone is noticed
+        # (a streamed response stops the same way: Starlette stops pulling its chunks)
         choices, completion_tokens = [], 0
         for index, pieces in runs(req, encoded, stops):
             text, finish, made = "", None, 0
-            for delta, finish, *rest in pieces:
+            while (piece := await run_in_threadpool(next, pieces, None)) is not None:
+                if await request.is_disconnected():
+                    pieces.close()
+                    return Response(status_code=499)  # nobody reads it; nginx's code
+                delta, finish, *rest = piece
                 text += delta
                 made = rest[0] if rest else made
             completion_tokens += made
