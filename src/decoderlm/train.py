@@ -57,14 +57,26 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
 
 
 def configure_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
-    """AdamW with weight decay on every parameter of 2 or more dimensions (weight matrices and
-    embeddings, as nanoGPT does) and none on biases and LayerNorm gains."""
+    """AdamW (Loshchilov & Hutter 2019) with decoupled weight decay on every parameter of 2 or
+    more dimensions and none on biases and norm gains (1-D).
+
+    Embeddings are decayed too, as in nanoGPT: with tied weights the token embedding is also
+    the unembedding matrix, a weight matrix like any other, and the learned position table is
+    a [block_size, d_model] matrix whose unused rows decay towards 0 instead of staying at
+    their random initial values. Biases and gains are not decayed: pulling a LayerNorm gain
+    towards 0 rather than 1 would fight the normalisation.
+
+    The fused AdamW kernel (one kernel for all parameters) is used on CPU and CUDA; FSDP's
+    sharded parameters use the default multi-tensor implementation.
+    """
     params = [p for p in model.parameters() if p.requires_grad]
     groups = [
         {"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
     ]
-    return torch.optim.AdamW(groups, lr=lr_at(0, cfg), betas=(cfg.beta1, cfg.beta2))
+    fused = not cfg.fsdp and all(p.device.type in ("cpu", "cuda") for p in params)
+    return torch.optim.AdamW(groups, lr=lr_at(0, cfg), betas=(cfg.beta1, cfg.beta2),
+                             fused=fused)
 
 
 def _autocast(cfg: TrainConfig, device: torch.device):
@@ -656,7 +668,7 @@ def _write_artifacts(model, tokenizer, cfg: TrainConfig, metrics: list[dict], va
 
     plot_loss(metrics, out_dir / "loss.png")
     n = min(64, model.config.block_size, len(val_ids))
-    window = torch.as_tensor(np.asarray(val_ids[:n]), dtype=torch.long)[None, :]
+    window = torch.tensor(np.asarray(val_ids[:n], dtype=np.int64))[None, :]
     device = model.lm_head.weight.device
     model.eval()
     with torch.no_grad():
