@@ -166,14 +166,20 @@ def test_damaged_and_missing_checkpoints_give_clear_errors(corpus, tmp_path, cap
     captured = capsys.readouterr()
     assert "skipping checkpoint" in captured.out and "step-00000002" in captured.out
 
+    weights = list_checkpoints(out)[-1] / "model.safetensors"  # now step 6
+    weights.write_bytes(weights.read_bytes()[:500])
+    assert main(["train", "--resume", str(out), "--max-steps", "8"]) == 0
+    captured = capsys.readouterr()
+    assert "not a readable safetensors file" in captured.out and "step-00000006" in captured.out
+
     empty = tmp_path / "empty"
     empty.mkdir()
     assert main(["train", "--resume", str(empty)]) == 2
     assert "holds no checkpoint" in capsys.readouterr().err
-    assert main(["train", "--resume", str(out), "--n-layers", "3", "--max-steps", "8"]) == 2
+    assert main(["train", "--resume", str(out), "--n-layers", "3", "--max-steps", "9"]) == 2
     err = capsys.readouterr().err
     assert "does not match the command line" in err and "n_layers is 2" in err
-    assert main(["train", "--resume", str(out), "--max-steps", "6"]) == 2
+    assert main(["train", "--resume", str(out), "--max-steps", "8"]) == 2
     assert "pass a larger --max-steps" in capsys.readouterr().err
     assert main(["train", "--resume", str(out), "--overwrite"]) == 2
     assert "pick one" in capsys.readouterr().err

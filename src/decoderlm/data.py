@@ -39,7 +39,11 @@ TOKEN_DTYPES = ("uint16", "uint32")
 _SPLITS = ("train", "val")
 
 
-def _not_utf8(path: Path, offset: int, hint: str = "convert it to UTF-8 first") -> ValueError:
+_TRAIN_BYTES_HINT = ("convert it to UTF-8, or train on its bytes: `decoderlm prepare --data FILE "
+                     "--tokenizer byte --out DIR`, then `decoderlm train --data DIR`")
+
+
+def _not_utf8(path: Path, offset: int, hint: str = _TRAIN_BYTES_HINT) -> ValueError:
     return ValueError(f"{path} is not UTF-8 text (invalid byte at offset {offset}); {hint}")
 
 
@@ -51,7 +55,7 @@ def _read_utf8(path: Path) -> str:
 
 
 def iter_text_chunks(path: str | Path, chunk_bytes: int = 1 << 20,
-                     hint: str = "convert it to UTF-8 first") -> Iterator[str]:
+                     hint: str = _TRAIN_BYTES_HINT) -> Iterator[str]:
     """The text of a UTF-8 file, read `chunk_bytes` bytes at a time, as consecutive strings.
 
     Newlines are translated as `load_text` (Python's universal newlines) does: "\r\n" and "\r"
@@ -185,13 +189,15 @@ def windows(data: torch.Tensor | np.ndarray, starts: torch.Tensor, block_size: i
             ) -> tuple[torch.Tensor, torch.Tensor]:
     """(x, y) [len(starts), block_size] int64: the windows data[s : s + block_size + 1] split
     into inputs and next-token targets. `data` is a [N] tensor or a NumPy array / np.memmap,
-    from which only these windows are gathered (fancy indexing) and converted to int64."""
+    from which only these windows are gathered (fancy indexing) and converted to int64.
+    x and y are contiguous: torch.compile's CPU graph for strided inputs runs about 1.6x
+    slower (benchmarks/train_speed.py)."""
     if isinstance(data, np.ndarray):
         index = starts.numpy()[:, None] + np.arange(block_size + 1)
         window = torch.from_numpy(data[index].astype(np.int64))
     else:
         window = data[starts[:, None] + torch.arange(block_size + 1)].long()
-    return window[:, :-1], window[:, 1:]
+    return window[:, :-1].contiguous(), window[:, 1:].contiguous()
 
 
 @dataclass

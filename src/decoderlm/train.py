@@ -504,14 +504,14 @@ def load_corpus(spec: dict, tokenizer=None):
     return tokenizer, train_ids, val_ids, f"{source}: {len(text):,} characters"
 
 
-def _resume_point(run_dir: Path, log) -> Path:
-    """The newest checkpoint of run_dir whose trainer state loads; a damaged newest one is
-    skipped with a warning (it is left on disk for inspection)."""
+def _resume_point(run_dir: Path, log) -> tuple[Path, DecoderLM]:
+    """The newest checkpoint of run_dir whose trainer state and model load, and its model; a
+    damaged newer one is skipped with a warning (and left on disk for inspection)."""
     latest_checkpoint(run_dir)  # raises a clear error when there is none
     for candidate in reversed(list_checkpoints(run_dir)):
         try:
             load_trainer_state(candidate)
-            return candidate
+            return candidate, load_model(candidate)
         except (ValueError, FileNotFoundError) as e:
             log(f"warning: skipping checkpoint {candidate}: {e}")
     raise ValueError(f"no checkpoint in {run_dir / 'checkpoints'} can be loaded; see the "
@@ -567,7 +567,7 @@ def run_experiment(preset: str | None = None, data: str | Path | None = None,
     checkpoint = None
     if resume is not None:
         out_dir = Path(resume)
-        checkpoint = _resume_point(out_dir, log)
+        checkpoint, resumed = _resume_point(out_dir, log)
         saved = read_json(checkpoint / "config.json")
         if preset is not None and preset != saved.get("preset"):
             raise ValueError(f"the checkpoint was trained with preset {saved.get('preset')!r}, "
@@ -599,7 +599,7 @@ def run_experiment(preset: str | None = None, data: str | Path | None = None,
         dist.barrier()
 
     torch.manual_seed(train_cfg.seed)
-    model = (load_model(checkpoint) if checkpoint is not None else DecoderLM(model_cfg)).to(device)
+    model = (resumed if checkpoint is not None else DecoderLM(model_cfg)).to(device)
     if info.world_size > 1:  # the same initial weights everywhere, different dropout per rank
         torch.manual_seed(train_cfg.seed + info.rank)
     log(f"data: {source}, vocabulary {tokenizer.vocab_size}, train {len(train_ids):,} / "
