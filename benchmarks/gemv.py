@@ -1,4 +1,4 @@
-"""One-row float32 products on this CPU: F.linear (MKL's matrix-vector product) against
+"""One-row float32 and bfloat16 products on this CPU: F.linear (MKL's matrix-vector product) against
 `decoderlm.model.rowwise_linear` (the same product as a 2-way batched matmul), for the
 unembeddings and block matrices of the decoding benchmark. Prints milliseconds per product
 (best of 30 after a warm-up) and the weight bytes read per second.
@@ -28,13 +28,16 @@ def best_ms(fn, n=30) -> float:
 
 def main() -> None:
     torch.manual_seed(0)
-    print(f"{'weight [out, in]':>18} {'F.linear ms':>12} {'GB/s':>6} {'rowwise ms':>11} {'GB/s':>6}")
-    for out, inp in SHAPES:
-        w, x = torch.randn(out, inp), torch.randn(1, inp)
-        gb = w.numel() * 4 / 1e9
-        a = best_ms(lambda: F.linear(x, w))
-        b = best_ms(lambda: rowwise_linear(x, w))
-        print(f"{str([out, inp]):>18} {a:12.3f} {gb / a * 1e3:6.1f} {b:11.3f} {gb / b * 1e3:6.1f}")
+    print(f"{'dtype':>9} {'weight [out, in]':>18} {'F.linear ms':>12} {'GB/s':>6} "
+          f"{'rowwise ms':>11} {'GB/s':>6}")
+    for dtype in (torch.float32, torch.bfloat16):
+        for out, inp in SHAPES:
+            w, x = torch.randn(out, inp, dtype=dtype), torch.randn(1, inp, dtype=dtype)
+            gb = w.numel() * w.element_size() / 1e9
+            a = best_ms(lambda: F.linear(x, w))
+            b = best_ms(lambda: rowwise_linear(x, w))
+            print(f"{str(dtype)[6:]:>9} {str([out, inp]):>18} {a:12.3f} {gb / a * 1e3:6.1f} "
+                  f"{b:11.3f} {gb / b * 1e3:6.1f}")
 
 
 if __name__ == "__main__":

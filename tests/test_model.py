@@ -262,3 +262,23 @@ def test_dropout_is_off_in_eval_mode():
     assert torch.equal(model(idx, idx)[1], no_dropout(idx, idx)[1])
     model.train()
     assert not torch.equal(model(idx)[0], model(idx)[0])  # and on in train mode
+
+
+def test_bfloat16_cpu_training_attention_path_matches_the_fused_kernel():
+    # bfloat16 training on the CPU with T <= 128 runs attention written out (faster there);
+    # it must give what the fused kernel gives, and longer contexts keep the fused kernel
+    from decoderlm.model import _explicit_is_faster
+
+    model = randomize(DecoderLM(tiny_config()), seed=3).train()
+    idx = torch.randint(0, 65, (2, 32))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.no_grad():
+            fused = model(idx)[0].float()
+        explicit = model(idx)[0].float()
+    torch.testing.assert_close(explicit, fused, atol=0.1, rtol=0.05)
+    q = torch.zeros(1, 1, 129, 8, dtype=torch.bfloat16)
+    assert _explicit_is_faster(q[:, :, :128], None, None)
+    assert not _explicit_is_faster(q, None, None)
+    assert not _explicit_is_faster(q[:, :, :128].float(), None, None)
+    with torch.no_grad():
+        assert not _explicit_is_faster(q[:, :, :128], None, None)

@@ -151,6 +151,15 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     return (y.to(v.dtype) @ v), att
 
 
+def _explicit_is_faster(q: torch.Tensor, cache, mask) -> bool:
+    """Training in bfloat16 on the CPU with a short context: PyTorch's CPU flash-attention
+    backward is about 6x slower in bfloat16 than in float32 (3.1 vs 0.5 ms for B 12, T 64,
+    4 heads of 32), so the written-out attention wins there, and its T x T probabilities are
+    small for T <= 128. Everywhere else the fused kernel keeps memory linear in T."""
+    return (q.device.type == "cpu" and q.dtype == torch.bfloat16 and torch.is_grad_enabled()
+            and cache is None and mask is None and 1 < q.size(-2) <= 128)
+
+
 class CausalSelfAttention(nn.Module):
     """Multi-head causal self-attention with one fused QKV projection.
 
@@ -188,6 +197,8 @@ class CausalSelfAttention(nn.Module):
             k, v = k_buf[:, :, :start + T], v_buf[:, :, :start + T]
         if need_weights:
             y, att = causal_attention(q, k, v, dropout_p)
+        elif _explicit_is_faster(q, cache, mask):
+            y, att = causal_attention(q, k, v, dropout_p)[0], None
         else:  # mask: bool [B, 1, T, S], True where query t may attend to key s
             y, att = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p,
                                                     is_causal=mask is None and T > 1), None
