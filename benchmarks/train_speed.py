@@ -9,7 +9,8 @@ recipe: nanoGPT's Shakespeare-character CPU recipe (n_layers 4, n_heads 4, d_mod
     2,000 steps, weight decay 0.1, beta2 0.99, clipping 1.0, dropout 0, no biases) trained with
     `decoderlm train` on Tiny Shakespeare prepared by `decoderlm prepare --tokenizer char`
     (the same 90/10 split as nanoGPT's prepare.py), in float32 and bfloat16 autocast, eager and
-    with torch.compile. Each run is a fresh process. Figures: steady-state tokens/s (steps 100 to
+    with torch.compile, and once more with rotary positions instead of the learned table.
+    Each run is a fresh process. Figures: steady-state tokens/s (steps 100 to
     2,000, without the evaluation), the wall time of the whole training call, and the final
     validation loss over the whole validation split (nats/char).
 mfu: n_layers 8, d_model 512, n_heads 8, block_size 256, batch 8, character vocabulary: tokens/s
@@ -51,17 +52,18 @@ def recipe(data: Path, work: Path) -> None:
     print("nanoGPT CPU recipe, Tiny Shakespeare characters, 2,000 steps of 768 tokens")
     print(f"{'dtype':<10} {'compile':<8} {'tokens/s':>9} {'ms/step':>8} {'wall s':>7} "
           f"{'val loss':>9}")
-    for dtype, compiled in VARIANTS:
-        out = work / f"run-{dtype}-{compiled}"
+    for dtype, compiled, extra in [(d, c, []) for d, c in VARIANTS] + [
+            ("bfloat16", "false", ["--pos-encoding", "rope"])]:
+        out = work / f"run-{dtype}-{compiled}-{len(extra)}"
         subprocess.run([sys.executable, "-m", "decoderlm", "train", "--data", str(tokens),
-                        "--out", str(out), *RECIPE, "--dtype", dtype, "--compile", compiled],
-                       check=True, capture_output=True)
+                        "--out", str(out), *RECIPE, "--dtype", dtype, "--compile", compiled,
+                        *extra], check=True, capture_output=True)
         records = [json.loads(line) for line in (out / "metrics.jsonl").open()]
         first, last = records[0], records[-1]  # steps 100 and 2,000
         rate = (last["tokens"] - first["tokens"]) / (last["elapsed_s"] - first["elapsed_s"])
         val = _final_val_loss(out)
         print(f"{dtype:<10} {compiled:<8} {rate:9,.0f} {768 / rate * 1000:8.1f} "
-              f"{last['elapsed_s']:7.1f} {val:9.4f}", flush=True)
+              f"{last['elapsed_s']:7.1f} {val:9.4f}  {' '.join(extra)}", flush=True)
 
 
 def _final_val_loss(run: Path) -> float:
