@@ -427,8 +427,8 @@ def train(model: DecoderLM, cfg: TrainConfig, train_ids, val_ids,
                 if stop:
                     interrupted = True
                     break
-                if cfg.checkpoint_interval and done % cfg.checkpoint_interval == 0 \
-                        and done < cfg.max_steps:
+                if run_dir is not None and cfg.checkpoint_interval \
+                        and done % cfg.checkpoint_interval == 0 and done < cfg.max_steps:
                     checkpoint = save(done)
             if run_dir is not None:
                 checkpoint = save(done)
@@ -439,7 +439,8 @@ def train(model: DecoderLM, cfg: TrainConfig, train_ids, val_ids,
     run_s = time.perf_counter() - start
     rate = (done - first_step) * tokens_per_step / max(run_s, 1e-9)
     if interrupted:
-        log(f"stopped by signal after step {done}; checkpoint saved to {checkpoint}")
+        log(f"stopped by signal after step {done}"
+            + (f"; checkpoint saved to {checkpoint}" if checkpoint else ""))
         return TrainResult(None, metrics, elapsed(), rate, done, True, checkpoint)
     val_loss = evaluate(model, val_ids, None, cfg.batch_size, autocast)
     return TrainResult(val_loss, metrics, elapsed(), rate, done, False, checkpoint)
