@@ -19,7 +19,8 @@ mfu: n_layers 8, d_model 512, n_heads 8, block_size 256, batch 8, character voca
     the matmul peak this script measures (a 2048 x 2048 x 2048 torch.mm, best of 20).
 context: the recipe's model at 16,384 tokens per step, block_size 128 ... 4,096 (batch 128 ...
     4), float32, default attention path (scaled_dot_product_attention): tokens/s over 5 steps
-    and the peak RSS growth of a fresh process during 3 training steps.
+    and the peak resident memory (VmHWM, reset after start-up) of a fresh process over its
+    resident memory before building the model, during 3 training steps.
 """
 
 from __future__ import annotations
@@ -138,14 +139,20 @@ def mfu_part() -> None:
 
 
 CONTEXT_CHILD = r"""
-import json, resource, sys, time
+import json, sys, time
 import torch
 from decoderlm import DecoderLM, ModelConfig
 from decoderlm.config import TrainConfig
 from decoderlm.train import configure_optimizer
+def status(key):  # bytes, from /proc/self/status
+    for line in open("/proc/self/status"):
+        if line.startswith(key + ":"):
+            return int(line.split()[1]) * 1024
 tiny = DecoderLM(ModelConfig(vocab_size=8, block_size=8, n_layers=1, n_heads=1, d_model=8))
 tiny(torch.zeros(1, 8, dtype=torch.long), torch.zeros(1, 8, dtype=torch.long))[1].backward()
-base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+base = status("VmRSS")
+with open("/proc/self/clear_refs", "w") as f:  # reset the peak (VmHWM) to the current RSS
+    f.write("5")
 T = int(sys.argv[1]); B = 16384 // T
 model = DecoderLM(ModelConfig(vocab_size=66, block_size=T, n_layers=4, n_heads=4, d_model=128,
                               bias=False)).train()
@@ -157,7 +164,7 @@ def step():
     loss.backward(); opt.step(); opt.zero_grad(set_to_none=True)
 for _ in range(3):
     step()
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - base
+peak = status("VmHWM") - base
 start = time.perf_counter()
 for _ in range(5):
     step()

@@ -96,7 +96,7 @@ def test_stop_after_10_steps_and_resume_in_a_new_process_is_exact(corpus, uninte
     assert torch.equal(end_a["data_sampler"], end_b["data_sampler"])  # the same batches
 
 
-@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGTERM])
+@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGTERM, signal.SIGINT])
 def test_a_killed_or_terminated_run_resumes_exactly(corpus, tmp_path, how):
     steps = ["--max-steps", "400", "--checkpoint-interval", "3", "--eval-interval", "50"]
     reference = tmp_path / "reference"

@@ -100,10 +100,15 @@ def test_train_writes_a_complete_run_and_sample_is_reproducible(tmp_path, capsys
     (["train", "--device", "meta"], "unknown device 'meta'"),
     (["train", "--out", ""], "empty string"),
     (["train", "--data", "."], "has no wiki.train.raw"),
+    (["train", "--data", "empty.txt"], "is empty"),
+    (["train", "--data", "latin1.txt"], "invalid byte at offset 3; convert it to UTF-8, or train "
+     "on its bytes: `decoderlm prepare --data FILE --tokenizer byte"),
     (["sample", "--run", ".", "--temperature", "nan"], "not found"),
 ])
 def test_user_mistakes_give_one_line_errors(tmp_path, capsys, args, message, monkeypatch):
     monkeypatch.chdir(tmp_path)
+    (tmp_path / "empty.txt").write_text("")
+    (tmp_path / "latin1.txt").write_bytes("caf\xe9 au lait".encode("latin-1"))
     assert main(args) == 2
     err = capsys.readouterr().err
     assert err.startswith("decoderlm: error:") and message in err and "Traceback" not in err
