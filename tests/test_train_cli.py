@@ -101,7 +101,7 @@ def test_train_writes_a_complete_run_and_sample_is_reproducible(tmp_path, capsys
     (["train", "--out", ""], "empty string"),
     (["train", "--data", "."], "has no wiki.train.raw"),
     (["train", "--data", "empty.txt"], "is empty"),
-    (["train", "--data", "latin1.txt"], "invalid byte at offset 3; convert it to UTF-8, or train "
+    (["train", "--data", "latin1.txt"], "invalid byte at offset 3); convert it to UTF-8, or train "
      "on its bytes: `decoderlm prepare --data FILE --tokenizer byte"),
     (["sample", "--run", ".", "--temperature", "nan"], "not found"),
 ])
