@@ -29,3 +29,25 @@ def randomize(model: DecoderLM, seed: int = 0) -> DecoderLM:
 @pytest.fixture
 def tiny():
     return tiny_model()
+
+
+def halved_random_model(seed: int, **overrides) -> DecoderLM:
+    """tiny_model with `randomize`d parameters scaled by 0.5 (logits of a sane size)."""
+    model = randomize(tiny_model(**overrides), seed=seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(0.5)
+    return model
+
+
+def assert_matches_reference(model: DecoderLM, idx: torch.Tensor) -> torch.Tensor:
+    """The model's logits for idx equal the NumPy reference's to 1e-4; returns them."""
+    import numpy as np
+
+    from decoderlm import reference
+
+    logits, _ = model(idx)
+    params = {k: v.numpy() for k, v in model.state_dict().items()}
+    expected = reference.forward(params, model.config, idx.numpy())
+    assert np.abs(logits.detach().numpy() - expected).max() < 1e-4
+    return logits

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from conftest import randomize, tiny_model
+from conftest import halved_random_model, randomize, tiny_model
 from decoderlm.generate import KVCache, stream_generate
 
 
@@ -36,10 +36,7 @@ def test_cached_greedy_equals_full_forward_for_200_tokens_past_block_size(overri
 @pytest.mark.parametrize("pos", ["sinusoidal", "rope"])
 def test_positions_go_past_block_size_up_to_max_positions_then_slide(pos):
     # block_size 16, max_positions 48, 5-token prompt, 60 new tokens: 65 > 48, so it slides
-    model = randomize(tiny_model(block_size=16, max_positions=48, pos_encoding=pos), seed=5)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.mul_(0.4)
+    model = halved_random_model(5, block_size=16, max_positions=48, pos_encoding=pos)
     calls = []  # (number of new tokens, largest position id) of every cached forward
     forward_cached = model.forward_cached
 

@@ -5,7 +5,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import randomize, tiny_config, tiny_model
+from conftest import (assert_matches_reference, halved_random_model, randomize, tiny_config,
+                      tiny_model)
 from decoderlm import DecoderLM, ModelConfig, reference
 from decoderlm.analysis import count_parameters
 from decoderlm.model import causal_attention
@@ -234,15 +235,8 @@ def test_too_long_input_raises_clear_error_naming_block_size():
 @pytest.mark.parametrize("pos", ["sinusoidal", "rope"])
 def test_positions_past_block_size_match_the_numpy_reference(pos):
     # the tables past block_size (up to max_positions) against the reference's formulas
-    model = randomize(tiny_model(block_size=16, max_positions=48, pos_encoding=pos), seed=4)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.mul_(0.5)
-    idx = torch.randint(0, 65, (1, 48))
-    logits, _ = model(idx)
-    params = {k: v.numpy() for k, v in model.state_dict().items()}
-    expected = reference.forward(params, model.config, idx.numpy())
-    assert np.abs(logits.detach().numpy() - expected).max() < 1e-4
+    model = halved_random_model(4, block_size=16, max_positions=48, pos_encoding=pos)
+    assert_matches_reference(model, torch.randint(0, 65, (1, 48)))
 
 
 def test_out_of_vocabulary_ids_and_bad_dtypes_raise_value_error(tiny):

@@ -4,12 +4,12 @@ RMSNorm, GELU (exact / tanh) / SwiGLU MLPs, bias, tying."""
 import itertools
 import math
 
-import numpy as np
 import pytest
 import torch
 
-from conftest import randomize, tiny_config, tiny_model
-from decoderlm import DecoderLM, ModelConfig, reference
+from conftest import (assert_matches_reference, halved_random_model, randomize, tiny_config,
+                      tiny_model)
+from decoderlm import DecoderLM, ModelConfig
 from decoderlm.analysis import count_parameters
 from decoderlm.model import MLP, apply_rope, rope_cos_sin, sinusoidal_positions
 
@@ -27,15 +27,9 @@ def _name(combo):
 
 @pytest.mark.parametrize("combo", COMBOS, ids=_name)
 def test_numpy_reference_covers_every_option(combo):
-    model = randomize(tiny_model(**combo), seed=5)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.mul_(0.5)
+    model = halved_random_model(5, **combo)
     idx = torch.randint(0, 65, (2, 32))
-    logits, _ = model(idx)
-    params = {k: v.numpy() for k, v in model.state_dict().items()}
-    expected = reference.forward(params, model.config, idx.numpy())
-    assert np.abs(logits.detach().numpy() - expected).max() < 1e-4
+    logits = assert_matches_reference(model, idx)
     explicit, _ = model.forward_with_attention(idx)
     assert torch.allclose(logits, explicit, atol=1e-5, rtol=1e-5)
 

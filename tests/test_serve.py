@@ -1,3 +1,4 @@
+import contextlib
 """The HTTP API against a real uvicorn server on 127.0.0.1 and a real HTTP client."""
 
 import json
@@ -19,6 +20,26 @@ pytest.importorskip("fastapi")
 CHARS = sorted(set("abcdefghijklmnopqrstuvwxyz ABCDEFGHIJKLMNOPQRSTUVWXYZ.,;:'\n0123456789-"))
 
 
+@contextlib.contextmanager
+def running(app):
+    """A real uvicorn server for `app` on a free port of 127.0.0.1; yields its base URL."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.time() + 20
+        while not srv.started and time.time() < deadline:
+            time.sleep(0.05)
+        assert srv.started
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        srv.should_exit = True
+        thread.join(timeout=10)
+
+
 @pytest.fixture(scope="module")
 def server():
     from decoderlm.serve import create_app
@@ -26,20 +47,9 @@ def server():
     torch.manual_seed(0)
     tok = CharTokenizer(CHARS[:65])  # the tiny model's 65 ids: all but "vwxyz"
     model = tiny_model()
-    app = create_app(model, tok, "tiny", max_tokens_limit=64, max_prompt_tokens=100)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    deadline = time.time() + 20
-    while not srv.started and time.time() < deadline:
-        time.sleep(0.05)
-    assert srv.started
-    yield f"http://127.0.0.1:{port}", model, tok
-    srv.should_exit = True
-    thread.join(timeout=10)
+    with running(create_app(model, tok, "tiny", max_tokens_limit=64,
+                            max_prompt_tokens=100)) as url:
+        yield url, model, tok
 
 
 def test_health_and_models(server):
@@ -193,23 +203,11 @@ def test_a_client_that_disconnects_stops_the_generation():
 
     model.tok_emb.register_forward_pre_hook(slow)
     app = create_app(model, CharTokenizer(CHARS[:65]), "tiny", max_tokens_limit=5000)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    try:
-        deadline = time.time() + 20
-        while not srv.started and time.time() < deadline:
-            time.sleep(0.05)
+    with running(app) as url:
         with pytest.raises(httpx.ReadTimeout):  # the client gives up and closes the connection
-            httpx.post(f"http://127.0.0.1:{port}/v1/completions",
-                       json={"prompt": "abc", "max_tokens": 5000}, timeout=0.5)
+            httpx.post(f"{url}/v1/completions", json={"prompt": "abc", "max_tokens": 5000},
+                       timeout=0.5)
         time.sleep(0.5)
         made = len(steps)
         time.sleep(0.5)
         assert 0 < made == len(steps) < 200  # it stopped, long before 5,000 tokens
-    finally:
-        srv.should_exit = True
-        thread.join(timeout=10)
