@@ -1,6 +1,6 @@
-import contextlib
 """The HTTP API against a real uvicorn server on 127.0.0.1 and a real HTTP client."""
 
+import contextlib
 import json
 import socket
 import threading
