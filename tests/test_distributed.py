@@ -32,8 +32,9 @@ SMALL = ["--n-layers", "2", "--n-heads", "2", "--d-model", "32", "--block-size",
 
 
 def losses(run_dir):
-    return [json.loads(line)["train_loss"]
-            for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    """Every logged training and validation loss, in order."""
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [r[key] for r in records for key in ("train_loss", "val_loss") if key in r]
 
 
 @pytest.mark.parametrize("sharding", ["ddp", "fsdp"])

@@ -223,3 +223,67 @@ def test_checkpoints_load_with_weights_only_and_unsafe_pickles_are_refused(corpu
     with pytest.raises(ValueError, match="cannot be loaded safely"):
         load_trainer_state(checkpoint)
     assert not marker.exists()
+
+
+def test_overwrite_deletes_only_the_earlier_run_and_only_once_settings_are_valid(corpus,
+                                                                                tmp_path,
+                                                                                capsys):
+    out = tmp_path / "run"
+    base = ["train", "--data", str(corpus), "--out", str(out), *TINY, "--max-steps", "2"]
+    assert main(base) == 0
+    (out / "notes.txt").write_text("mine")
+    (out / "mine").mkdir()
+    before = (out / "model.safetensors").read_bytes()
+    assert main([*base, "--overwrite", "--fsdp"]) == 2  # refused before anything is deleted
+    assert "--fsdp false" in capsys.readouterr().err
+    assert (out / "model.safetensors").read_bytes() == before
+    assert main([*base, "--overwrite", "--seed", "5"]) == 0
+    assert (out / "notes.txt").read_text() == "mine" and (out / "mine").is_dir()
+    assert (out / "model.safetensors").read_bytes() != before
+    assert main(["train", "--resume", str(out), "--out", str(tmp_path / "other")]) == 2
+    assert "drop --out" in capsys.readouterr().err
+
+
+def test_resume_notices_changed_data_and_accepts_moved_data(corpus, tmp_path, capsys):
+    text = tmp_path / "text.txt"
+    text.write_bytes(corpus.read_bytes())
+    out = tmp_path / "run"
+    assert main(["train", "--data", str(text), "--out", str(out), *TINY, "--max-steps", "2",
+                 "--decay-steps", "4"]) == 0
+    text.write_text(text.read_text()[:1500])
+    assert main(["train", "--resume", str(out), "--max-steps", "3"]) == 2
+    assert "is not the one the checkpoint was trained on" in capsys.readouterr().err
+    moved = tmp_path / "moved.txt"
+    moved.write_bytes(corpus.read_bytes())
+    assert main(["train", "--resume", str(out), "--max-steps", "3", "--data", str(moved)]) == 0
+    assert "note: the cosine schedule" not in capsys.readouterr().out
+    assert main(["train", "--resume", str(out), "--max-steps", "4", "--data", str(moved),
+                 "--val-fraction", "0.5"]) == 2
+    assert "val_fraction is 0.1 in the checkpoint" in capsys.readouterr().err
+
+
+def test_resume_finishes_a_run_stopped_after_its_last_step_and_survives_damage(corpus,
+                                                                               tmp_path,
+                                                                               capsys):
+    out = tmp_path / "run"
+    args = ["train", "--data", str(corpus), "--out", str(out), *TINY, "--max-steps", "4",
+            "--checkpoint-interval", "1", "--keep-checkpoints", "2"]
+    assert main(args) == 0
+    complete = {name: (out / name).read_bytes() for name in ("model.safetensors",
+                                                             "metrics.jsonl")}
+    for name in ("model.safetensors", "config.json", "samples.txt"):
+        (out / name).unlink()  # as if killed during the final evaluation
+    with (out / "metrics.jsonl").open("a") as f:
+        f.write('{"step": 5, "train_lo')  # and a line torn by the crash
+    assert main(["train", "--resume", str(out)]) == 0
+    assert (out / "model.safetensors").read_bytes() == complete["model.safetensors"]
+    assert records(out) == [{k: v for k, v in json.loads(line).items()
+                             if k not in ("elapsed_s", "tokens_per_s")}
+                            for line in complete["metrics.jsonl"].decode().splitlines()]
+    capsys.readouterr()
+    (list_checkpoints(out)[-1] / "tokenizer.json").write_text("{")  # step 4 damaged
+    assert main(["train", "--resume", str(out), "--max-steps", "6"]) == 0
+    assert "skipping checkpoint" in capsys.readouterr().out
+    # the damaged one is kept aside, out of the rotation; the two newest good ones remain
+    assert [p.name for p in list_checkpoints(out)] == ["step-00000005", "step-00000006"]
+    assert (out / "checkpoints" / "damaged-step-00000004").is_dir()

@@ -118,3 +118,22 @@ def test_compiled_training_matches_eager(tmp_path):
         losses.append([r["train_loss"] for r in result.metrics])
     assert all(math.isfinite(v) for v in losses[1])
     assert losses[1] == pytest.approx(losses[0], abs=1e-4)
+
+
+def test_settings_with_wrong_types_and_options_that_do_not_apply(tmp_path, capsys):
+    data = tmp_path / "text.txt"
+    data.write_text(TEXT, encoding="utf-8")
+    prepare([data], "byte", tmp_path / "tokens", log=quiet)
+    settings = tmp_path / "run.toml"
+    for text, message in (("data = 5\n", "data must be a string, got 5"),
+                          ("max_chars = 'abc'\n", "max_chars must be an integer >= 0"),
+                          ("[train]\nsample_prompt = 5\n", "sample_prompt must be text"),
+                          ("[train]\nlr = '1e-3'\n", "YAML reads 1e-3 as text")):
+        settings.write_text(text, encoding="utf-8")
+        assert main(["train", "--config", str(settings), "--out", str(tmp_path / "x")]) == 2
+        assert message in capsys.readouterr().err
+    assert main(["train", "--config", str(tmp_path), "--out", str(tmp_path / "x")]) == 2
+    assert "is a directory" in capsys.readouterr().err
+    assert main(["train", "--data", str(tmp_path / "tokens"), "--max-chars", "100",
+                 "--out", str(tmp_path / "x")]) == 2
+    assert "do not apply to a prepared token directory" in capsys.readouterr().err

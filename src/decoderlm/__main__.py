@@ -1,5 +1,8 @@
 """`python -m decoderlm ...` is the `decoderlm` command."""
 
-from .cli import main
+try:
+    from .cli import main
+except KeyboardInterrupt:  # Ctrl-C while the command is still starting
+    raise SystemExit(130) from None
 
 raise SystemExit(main())

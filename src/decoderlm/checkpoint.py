@@ -130,6 +130,10 @@ def load_model(directory: str | Path, map_location: str = "cpu"):
     if not directory.is_dir():
         raise FileNotFoundError(f"checkpoint directory {directory} not found (or not a "
                                 f"directory)")
+    if not (directory / CONFIG_NAME).exists() and list_checkpoints(directory):
+        raise FileNotFoundError(f"{directory} holds checkpoints but no final model (the run "
+                                f"stopped early); use --run {list_checkpoints(directory)[-1]}, "
+                                f"or finish it with `decoderlm train --resume {directory}`")
     config = read_json(directory / CONFIG_NAME)
     if not isinstance(config, dict) or not isinstance(config.get("model"), dict):
         raise ValueError(f"{directory / CONFIG_NAME} has no 'model' entry; is this a decoderlm "
@@ -208,13 +212,14 @@ def save_checkpoint(run_dir: str | Path, step: int, files: dict[str, Any],
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"{_STEP_PREFIX}{step:08d}"
     tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".tmp-{final.name}-"))
+    os.chmod(tmp, 0o777 & ~_UMASK)  # mkdtemp makes 0700; give the usual directory mode
     try:
         state, config, extra = files["model"]
         save_weights(state, config, tmp, extra)
         if files.get("tokenizer") is not None:
             files["tokenizer"].save_pretrained(tmp)
         atomic_write(tmp / TRAINER_STATE_NAME,
-                     lambda path: torch.save(files["trainer_state"], path))
+                     lambda path: _torch_save(files["trainer_state"], path))
         if final.exists():  # the same step saved twice (e.g. interrupted right at the end)
             shutil.rmtree(final)
         os.replace(tmp, final)
@@ -228,6 +233,15 @@ def save_checkpoint(run_dir: str | Path, step: int, files: dict[str, Any],
         if stale != tmp:
             shutil.rmtree(stale, ignore_errors=True)
     return final
+
+
+def _torch_save(obj, path) -> None:
+    """torch.save, with its C++ write errors (disk full, file-size limit) as an OSError."""
+    try:
+        torch.save(obj, path)
+    except RuntimeError as e:
+        raise OSError(f"could not write {path} ({str(e).splitlines()[0]}): is the disk full "
+                      f"or a file-size limit reached?") from None
 
 
 def _fsync_dir(path: Path) -> None:

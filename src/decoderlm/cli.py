@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
+import threading
 from pathlib import Path
 
 __all__ = ["main", "build_parser"]
@@ -102,7 +104,7 @@ def _device(text: str) -> str:
 
 def _non_empty(text: str) -> str:
     if not text.strip():
-        raise argparse.ArgumentTypeError("expected a directory name, got an empty string")
+        raise argparse.ArgumentTypeError("expected a path, got an empty string")
     return text
 
 
@@ -121,9 +123,10 @@ def build_parser() -> argparse.ArgumentParser:
         "torchrun every process runs this; rank 0 writes the files.")
     p.add_argument("--preset", choices=sorted(PRESETS),
                    help="named settings (default: 'default')")
-    p.add_argument("--config", metavar="FILE", help="a TOML (or YAML) settings file: preset, "
+    p.add_argument("--config", metavar="FILE", type=_non_empty,
+                   help="a TOML (or YAML) settings file: preset, "
                    "data, out, ... at the top, [model] and [train] tables of fields")
-    p.add_argument("--data", metavar="PATH",
+    p.add_argument("--data", metavar="PATH", type=_non_empty,
                    help="a UTF-8 text file, a directory with wiki.train.raw, or a directory "
                    "made by `decoderlm prepare` (default: the embedded first 300,000 "
                    "characters of WikiText-2 raw, validation split)")
@@ -174,7 +177,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "a prepared token directory or a text file (--data): mean next-token "
                        "loss over non-overlapping block_size windows.")
     e.add_argument("--run", metavar="DIR", required=True, help="a run directory")
-    e.add_argument("--data", metavar="PATH", help="a text file (scored whole, unknown "
+    e.add_argument("--data", metavar="PATH", type=_non_empty,
+                   help="a text file (scored whole, unknown "
                    "characters mapped to the run's unknown token and counted) or a prepared "
                    "token directory (default: the data the run was trained on)")
     e.add_argument("--split", choices=["val", "train"],
@@ -428,6 +432,9 @@ def main(argv: list[str] | None = None) -> int:
     command = {"train": _cmd_train, "prepare": _cmd_prepare, "eval": _cmd_eval,
                "sample": _cmd_sample, "serve": _cmd_serve,
                "presets": _cmd_presets, "params": _cmd_params}
+    rank = int(os.environ.get("RANK", "0"))  # under torchrun, rank 0 reports user errors
+    if threading.current_thread() is threading.main_thread():  # SIGTERM ends like Ctrl-C
+        signal.signal(signal.SIGTERM, _interrupt)
     try:
         return command[args.command](args)
     except BrokenPipeError:  # e.g. `decoderlm sample ... | head`: the reader has what it
@@ -436,8 +443,15 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except (ValueError, OSError, RuntimeError) as e:
-        print(f"decoderlm: error: {e}", file=sys.stderr)
+        if rank == 0 or not isinstance(e, (ValueError, FileNotFoundError)):
+            print(f"decoderlm: error: {f'[rank {rank}] ' if rank else ''}{e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("decoderlm: interrupted", file=sys.stderr)
+        hint = (" (`decoderlm train --resume DIR` finishes or continues a run from its "
+                "newest checkpoint)" if args.command == "train" else "")
+        print(f"decoderlm: interrupted{hint}", file=sys.stderr)
         return 130
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt

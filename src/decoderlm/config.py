@@ -59,8 +59,13 @@ def _check_real(obj, name: str, low: float, high: float = math.inf,
           and (value > low if low_open else value >= low)
           and (value < high if high_open else value <= high))
     if not ok:
-        interval = f"{'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}"
-        raise ValueError(f"{name} must be a finite number in {interval}, got {value!r}")
+        if high == math.inf:
+            interval = f"{'>' if low_open else '>='} {low}"
+        else:
+            interval = f"in {'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}"
+        hint = (" (a string: YAML reads 1e-3 as text; write 1.0e-3)"
+                if isinstance(value, str) else "")
+        raise ValueError(f"{name} must be a finite number {interval}, got {value!r}{hint}")
 
 
 _CHOICES = {
@@ -280,6 +285,8 @@ class TrainConfig:
             raise ValueError(f"dtype must be 'float32', 'bfloat16' or 'float16', got "
                              f"{self.dtype!r}")
         _check_real(self, "val_fraction", 0.0, 1.0, low_open=True, high_open=True)
+        if not isinstance(self.sample_prompt, str):
+            raise ValueError(f"sample_prompt must be text, got {self.sample_prompt!r}")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -388,7 +395,8 @@ def load_settings_file(path: str | Path) -> dict[str, Any]:
     needs PyYAML).
 
     Top-level keys: preset, data, dataset, max_chars, out, device, and two tables: [model]
-    (ModelConfig fields) and [train] (TrainConfig fields). Example::
+    (ModelConfig fields) and [train] (TrainConfig fields). Relative paths are relative to
+    the current directory, as on the command line. Example::
 
         preset = "default"
         data = "data/shakespeare"        # a text file or a `decoderlm prepare` directory
@@ -403,6 +411,8 @@ def load_settings_file(path: str | Path) -> dict[str, Any]:
         ValueError: it does not parse, or has unknown keys (named, with the known ones).
     """
     path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"settings file {path} is a directory; give a .toml or .yaml file")
     if not path.is_file():
         raise FileNotFoundError(f"settings file {path} not found")
     text = path.read_bytes()
@@ -428,6 +438,14 @@ def load_settings_file(path: str | Path) -> dict[str, Any]:
         raise ValueError(f"{path}: unknown setting(s) {unknown}; top-level keys are "
                          f"{list(SETTINGS_KEYS)}, with ModelConfig fields under [model] and "
                          f"TrainConfig fields under [train]")
+    for key in ("preset", "data", "dataset", "out", "device"):
+        if key in data and not isinstance(data[key], str):
+            raise ValueError(f"{path}: {key} must be a string, got {data[key]!r}")
+    if "max_chars" in data and (isinstance(data["max_chars"], bool)
+                                or not isinstance(data["max_chars"], int)
+                                or data["max_chars"] < 0):
+        raise ValueError(f"{path}: max_chars must be an integer >= 0, got "
+                         f"{data['max_chars']!r}")
     for table, cls in (("model", ModelConfig), ("train", TrainConfig)):
         section = data.get(table, {})
         if not isinstance(section, dict):

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from .checkpoint import CONFIG_NAME, read_json
-from .data import is_token_dir, load_text, load_token_dir, split_ids
+from .data import is_token_dir, load_token_dir
 from .prepare import encode_source, source_files
 from .tokenizers import CharTokenizer, Tokenizer, load_tokenizer
 
@@ -54,10 +54,10 @@ def _ids_of_data_spec(run: Path, tokenizer: Tokenizer, split: str
             f"prepared token directory")
     if spec.get("token_dir"):
         return _ids_of_token_dir(Path(spec["token_dir"]), tokenizer, split)
-    text, source = load_text(spec.get("path"), spec.get("max_chars"), spec.get("dataset"))
-    ids, n_unknown = encode_source(tokenizer, text, unknown="unk")
-    train_ids, val_ids = split_ids(ids, float(spec["val_fraction"]))
-    return (val_ids if split == "val" else train_ids), n_unknown, source
+    from .train import load_corpus
+
+    _, train_ids, val_ids, source, _ = load_corpus(spec, tokenizer)
+    return (val_ids if split == "val" else train_ids), 0, source
 
 
 def _ids_of_token_dir(path: Path, tokenizer: Tokenizer, split: str

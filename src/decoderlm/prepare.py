@@ -242,6 +242,9 @@ def prepare(data: Iterable[str | Path] | None, tokenizer: str, out: str | Path,
     dtype = token_dtype(tok.vocab_size)
     out.parent.mkdir(parents=True, exist_ok=True)
     stage = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".partial"))
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(stage, 0o777 & ~umask)  # mkdtemp makes 0700; give the usual directory mode
     try:
         n_total = 0
         with open(stage / "train.bin", "wb") as f:  # the whole stream first, then split

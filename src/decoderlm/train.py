@@ -9,6 +9,7 @@ gradient-norm clipping.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import math
 import os
@@ -219,8 +220,8 @@ def _wrap(model: DecoderLM, cfg: TrainConfig, info: DistInfo, device: torch.devi
     ddp = None
     if cfg.fsdp:
         if info.world_size == 1 and not dist.is_initialized():
-            raise ValueError("fsdp needs torchrun (several processes); run `torchrun "
-                             "--nproc_per_node N -m decoderlm train --fsdp true ...`")
+            raise ValueError("fsdp needs several processes: run under torchrun, or set "
+                             "fsdp false")
         from torch.distributed.fsdp import fully_shard
 
         for block in model.blocks:
@@ -305,7 +306,7 @@ def train(model: DecoderLM, cfg: TrainConfig, train_ids, val_ids,
     optimizer = configure_optimizer(model, cfg)
     scaler = torch.amp.GradScaler(device.type, enabled=cfg.dtype == "float16")
     autocast = lambda: _autocast(cfg, device)  # noqa: E731
-    eval_windows = cfg.eval_batches * cfg.batch_size
+    eval_windows = cfg.eval_batches * cfg.batch_size * info.world_size  # as one process
     tokens_per_step = cfg.batch_size * cfg.grad_accum_steps * info.world_size * T
     first_step, elapsed_before, loss_sum, loss_n = 0, 0.0, 0.0, 0
     if resume_from is not None:
@@ -322,7 +323,8 @@ def train(model: DecoderLM, cfg: TrainConfig, train_ids, val_ids,
             log(f"warning: the checkpoint was written by {len(rngs)} process(es) and this run "
                 f"has {info.world_size}; dropout draws differ from an uninterrupted run")
         _set_rng_state(rngs[info.rank % len(rngs)])
-        if first_step >= cfg.max_steps:
+        if first_step > cfg.max_steps or (first_step == cfg.max_steps and run_dir is not None
+                                           and (run_dir / "model.safetensors").exists()):
             raise ValueError(f"the checkpoint {resume_from} is at step {first_step} and "
                              f"max_steps is {cfg.max_steps}; pass a larger --max-steps to "
                              f"train further")
@@ -344,10 +346,16 @@ def train(model: DecoderLM, cfg: TrainConfig, train_ids, val_ids,
                 "data_sampler": generator.get_state(), "rng": rngs,
                 "scaler": scaler.state_dict() if scaler.is_enabled() else {},
                 "world_size": info.world_size, "train": cfg.to_dict()}
-            path = save_checkpoint(run_dir, step, {
-                "model": (model_state, model.config, files.get("extra")),
-                "tokenizer": files.get("tokenizer"), "trainer_state": trainer_state},
-                cfg.keep_checkpoints)
+            try:
+                path = save_checkpoint(run_dir, step, {
+                    "model": (model_state, model.config, files.get("extra")),
+                    "tokenizer": files.get("tokenizer"), "trainer_state": trainer_state},
+                    cfg.keep_checkpoints)
+            except OSError as e:
+                last_good = list_checkpoints(run_dir)[-1:]
+                raise OSError(f"saving the checkpoint of step {step} failed: {e}"
+                              + (f"; the last good checkpoint is {last_good[0]}"
+                                 if last_good else "")) from None
         if info.world_size > 1:
             dist.barrier()
         return path
@@ -469,9 +477,6 @@ class RunSummary:
     interrupted: bool = False
 
 
-_RUN_FILES = ("config.json", "model.safetensors", "metrics.jsonl", "checkpoints")
-
-
 def _data_spec(data, dataset, max_chars, val_fraction) -> dict:
     """Where a run's corpus comes from, as stored in config.json["data_spec"] (read back by
     `--resume` and `decoderlm eval --split`)."""
@@ -485,36 +490,48 @@ def _data_spec(data, dataset, max_chars, val_fraction) -> dict:
 
 
 def load_corpus(spec: dict, tokenizer=None):
-    """The corpus of a data_spec: (tokenizer, train ids, validation ids, description).
+    """The corpus of a data_spec: (tokenizer, train ids, validation ids, description,
+    fingerprint).
 
     A prepared token directory (`decoderlm prepare`) is memory-mapped and brings its own
-    tokenizer and split; text is encoded with `tokenizer` (a new CharTokenizer of the text
-    when None) and split by spec["val_fraction"] (the last part is validation).
+    tokenizer and split; text is encoded with `tokenizer` (a new CharTokenizer of the text,
+    with an unknown-character id, when None) and split by spec["val_fraction"] (the last part
+    is validation). The fingerprint is the sha256 of the text, or of the token directory's
+    meta.json (which holds its sources' sha256 and counts): `--resume` compares it with the
+    checkpoint's to notice a corpus that changed.
     """
     if spec.get("token_dir"):
-        from .data import load_token_dir
+        from .data import META_NAME, load_token_dir
 
         tokens = load_token_dir(spec["token_dir"])
+        fingerprint = hashlib.sha256((Path(spec["token_dir"]) / META_NAME).read_bytes())
         return (tokens.tokenizer, tokens.train, tokens.val,
-                f"{spec['token_dir']} (prepared {type(tokens.tokenizer).__name__} tokens)")
+                f"{spec['token_dir']} (prepared {type(tokens.tokenizer).__name__} tokens)",
+                fingerprint.hexdigest())
     text, source = load_text(spec["path"], spec["max_chars"], spec["dataset"])
-    if tokenizer is None:  # with an explicit unknown id, for evaluation on unseen text
+    if tokenizer is None:
         tokenizer = CharTokenizer.from_text(text, unk_token=DEFAULT_UNK_TOKEN)
     ids = torch.tensor(tokenizer.encode(text), dtype=torch.long)
     train_ids, val_ids = split_ids(ids, spec["val_fraction"])
-    return tokenizer, train_ids, val_ids, f"{source}: {len(text):,} characters"
+    return (tokenizer, train_ids, val_ids, f"{source}: {len(text):,} characters",
+            hashlib.sha256(text.encode("utf-8")).hexdigest())
 
 
-def _resume_point(run_dir: Path, log) -> tuple[Path, DecoderLM]:
-    """The newest checkpoint of run_dir whose trainer state and model load, and its model; a
-    damaged newer one is skipped with a warning (and left on disk for inspection)."""
+def _resume_point(run_dir: Path, info: DistInfo, log):
+    """(checkpoint, its model, its tokenizer) for the newest checkpoint of run_dir that loads
+    whole. A damaged newer one is skipped with a warning and renamed damaged-step-N (by rank
+    0), so it stays on disk for inspection but out of the keep_checkpoints rotation."""
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ValueError(f"--resume {run_dir} is a file; give the run directory")
     latest_checkpoint(run_dir)  # raises a clear error when there is none
     for candidate in reversed(list_checkpoints(run_dir)):
         try:
             load_trainer_state(candidate)
-            return candidate, load_model(candidate)
+            return candidate, load_model(candidate), load_tokenizer(candidate)
         except (ValueError, FileNotFoundError) as e:
             log(f"warning: skipping checkpoint {candidate}: {e}")
+            if info.is_main:
+                os.replace(candidate, candidate.with_name("damaged-" + candidate.name))
     raise ValueError(f"no checkpoint in {run_dir / 'checkpoints'} can be loaded; see the "
                      f"warnings above")
 
@@ -568,7 +585,10 @@ def run_experiment(preset: str | None = None, data: str | Path | None = None,
     checkpoint = None
     if resume is not None:
         out_dir = Path(resume)
-        checkpoint, resumed = _resume_point(out_dir, log)
+        if out is not None and Path(out).resolve() != out_dir.resolve():
+            raise ValueError(f"--resume continues the run in {out_dir} itself; drop --out "
+                             f"{out} (copy the run directory first to branch it)")
+        checkpoint, resumed, tokenizer = _resume_point(out_dir, info, log)
         saved = read_json(checkpoint / "config.json")
         if preset is not None and preset != saved.get("preset"):
             raise ValueError(f"the checkpoint was trained with preset {saved.get('preset')!r}, "
@@ -576,26 +596,50 @@ def run_experiment(preset: str | None = None, data: str | Path | None = None,
         preset, spec = saved.get("preset"), saved.get("data_spec")
         if not isinstance(spec, dict):
             raise ValueError(f"{checkpoint / 'config.json'} has no data_spec entry")
-        given = {k: v for k, v in (("path", None if data is None else str(Path(data).resolve())),
-                                   ("dataset", dataset), ("max_chars", max_chars)) if v is not None}
-        _check_same("data", spec, given)
+        _check_same("data", spec, {k: v for k, v in (("dataset", dataset),
+                                                      ("max_chars", max_chars),
+                                                      ("val_fraction",
+                                                       train_overrides.get("val_fraction")))
+                                   if v is not None})
+        if data is not None:  # the same corpus, moved: checked by its fingerprint below
+            moved = str(Path(data).resolve())
+            spec = {**spec, "path": moved, "token_dir": moved if spec.get("token_dir") else None}
         _check_same("model config", saved["model"], model_overrides)
         model_cfg = ModelConfig.from_dict(saved["model"])
         train_cfg = TrainConfig.from_dict({**saved["train"], **train_overrides})
-        tokenizer, train_ids, val_ids, source = load_corpus(spec, load_tokenizer(checkpoint))
+        tokenizer, train_ids, val_ids, source, fingerprint = load_corpus(spec, tokenizer)
+        if spec.get("fingerprint") not in (None, fingerprint):
+            raise ValueError(f"the corpus at {spec['token_dir'] or spec['path']} is not the one "
+                             f"the checkpoint was trained on (its sha256 differs); restore it, "
+                             f"pass --data with the original, or start a new run")
+        old_decay = saved["train"].get("decay_steps") or saved["train"]["max_steps"]
+        new_decay = train_cfg.decay_steps or train_cfg.max_steps
+        if train_cfg.schedule == "cosine" and new_decay != old_decay:
+            log(f"note: the cosine schedule now decays over {new_decay} steps instead of "
+                f"{old_decay}; pass --decay-steps {old_decay} to keep the original schedule")
     else:
         preset = preset or "default"
         preset_spec = get_preset(preset)
         train_cfg = TrainConfig.from_dict({**preset_spec.train, **train_overrides})
         spec = _data_spec(data, dataset, max_chars, train_cfg.val_fraction)
-        tokenizer, train_ids, val_ids, source = load_corpus(spec)
+        if spec["token_dir"] and (max_chars or "val_fraction" in train_overrides):
+            raise ValueError("--max-chars and --val-fraction do not apply to a prepared token "
+                             "directory: its split was fixed by `decoderlm prepare` (run it "
+                             "again with --val-fraction)")
+        tokenizer, train_ids, val_ids, source, fingerprint = load_corpus(spec)
+        spec["fingerprint"] = fingerprint
         model_cfg = ModelConfig.from_dict({**preset_spec.model, **model_overrides,
                                            "vocab_size": tokenizer.vocab_size})
         out_dir = Path(out) if out is not None else _free_run_dir(preset)
+    if train_cfg.fsdp and info.world_size == 1:
+        raise ValueError("fsdp needs several processes: run under torchrun (`torchrun "
+                         "--nproc_per_node N -m decoderlm train ...`), or pass --fsdp false to "
+                         "train (or resume) in one process")
     check_split("train", train_ids, model_cfg.block_size)
     check_split("validation", val_ids, model_cfg.block_size)
+    _check_run_dir(out_dir, overwrite, checkpoint)  # on every rank: all fail alike
     if info.is_main:
-        _prepare_run_dir(out_dir, overwrite, checkpoint)
+        _prepare_run_dir(out_dir, checkpoint, log)
     if info.world_size > 1:
         dist.barrier()
 
@@ -638,29 +682,51 @@ def run_experiment(preset: str | None = None, data: str | Path | None = None,
     return summary
 
 
-def _prepare_run_dir(out_dir: Path, overwrite: bool, checkpoint: Path | None) -> None:
-    """Make out_dir ready: a new run needs it absent or free of an earlier run (or
-    --overwrite, which deletes that run now); a resumed run keeps metrics.jsonl up to the
-    checkpoint's step and drops the records logged after it."""
+_RUN_FILES = ("config.json", "model.safetensors", "tokenizer.json", "metrics.jsonl", "loss.png",
+              "attention.png", "samples.txt", "checkpoints")
+
+
+def _check_run_dir(out_dir: Path, overwrite: bool, checkpoint: Path | None) -> None:
+    """Refuse an --out that is a file, is not writable, or holds an earlier run (unless
+    --overwrite or resuming it)."""
     if out_dir.exists() and not out_dir.is_dir():
         raise ValueError(f"--out {out_dir} is a file, not a directory")
-    if checkpoint is not None:
-        step = load_trainer_state(checkpoint)["step"]
-        metrics = out_dir / "metrics.jsonl"
-        if metrics.is_file():
-            kept = [line for line in metrics.read_text(encoding="utf-8").splitlines(True)
-                    if line.strip() and json.loads(line).get("step", 0) <= step]
-            atomic_write(metrics, lambda tmp: Path(tmp).write_text("".join(kept),
-                                                                   encoding="utf-8"))
-        return
     held = [name for name in _RUN_FILES if (out_dir / name).exists()]
-    if held and not overwrite:
+    if checkpoint is None and held and not overwrite:
         raise ValueError(f"{out_dir} already holds a run ({', '.join(held)}); pass --resume "
                          f"{out_dir} to continue it, --overwrite to replace it, or choose "
                          f"another --out")
-    if held:
-        shutil.rmtree(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    existing = next(p for p in (out_dir / "checkpoints", out_dir, *out_dir.parents)
+                    if p.exists())
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(f"cannot write into {existing} (permission denied); choose another "
+                         f"--out or fix its permissions")
+
+
+def _prepare_run_dir(out_dir: Path, checkpoint: Path | None, log) -> None:
+    """Make out_dir ready (rank 0). A new run deletes the files of an earlier run there (only
+    those: other files in the directory stay); a resumed run keeps metrics.jsonl up to the
+    checkpoint's step, dropping later records and a line torn by a crash."""
+    if checkpoint is None:
+        for name in _RUN_FILES:
+            path = out_dir / name
+            if path.is_dir():
+                shutil.rmtree(path)
+            elif path.exists():
+                path.unlink()
+        out_dir.mkdir(parents=True, exist_ok=True)
+        return
+    step = load_trainer_state(checkpoint)["step"]
+    metrics = out_dir / "metrics.jsonl"
+    if metrics.is_file():
+        kept = []
+        for line in metrics.read_bytes().decode("utf-8", errors="replace").splitlines(True):
+            try:
+                if json.loads(line).get("step", 0) <= step:
+                    kept.append(line)
+            except (ValueError, AttributeError):  # torn or damaged: left out, said once
+                log(f"warning: dropping an unreadable line of {metrics}: {line[:60]!r}")
+        atomic_write(metrics, lambda tmp: Path(tmp).write_text("".join(kept), encoding="utf-8"))
 
 
 def _write_artifacts(model, tokenizer, cfg: TrainConfig, metrics: list[dict], val_ids,
