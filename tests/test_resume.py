@@ -31,6 +31,16 @@ TINY = ["--n-layers", "2", "--n-heads", "4", "--d-model", "64", "--block-size", 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """In-process runs use one thread, like the subprocesses (ENV): float sums depend on the
+    thread count, and the oracle must compute exactly what the resumed runs compute."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
     g = torch.Generator().manual_seed(0)
