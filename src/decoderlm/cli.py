@@ -138,7 +138,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", metavar="DIR", type=_non_empty, help="run directory (default: "
                    "runs/<preset>, or runs/<preset>-2, ... if taken)")
     p.add_argument("--overwrite", action="store_true",
-                   help="replace a run already in --out (deleted when training starts)")
+                   help="replace a run already in --out (its files are deleted just before "
+                   "training)")
     p.add_argument("--resume", metavar="DIR", type=_non_empty,
                    help="continue the run in DIR from its newest checkpoint (settings such as "
                    "--max-steps may change; the model and data may not)")

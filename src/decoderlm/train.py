@@ -568,7 +568,8 @@ def run_experiment(preset: str | None = None, data: str | Path | None = None,
         data, dataset, max_chars: see `decoderlm.data.load_text`; max_chars defaults to the
             seed notebook's 300,000 for a WikiText directory or dataset, all of a plain file.
         out: the run directory; None picks runs/<preset> (or -2, -3, ... if taken).
-        overwrite: allow `out` to hold an earlier run, which is deleted when training starts.
+        overwrite: allow `out` to hold an earlier run, whose files (only those) are deleted
+            after every check, just before training.
         model_overrides, train_overrides: ModelConfig / TrainConfig fields to change.
         device: "cpu", "cuda", ...; None picks CUDA when available.
         resume: a run directory to continue from its newest complete checkpoint; its model
