@@ -671,7 +671,7 @@ def run_experiment(preset: str | None = None, data: str | Path | None = None,
         tokenizer.save_pretrained(out_dir)
         metrics = [json.loads(line) for line in
                    (out_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines()]
-        _write_artifacts(final, tokenizer, train_cfg, metrics, val_ids, out_dir)
+        _write_artifacts(final, tokenizer, train_cfg, metrics, val_ids, out_dir, log)
     summary = RunSummary(out_dir, result.val_loss, result.val_loss / LN2, result.elapsed_s,
                          result.tokens_per_s, source, result.step)
     unit = "char" if isinstance(tokenizer, CharTokenizer) else "token"
@@ -731,7 +731,7 @@ def _prepare_run_dir(out_dir: Path, checkpoint: Path | None, log) -> None:
 
 
 def _write_artifacts(model, tokenizer, cfg: TrainConfig, metrics: list[dict], val_ids,
-                     out_dir: Path) -> None:
+                     out_dir: Path, log=print) -> None:
     from .plots import plot_attention, plot_loss
 
     plot_loss(metrics, out_dir / "loss.png")
@@ -748,6 +748,8 @@ def _write_artifacts(model, tokenizer, cfg: TrainConfig, metrics: list[dict], va
         prompt = tokenizer.encode(cfg.sample_prompt)
     except ValueError:  # the prompt has characters outside a character vocabulary
         prompt = []
+        log(f"note: sample_prompt {cfg.sample_prompt!r} has characters outside the vocabulary; "
+            f"samples.txt starts from the first validation token instead")
     idx = torch.tensor([prompt or window[0, :1].tolist()], dtype=torch.long)
     out = model.generate(idx.to(device), cfg.sample_chars, seed=cfg.seed)
     (out_dir / "samples.txt").write_text(tokenizer.decode(out[0]), encoding="utf-8")
