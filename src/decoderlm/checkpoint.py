@@ -30,7 +30,8 @@ from .config import ModelConfig
 
 __all__ = ["save_model", "save_weights", "load_model", "build_model", "read_safetensors",
            "normalize_state_dict", "unwrap_model", "atomic_write", "write_json", "read_json",
-           "save_checkpoint", "list_checkpoints", "latest_checkpoint", "load_trainer_state"]
+           "save_checkpoint", "list_checkpoints", "latest_checkpoint", "load_trainer_state",
+           "make_temp_dir"]
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -211,8 +212,7 @@ def save_checkpoint(run_dir: str | Path, step: int, files: dict[str, Any],
     root = Path(run_dir) / CHECKPOINTS_DIR
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"{_STEP_PREFIX}{step:08d}"
-    tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".tmp-{final.name}-"))
-    os.chmod(tmp, 0o777 & ~_UMASK)  # mkdtemp makes 0700; give the usual directory mode
+    tmp = make_temp_dir(root, f".tmp-{final.name}-")
     try:
         state, config, extra = files["model"]
         save_weights(state, config, tmp, extra)
@@ -233,6 +233,14 @@ def save_checkpoint(run_dir: str | Path, step: int, files: dict[str, Any],
         if stale != tmp:
             shutil.rmtree(stale, ignore_errors=True)
     return final
+
+
+def make_temp_dir(parent: Path, prefix: str, suffix: str = "") -> Path:
+    """A new empty directory in `parent` (tempfile.mkdtemp) with the usual mode (the umask's,
+    not mkdtemp's 0700), to be renamed into place once complete."""
+    path = Path(tempfile.mkdtemp(dir=parent, prefix=prefix, suffix=suffix))
+    os.chmod(path, 0o777 & ~_UMASK)
+    return path
 
 
 def _torch_save(obj, path) -> None:

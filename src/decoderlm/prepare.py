@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .checkpoint import write_json
+from .checkpoint import make_temp_dir, write_json
 from .data import (
     META_NAME,
     WIKITEXT_FILES,
@@ -241,10 +241,7 @@ def prepare(data: Iterable[str | Path] | None, tokenizer: str, out: str | Path,
                          DEFAULT_UNK_TOKEN)
     dtype = token_dtype(tok.vocab_size)
     out.parent.mkdir(parents=True, exist_ok=True)
-    stage = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".partial"))
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(stage, 0o777 & ~umask)  # mkdtemp makes 0700; give the usual directory mode
+    stage = make_temp_dir(out.parent, f".{out.name}.", ".partial")
     try:
         n_total = 0
         with open(stage / "train.bin", "wb") as f:  # the whole stream first, then split

@@ -254,7 +254,7 @@ def _sync_gradients(model: DecoderLM, ddp, cfg: TrainConfig, last: bool):
 
 def train(model: DecoderLM, cfg: TrainConfig, train_ids, val_ids,
           run_dir: str | Path | None = None, progress: bool = True,
-          info: DistInfo = DistInfo(), resume_from: str | Path | None = None,
+          info: DistInfo = DistInfo(), resume: dict | None = None,
           checkpoint_files: dict | None = None, log=print) -> TrainResult:
     """Train `model` in place: AdamW, warm-up + cosine schedule, clipping, mixed precision,
     gradient accumulation, checkpoints, and DDP / FSDP2 under torchrun.
@@ -273,9 +273,9 @@ def train(model: DecoderLM, cfg: TrainConfig, train_ids, val_ids,
             and saves no checkpoints.
         progress: show a tqdm progress bar on stderr (rank 0).
         info: this process's DistInfo (see `init_distributed`).
-        resume_from: a checkpoint directory to continue from: optimizer, step, tokens, RNG
-            states, data sampler and loss scaler are restored (the model weights must
-            already be the checkpoint's).
+        resume: the trainer state of a checkpoint to continue from (`load_trainer_state`):
+            optimizer, step, tokens, RNG states, data sampler and loss scaler are restored
+            (the model weights must already be the checkpoint's).
         checkpoint_files: what each checkpoint stores besides the trainer state:
             {"extra": config.json entries, "tokenizer": a tokenizer}.
         log: print function for messages (rank 0).
@@ -309,8 +309,8 @@ def train(model: DecoderLM, cfg: TrainConfig, train_ids, val_ids,
     eval_windows = cfg.eval_batches * cfg.batch_size * info.world_size  # as one process
     tokens_per_step = cfg.batch_size * cfg.grad_accum_steps * info.world_size * T
     first_step, elapsed_before, loss_sum, loss_n = 0, 0.0, 0.0, 0
-    if resume_from is not None:
-        state = load_trainer_state(resume_from)
+    if resume is not None:
+        state = resume
         first_step, elapsed_before = state["step"], state["elapsed_s"]
         loss_sum, loss_n = state["loss_sum"], state["loss_n"]
         set_optimizer_state_dict(model, optimizer, state["optimizer"],
@@ -325,7 +325,7 @@ def train(model: DecoderLM, cfg: TrainConfig, train_ids, val_ids,
         _set_rng_state(rngs[info.rank % len(rngs)])
         if first_step > cfg.max_steps or (first_step == cfg.max_steps and run_dir is not None
                                            and (run_dir / "model.safetensors").exists()):
-            raise ValueError(f"the checkpoint {resume_from} is at step {first_step} and "
+            raise ValueError(f"the checkpoint is at step {first_step} and "
                              f"max_steps is {cfg.max_steps}; pass a larger --max-steps to "
                              f"train further")
 
@@ -518,16 +518,17 @@ def load_corpus(spec: dict, tokenizer=None):
 
 
 def _resume_point(run_dir: Path, info: DistInfo, log):
-    """(checkpoint, its model, its tokenizer) for the newest checkpoint of run_dir that loads
-    whole. A damaged newer one is skipped with a warning and renamed damaged-step-N (by rank
-    0), so it stays on disk for inspection but out of the keep_checkpoints rotation."""
+    """(checkpoint, its trainer state, model and tokenizer) for the newest checkpoint of
+    run_dir that loads whole. A damaged newer one is skipped with a warning and renamed
+    damaged-step-N (by rank 0), so it stays on disk for inspection but out of the
+    keep_checkpoints rotation."""
     if run_dir.exists() and not run_dir.is_dir():
         raise ValueError(f"--resume {run_dir} is a file; give the run directory")
     latest_checkpoint(run_dir)  # raises a clear error when there is none
     for candidate in reversed(list_checkpoints(run_dir)):
         try:
-            load_trainer_state(candidate)
-            return candidate, load_model(candidate), load_tokenizer(candidate)
+            return (candidate, load_trainer_state(candidate), load_model(candidate),
+                    load_tokenizer(candidate))
         except (ValueError, FileNotFoundError) as e:
             log(f"warning: skipping checkpoint {candidate}: {e}")
             if info.is_main:
@@ -583,13 +584,13 @@ def run_experiment(preset: str | None = None, data: str | Path | None = None,
     model_overrides, train_overrides = dict(model_overrides or {}), dict(train_overrides or {})
     info, device = init_distributed(device)
     log = log if info.is_main else (lambda *a, **k: None)
-    checkpoint = None
+    checkpoint = resume_state = None
     if resume is not None:
         out_dir = Path(resume)
         if out is not None and Path(out).resolve() != out_dir.resolve():
             raise ValueError(f"--resume continues the run in {out_dir} itself; drop --out "
                              f"{out} (copy the run directory first to branch it)")
-        checkpoint, resumed, tokenizer = _resume_point(out_dir, info, log)
+        checkpoint, resume_state, resumed, tokenizer = _resume_point(out_dir, info, log)
         saved = read_json(checkpoint / "config.json")
         if preset is not None and preset != saved.get("preset"):
             raise ValueError(f"the checkpoint was trained with preset {saved.get('preset')!r}, "
@@ -640,7 +641,7 @@ def run_experiment(preset: str | None = None, data: str | Path | None = None,
     check_split("validation", val_ids, model_cfg.block_size)
     _check_run_dir(out_dir, overwrite, checkpoint)  # on every rank: all fail alike
     if info.is_main:
-        _prepare_run_dir(out_dir, checkpoint, log)
+        _prepare_run_dir(out_dir, None if resume_state is None else resume_state["step"], log)
     if info.world_size > 1:
         dist.barrier()
 
@@ -658,7 +659,7 @@ def run_experiment(preset: str | None = None, data: str | Path | None = None,
         + (f"; resuming from {checkpoint}" if checkpoint else ""))
     extra = {"train": train_cfg.to_dict(), "preset": preset, "data": source, "data_spec": spec}
     result = train(model, train_cfg, train_ids, val_ids, out_dir, progress, info,
-                   resume_from=checkpoint,
+                   resume=resume_state,
                    checkpoint_files={"extra": extra, "tokenizer": tokenizer}, log=log)
     if result.interrupted:
         log(f"resume with: decoderlm train --resume {out_dir}")
@@ -704,11 +705,11 @@ def _check_run_dir(out_dir: Path, overwrite: bool, checkpoint: Path | None) -> N
                          f"--out or fix its permissions")
 
 
-def _prepare_run_dir(out_dir: Path, checkpoint: Path | None, log) -> None:
+def _prepare_run_dir(out_dir: Path, resumed_step: int | None, log) -> None:
     """Make out_dir ready (rank 0). A new run deletes the files of an earlier run there (only
     those: other files in the directory stay); a resumed run keeps metrics.jsonl up to the
     checkpoint's step, dropping later records and a line torn by a crash."""
-    if checkpoint is None:
+    if resumed_step is None:
         for name in _RUN_FILES:
             path = out_dir / name
             if path.is_dir():
@@ -717,13 +718,12 @@ def _prepare_run_dir(out_dir: Path, checkpoint: Path | None, log) -> None:
                 path.unlink()
         out_dir.mkdir(parents=True, exist_ok=True)
         return
-    step = load_trainer_state(checkpoint)["step"]
     metrics = out_dir / "metrics.jsonl"
     if metrics.is_file():
         kept = []
         for line in metrics.read_bytes().decode("utf-8", errors="replace").splitlines(True):
             try:
-                if json.loads(line).get("step", 0) <= step:
+                if json.loads(line).get("step", 0) <= resumed_step:
                     kept.append(line)
             except (ValueError, AttributeError):  # torn or damaged: left out, said once
                 log(f"warning: dropping an unreadable line of {metrics}: {line[:60]!r}")
