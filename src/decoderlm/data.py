@@ -190,8 +190,7 @@ def windows(data: torch.Tensor | np.ndarray, starts: torch.Tensor, block_size: i
     """(x, y) [len(starts), block_size] int64: the windows data[s : s + block_size + 1] split
     into inputs and next-token targets. `data` is a [N] tensor or a NumPy array / np.memmap,
     from which only these windows are gathered (fancy indexing) and converted to int64.
-    x and y are contiguous: torch.compile's CPU graph for strided inputs runs about 1.6x
-    slower (benchmarks/train_speed.py)."""
+    x and y are contiguous: torch.compile's CPU graph for strided inputs is slower."""
     if isinstance(data, np.ndarray):
         index = starts.numpy()[:, None] + np.arange(block_size + 1)
         window = torch.from_numpy(data[index].astype(np.int64))

@@ -1,0 +1,41 @@
+"""Why bfloat16 CPU training with short contexts writes attention out: forward + backward of
+scaled_dot_product_attention (the fused flash kernel) against `decoderlm.model.causal_attention`
+(written out), float32 and bfloat16, at the nanoGPT recipe's shape (B 12, 4 heads, T 64,
+head_dim 32). Prints milliseconds per forward + backward, best of 50.
+
+    python benchmarks/attention_backward.py
+"""
+
+import time
+
+import torch
+import torch.nn.functional as F
+
+from decoderlm.model import causal_attention
+
+
+def best_ms(fn, n=50) -> float:
+    for _ in range(5):
+        fn()
+    best = float("inf")
+    for _ in range(n):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best * 1e3
+
+
+def main() -> None:
+    torch.manual_seed(0)
+    print(f"{'dtype':<9} {'fused (ms)':>10} {'written out (ms)':>17}")
+    for dtype in (torch.float32, torch.bfloat16):
+        q, k, v = (torch.randn(12, 4, 64, 32, dtype=dtype, requires_grad=True)
+                   for _ in range(3))
+        fused = best_ms(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)
+                        .sum().backward())
+        explicit = best_ms(lambda: causal_attention(q, k, v)[0].sum().backward())
+        print(f"{str(dtype)[6:]:<9} {fused:10.3f} {explicit:17.3f}")
+
+
+if __name__ == "__main__":
+    main()
