@@ -6,23 +6,11 @@ head_dim 32). Prints milliseconds per forward + backward, best of 50.
     python benchmarks/attention_backward.py
 """
 
-import time
-
 import torch
 import torch.nn.functional as F
+from gemv import best_ms
 
 from decoderlm.model import causal_attention
-
-
-def best_ms(fn, n=50) -> float:
-    for _ in range(5):
-        fn()
-    best = float("inf")
-    for _ in range(n):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best * 1e3
 
 
 def main() -> None:
@@ -32,8 +20,8 @@ def main() -> None:
         q, k, v = (torch.randn(12, 4, 64, 32, dtype=dtype, requires_grad=True)
                    for _ in range(3))
         fused = best_ms(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)
-                        .sum().backward())
-        explicit = best_ms(lambda: causal_attention(q, k, v)[0].sum().backward())
+                        .sum().backward(), n=50)
+        explicit = best_ms(lambda: causal_attention(q, k, v)[0].sum().backward(), n=50)
         print(f"{str(dtype)[6:]:<9} {fused:10.3f} {explicit:17.3f}")
 
 
