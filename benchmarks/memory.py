@@ -60,7 +60,8 @@ def main() -> None:
     from decoderlm.analysis import memory_bytes
 
     mib = 2 ** 20
-    print(f"{'configuration':<45} {'measured MiB':>13} {'estimate MiB':>13} {'estimate/measured':>18}")
+    print(f"{'configuration':<45} {'measured MiB':>13} {'estimate MiB':>13} "
+          f"{'estimate/measured':>18}")
     for spec in CONFIGS:
         # glibc: serve every block of 64 KiB or more by mmap, so freed tensors leave the
         # resident set at once and the RSS high-water mark follows the live bytes

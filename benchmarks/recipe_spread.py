@@ -1,8 +1,8 @@
 """How far the nanoGPT recipe's final validation loss moves with the seed and with the way it is
 estimated: `decoderlm train` on the recipe of benchmarks/train_speed.py (bfloat16, compiled)
-with seeds 1337, 1, 2 and 3 (the last --seed given wins; whole-split validation loss of each), and, for the seed-1337
-model, nanoGPT's estimate (the mean loss of 20 random batches of 12 validation windows) drawn
-with 40 different generator seeds.
+with seeds 1337, 1, 2 and 3 (the last --seed given wins; whole-split validation loss of
+each), and, for the seed-1337 model, nanoGPT's estimate (the mean loss of 20 random batches
+of 12 validation windows) drawn with 40 different generator seeds.
 
     python benchmarks/recipe_spread.py
 """

@@ -43,7 +43,8 @@ def test_compiled_and_ddp_style_prefixes_are_stripped(tmp_path):
     model = randomize(tiny_model())
     compiled = torch.compile(model)  # lazy: nothing is compiled until it is called
     save_model(compiled, tmp_path)
-    assert not any(k.startswith(("_orig_mod", "module")) for k in load_file(tmp_path / "model.safetensors"))
+    saved = load_file(tmp_path / "model.safetensors")
+    assert not any(k.startswith(("_orig_mod", "module")) for k in saved)
     idx = torch.randint(0, 65, (1, 32))
     reference = model(idx)[0]
     assert torch.equal(DecoderLM.from_pretrained(tmp_path)(idx)[0], reference)
@@ -60,7 +61,8 @@ def test_mismatched_weights_are_reported(tmp_path):
     state = load_file(tmp_path / "model.safetensors")
     state["extra.weight"] = state.pop("ln_f.weight")
     save_file(state, tmp_path / "model.safetensors")
-    with pytest.raises(ValueError, match=r"missing \['ln_f.weight'\], unexpected \['extra.weight'\]"):
+    with pytest.raises(ValueError,
+                       match=r"missing \['ln_f.weight'\], unexpected \['extra.weight'\]"):
         DecoderLM.from_pretrained(tmp_path)
     with pytest.raises(FileNotFoundError):
         DecoderLM.from_pretrained(tmp_path / "nope")

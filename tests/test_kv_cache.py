@@ -162,3 +162,52 @@ def test_stop_accepts_tensors_and_numpy_integers():
     first = model.generate(prompt, 1, do_sample=False)[0, -1].item()
     for stop in (torch.tensor([first]), [np.int64(first)], [torch.tensor(first)]):
         assert model.generate(prompt, 10, do_sample=False, stop=stop).size(1) == 4
+
+
+@pytest.mark.parametrize("pos", ["learned", "sinusoidal", "rope"])
+def test_compiled_decoding_gives_the_tokens_of_the_full_forward(pos):
+    torch._dynamo.reset()  # compile afresh: torch keeps at most 8 variants of the step
+    model = halved_random_model(3, block_size=16, pos_encoding=pos)
+    prompt = torch.randint(0, 65, (1, 5))
+    expected = greedy_by_full_forward(model, prompt, 30)  # 35 > 16: the context slides
+    assert torch.equal(model.generate(prompt, 30, do_sample=False, compile=True), expected)
+    batch, mask = torch.randint(0, 65, (2, 6)), torch.ones(2, 6, dtype=torch.long)
+    mask[0, :3] = 0  # left padding: compiled with a key mask
+    assert torch.equal(
+        model.generate(batch, 8, do_sample=False, attention_mask=mask, compile=True),
+        model.generate(batch, 8, do_sample=False, attention_mask=mask))
+
+
+def test_compiled_bfloat16_steps_give_the_logits_of_eager_steps():
+    from decoderlm.generate import _decode_step
+
+    torch._dynamo.reset()
+    model = halved_random_model(4, block_size=32).to(torch.bfloat16)
+    ids = torch.randint(0, 65, (1, 20))
+    logits = {}
+    for compile in (False, True):
+        step, cache = _decode_step(compile), KVCache(model, 1, "cpu", torch.bfloat16)
+        with torch.no_grad():
+            model.forward_cached(ids[:, :4], cache, torch.arange(4)[None])
+            logits[compile] = torch.cat([step(model, ids[:, t:t + 1], cache,
+                                              torch.tensor([[t]]), None) for t in range(4, 20)])
+    eager, compiled = logits[False].float(), logits[True].float()
+    assert eager.abs().max() > 1  # logits of a sane size, so the tolerance below means something
+    assert torch.allclose(compiled, eager, atol=0.05, rtol=0.02)
+    assert torch.equal(compiled.argmax(-1), eager.argmax(-1))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_reduction_linear_is_the_same_product(dtype):
+    import torch.nn.functional as F
+
+    from decoderlm.model import reduction_linear
+
+    weight, x, bias = (t.to(dtype) for t in (torch.randn(300, 64), torch.randn(2, 1, 64),
+                                             torch.randn(300)))
+    y = reduction_linear(x, weight, bias)
+    assert y.dtype == dtype and y.shape == (2, 1, 300)
+    exact = F.linear(x.double(), weight.double(), bias.double())  # of the rounded inputs
+    # no less exact than F.linear in the same dtype (bfloat16 keeps 8 bits of mantissa)
+    tolerance = max(1e-4, 2 * (F.linear(x, weight, bias).double() - exact).abs().max().item())
+    assert (y.double() - exact).abs().max() <= tolerance

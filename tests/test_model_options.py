@@ -130,7 +130,8 @@ def test_pre_and_post_norm_both_train(where):
 
 
 @pytest.mark.parametrize("kwargs,match", [
-    (dict(pos_encoding="alibi"), r"pos_encoding must be one of \['learned', 'sinusoidal', 'rope'\]"),
+    (dict(pos_encoding="alibi"),
+     r"pos_encoding must be one of \['learned', 'sinusoidal', 'rope'\]"),
     (dict(norm_position="sandwich"), "norm_position must be one of"),
     (dict(mlp="relu"), "mlp must be one of"),
     (dict(pos_encoding="rope", d_model=12, n_heads=4), "rope needs an even head_dim"),

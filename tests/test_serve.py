@@ -105,6 +105,23 @@ def test_concurrent_requests_do_not_mix(server):
     assert [t["choices"][0]["text"] for t in together] == alone * 2
 
 
+def test_a_compiled_server_answers_concurrent_requests_as_the_eager_model():
+    from decoderlm.serve import create_app
+
+    torch._dynamo.reset()
+    tok, model = CharTokenizer(CHARS[:65]), tiny_model(seed=2)
+    prompts = ["ab", "cde", "fghi", "j"]
+    expected = [tok.decode(model.generate(torch.tensor([tok.encode(p)]), 20,
+                                          do_sample=False)[0, len(p):]) for p in prompts]
+    with running(create_app(model, tok, "tiny", compile=True)) as url:
+        def complete(prompt):
+            body = {"prompt": prompt, "max_tokens": 20, "temperature": 0}
+            return httpx.post(f"{url}/v1/completions", json=body, timeout=120).json()
+        with ThreadPoolExecutor(4) as pool:  # the first requests compile, concurrently
+            got = list(pool.map(complete, prompts))
+    assert [g["choices"][0]["text"] for g in got] == expected
+
+
 def test_stop_text_ends_the_completion(server):
     url, _, _ = server
     body = {"prompt": "abc", "max_tokens": 30, "temperature": 0}

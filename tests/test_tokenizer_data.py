@@ -7,7 +7,8 @@ import torch
 from decoderlm import CharTokenizer, UnknownCharacterError, load_tokenizer
 from decoderlm.data import EMBEDDED_CORPUS, get_batch, load_text, split_ids
 
-SHARED_VALID = Path(__file__).resolve().parents[2] / "shared" / "data" / "wikitext-2-raw" / "valid.txt"
+SHARED_VALID = (Path(__file__).resolve().parents[2] / "shared" / "data" / "wikitext-2-raw"
+                / "valid.txt")
 
 
 def test_char_vocabulary_is_sorted_code_points_and_round_trips():

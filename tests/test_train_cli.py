@@ -78,6 +78,8 @@ def test_train_writes_a_complete_run_and_sample_is_reproducible(tmp_path, capsys
     first = capsys.readouterr().out
     assert main(args) == 0
     assert capsys.readouterr().out == first and len(first) == 41
+    assert main(args + ["--compile"]) == 0  # the same text, decoded by a compiled step
+    assert capsys.readouterr().out == first
     # the run is never overwritten by accident
     assert main(["train", "--data", str(data), "--out", str(out), *SMALL]) == 2
     assert "--overwrite" in capsys.readouterr().err

@@ -47,8 +47,9 @@ def _missing_extra(e: ImportError):
 
 
 def create_app(model, tokenizer, model_name: str, max_tokens_limit: int = 1024,
-               max_prompt_tokens: int = 4096):
-    """Build the FastAPI app serving `model` with `tokenizer` under the id `model_name`.
+               max_prompt_tokens: int = 4096, compile: bool = False):
+    """Build the FastAPI app serving `model` with `tokenizer` under the id `model_name`;
+    compile=True decodes with `generate(..., compile=True)`.
 
     Raises:
         RuntimeError: FastAPI is not installed.
@@ -134,7 +135,7 @@ def create_app(model, tokenizer, model_name: str, max_tokens_limit: int = 1024,
                 seed = None if req.seed is None else req.seed + i
                 yield p * req.n + i, stream_text(
                     model, tokenizer, ids, req.max_tokens, req.temperature, None,
-                    req.top_p if req.top_p < 1.0 else None, seed, stops)
+                    req.top_p if req.top_p < 1.0 else None, seed, stops, compile)
 
     @app.post("/v1/completions")
     async def completions(req: CompletionRequest, request: Request):
@@ -176,8 +177,10 @@ def create_app(model, tokenizer, model_name: str, max_tokens_limit: int = 1024,
 
 
 def serve(model, tokenizer, model_name: str, host: str = "127.0.0.1", port: int = 8000,
-          max_tokens_limit: int = 1024, max_prompt_tokens: int = 4096) -> None:
-    """Run the API with uvicorn until interrupted."""
+          max_tokens_limit: int = 1024, max_prompt_tokens: int = 4096,
+          compile: bool = False) -> None:
+    """Run the API with uvicorn until interrupted; with compile=True, the decoding step is
+    compiled before the server listens."""
     try:
         import uvicorn
     except ImportError as e:
@@ -190,6 +193,15 @@ def serve(model, tokenizer, model_name: str, host: str = "127.0.0.1", port: int 
             probe.bind(infos[0][4])
     except OSError as e:
         raise OSError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
-    app = create_app(model, tokenizer, model_name, max_tokens_limit, max_prompt_tokens)
+    app = create_app(model, tokenizer, model_name, max_tokens_limit, max_prompt_tokens,
+                     compile)
+    if compile:
+        import torch
+
+        from .generate import generate
+
+        print("compiling the decoding step (once; 10-30 s)...", flush=True)
+        device = model.lm_head.weight.device
+        generate(model, torch.zeros(1, 1, dtype=torch.long, device=device), 2, compile=True)
     print(f"serving {model_name} on http://{host}:{port} (POST /v1/completions)")
     uvicorn.run(app, host=host, port=port, log_level="info")
