@@ -1,7 +1,12 @@
-"""One-row float32 and bfloat16 products on this CPU: F.linear (MKL's matrix-vector product) against
-`decoderlm.model.rowwise_linear` (the same product as a 2-way batched matmul), for the
-unembeddings and block matrices of the decoding benchmark. Prints milliseconds per product
-(best of 30 after a warm-up) and the weight bytes read per second.
+"""One-row products on this CPU, the core of decoding one token: F.linear (MKL's or oneDNN's
+matrix-vector product), `decoderlm.model.rowwise_linear` (a 2-way batched matmul) and
+`decoderlm.model.reduction_linear` under torch.compile (one fused multiply-and-sum kernel),
+against torch.sum over the same weights (a pure read), for the unembeddings and block matrices
+of the decoding benchmark, float32 and bfloat16.
+
+Each shape cycles through enough copies of its weight (>= 256 MiB) that every product reads
+it from memory, not from the 32 MiB L3, as decoding a real model does. Prints milliseconds
+per product (best of 5 passes, after a warm-up) and the weight bytes read per second.
 
     python benchmarks/gemv.py
 """
@@ -11,7 +16,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from decoderlm.model import rowwise_linear
+from decoderlm.model import reduction_linear, rowwise_linear
 
 SHAPES = [(50257, 768), (50257, 256), (3072, 768), (768, 3072), (2304, 768)]  # [out, in]
 
@@ -28,16 +33,24 @@ def best_ms(fn, n=30) -> float:
 
 def main() -> None:
     torch.manual_seed(0)
-    print(f"{'dtype':>9} {'weight [out, in]':>18} {'F.linear ms':>12} {'GB/s':>6} "
-          f"{'rowwise ms':>11} {'GB/s':>6}")
+    compiled = torch.compile(reduction_linear, dynamic=True)
+    contenders = {"torch.sum": lambda x, w: w.sum(), "F.linear": F.linear,
+                  "rowwise": rowwise_linear, "compiled reduction": compiled}
+    print(f"{'dtype':>9} {'weight [out, in]':>16} "
+          + " ".join(f"{name + ' ms':>22} {'GB/s':>5}" for name in contenders))
     for dtype in (torch.float32, torch.bfloat16):
         for out, inp in SHAPES:
-            w, x = torch.randn(out, inp, dtype=dtype), torch.randn(1, inp, dtype=dtype)
-            gb = w.numel() * w.element_size() / 1e9
-            a = best_ms(lambda: F.linear(x, w))
-            b = best_ms(lambda: rowwise_linear(x, w))
-            print(f"{str(dtype)[6:]:>9} {str([out, inp]):>18} {a:12.3f} {gb / a * 1e3:6.1f} "
-                  f"{b:11.3f} {gb / b * 1e3:6.1f}")
+            x = torch.randn(1, inp, dtype=dtype)
+            nbytes = out * inp * torch.finfo(dtype).bits // 8
+            weights = [torch.randn(out, inp, dtype=dtype) for _ in range(-(-2**28 // nbytes))]
+            row = f"{str(dtype)[6:]:>9} {str([out, inp]):>16}"
+            for fn in contenders.values():
+                def each():
+                    for w in weights:
+                        fn(x, w)
+                ms = best_ms(each, n=5) / len(weights)
+                row += f" {ms:22.3f} {nbytes / ms / 1e6:5.1f}"
+            print(row, flush=True)
 
 
 if __name__ == "__main__":

@@ -250,10 +250,12 @@ def generate(model, idx: torch.Tensor, max_new_tokens: int, temperature: float =
             tokens end with one of them (the stop tokens are kept in the output).
         pad_token_id: what a row that has stopped gets while others go on.
         compile: run each one-token step under torch.compile (needs a C++ compiler on the
-            CPU). The first call compiles for 10-30 s; later ones decode faster: on this
-            project's 2-core CPU 1.2x (GPT-2 small, float32) to 1.5x (bfloat16), see
-            benchmarks/generate.py. The tokens are those of compile=False up to float
-            rounding (the products accumulate in another order).
+            CPU). The first call compiles for 10-30 s; later ones decode faster: 1.1x
+            (GPT-2 small, float32) to 1.6x (4 x 256, float32) on this project's 2-core CPU
+            (benchmarks/generate.py). The tokens are those of compile=False up to float
+            rounding (the products accumulate in another order). The compiled step is shared
+            by every model of the process; torch keeps 8 variants of it (shapes, dtypes,
+            padding) and runs further ones eagerly, with a warning.
 
     Returns:
         [B, T + n] int64, n = max_new_tokens, or fewer when every row has stopped.
