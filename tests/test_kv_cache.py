@@ -166,11 +166,15 @@ def test_stop_accepts_tensors_and_numpy_integers():
 
 @pytest.mark.parametrize("pos", ["learned", "sinusoidal", "rope"])
 def test_compiled_decoding_gives_the_tokens_of_the_full_forward(pos):
+    from torch._dynamo.utils import counters
+
     torch._dynamo.reset()  # compile afresh: torch keeps at most 8 variants of the step
+    counters.clear()
     model = halved_random_model(3, block_size=16, pos_encoding=pos)
     prompt = torch.randint(0, 65, (1, 5))
     expected = greedy_by_full_forward(model, prompt, 30)  # 35 > 16: the context slides
     assert torch.equal(model.generate(prompt, 30, do_sample=False, compile=True), expected)
+    assert counters["stats"]["unique_graphs"] == 1  # every cache length, the full one too
     batch, mask = torch.randint(0, 65, (2, 6)), torch.ones(2, 6, dtype=torch.long)
     mask[0, :3] = 0  # left padding: compiled with a key mask
     assert torch.equal(

@@ -109,12 +109,15 @@ def _stop_sequences(stop) -> list[torch.Tensor]:
 
 
 class KVCache:
-    """Keys and values of every layer for decoding: k[l], v[l] [B, n_heads, max_positions,
-    head_dim] in the model's dtype, of which the first `length` positions are filled."""
+    """Keys and values of every layer for decoding: k[l], v[l] [B, n_heads, max_positions + 1,
+    head_dim] in the model's dtype, of which the first `length` (<= max_positions) positions
+    are filled. The spare position keeps even a full cache a strict slice of the buffers, so
+    one compiled decoding step serves every length (a slice that is the whole buffer would be
+    compiled again)."""
 
     def __init__(self, model, batch_size: int, device, dtype):
         c = model.config
-        shape = (batch_size, c.n_heads, c.max_positions, c.head_dim)
+        shape = (batch_size, c.n_heads, c.max_positions + 1, c.head_dim)
         self.k = [torch.empty(shape, device=device, dtype=dtype) for _ in range(c.n_layers)]
         self.v = [torch.empty(shape, device=device, dtype=dtype) for _ in range(c.n_layers)]
         self.length = 0
@@ -229,7 +232,7 @@ def generate(model, idx: torch.Tensor, max_new_tokens: int, temperature: float =
     """Extend idx by max_new_tokens tokens sampled from `model`, with a KV cache.
 
     One forward pass over the prompt fills the cache (a `KVCache`: per layer [B, n_heads,
-    max_positions, head_dim]); then each new token is one forward pass of one position. When
+    max_positions + 1, head_dim]); then each new token is one forward pass of one position. When
     the sequence outgrows the config's max_positions (block_size, the trained length, unless
     a sinusoidal or rotary model allows more) the context slides: the cache is rebuilt from
     the last max_positions tokens, so the tokens equal those of rerunning the full forward on
@@ -254,8 +257,9 @@ def generate(model, idx: torch.Tensor, max_new_tokens: int, temperature: float =
             (GPT-2 small, float32) to 1.6x (4 x 256, float32) on this project's 2-core CPU
             (benchmarks/generate.py). The tokens are those of compile=False up to float
             rounding (the products accumulate in another order). The compiled step is shared
-            by every model of the process; torch keeps 8 variants of it (shapes, dtypes,
-            padding) and runs further ones eagerly, with a warning.
+            by every model of the process; torch keeps 8 variants of it (a model's dtype,
+            batch of one or more, with or without padding) and runs further ones eagerly
+            (torch logs "hit config.recompile_limit").
 
     Returns:
         [B, T + n] int64, n = max_new_tokens, or fewer when every row has stopped.

@@ -114,9 +114,9 @@ def reduction_linear(x: torch.Tensor, weight: torch.Tensor,
 
 class Linear(nn.Linear):
     """nn.Linear with faster products for decoding (few rows, no autograd) on the CPU:
-    float32 with a weight of 2^19 elements or more runs as `rowwise_linear`; one row in
-    another dtype under torch.compile (`generate(..., compile=True)`) runs as
-    `reduction_linear`. Everything else, training included, is exactly nn.Linear."""
+    float32 with a weight of 2^19 elements or more runs as `rowwise_linear`; any other one-row
+    product under torch.compile (`generate(..., compile=True)`) runs as `reduction_linear`.
+    Everything else, training included, is exactly nn.Linear."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.device.type == "cpu" and not torch.is_grad_enabled():
