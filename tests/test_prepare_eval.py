@@ -491,3 +491,15 @@ def test_eval_a_byte_model_on_a_prepared_token_directory(tmp_path, capsys):
     assert train_report["tokens"] == int(0.9 * len(data))
     assert train_report["nats_per_token"] == pytest.approx(
         evaluate(model, torch.tensor(list(data[: int(0.9 * len(data))]))), rel=1e-6)
+
+
+def test_a_token_dir_without_validation_tokens_is_noted_and_refused_by_train(tmp_path, capsys):
+    text = tmp_path / "text.txt"
+    text.write_text("hello world, " * 200, encoding="utf-8")
+    out = tmp_path / "tok"
+    assert main(["prepare", "--data", str(text), "--out", str(out), "--val-fraction", "0"]) == 0
+    assert "--val-fraction 0 leaves val.bin empty" in capsys.readouterr().out
+    one_line_error(capsys, ["train", "--data", str(out), "--out", str(tmp_path / "run"),
+                            "--max-steps", "2", "--no-progress"],
+                   "has no validation tokens", "--val-fraction 0.1")
+    assert not (tmp_path / "run").exists()

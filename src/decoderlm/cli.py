@@ -266,6 +266,9 @@ def _cmd_prepare(args) -> int:
 
     prepare(args.data, args.tokenizer, args.out, args.val_fraction, args.overwrite,
             args.dataset)
+    if args.val_fraction == 0:
+        print("note: --val-fraction 0 leaves val.bin empty; `decoderlm train` needs a "
+              "validation split and will refuse this directory")
     return 0
 
 

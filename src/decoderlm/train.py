@@ -504,6 +504,11 @@ def load_corpus(spec: dict, tokenizer=None):
         from .data import META_NAME, load_token_dir
 
         tokens = load_token_dir(spec["token_dir"])
+        if len(tokens.val) == 0:
+            raise ValueError(f"token directory {spec['token_dir']} has no validation tokens (it "
+                             f"was prepared with --val-fraction 0); training scores a "
+                             f"validation split: run `decoderlm prepare` again with "
+                             f"--val-fraction 0.1")
         fingerprint = hashlib.sha256((Path(spec["token_dir"]) / META_NAME).read_bytes())
         return (tokens.tokenizer, tokens.train, tokens.val,
                 f"{spec['token_dir']} (prepared {type(tokens.tokenizer).__name__} tokens)",
