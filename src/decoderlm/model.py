@@ -80,9 +80,9 @@ def rowwise_linear(x: torch.Tensor, weight: torch.Tensor,
     """F.linear(x, weight, bias) computed as a two-way batched matmul over halves of the rows
     of weight ([out, in]); x [..., in] with few rows.
 
-    Why: with one row, F.linear is a matrix-vector product that MKL reads at 14-17 GB/s on
-    this project's AMD CPU, while the batched form reads at 42-60 GB/s (GPT-2's 50,257 x 768
-    unembedding: 9.0 -> 3.6 ms per token; benchmarks/gemv.py).
+    Why: with one row, F.linear is a matrix-vector product that MKL reads at 13-23 GB/s on
+    this project's AMD CPU, while the batched form reads at 52-58 GB/s (GPT-2's 50,257 x 768
+    unembedding: 9.2 -> 2.7 ms per token; benchmarks/gemv.py, weights read from memory).
     """
     rows, d = x.numel() // x.size(-1), x.size(-1)
     flat = x.reshape(rows, d)
