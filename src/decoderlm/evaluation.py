@@ -20,8 +20,6 @@ from .tokenizers import CharTokenizer, Tokenizer, load_tokenizer
 
 __all__ = ["check_vocab", "evaluate_run", "format_report"]
 
-LN2 = math.log(2.0)
-
 
 def check_vocab(tokenizer: Tokenizer, model, source) -> None:
     """ValueError unless the tokenizer has the model's vocab_size ids (they belong together)."""
@@ -95,7 +93,7 @@ def evaluate_run(run: str | Path, data: str | Path | None = None, split: str | N
             token; ids shorter than block_size + 1.
     """
     from .model import DecoderLM
-    from .train import evaluate
+    from .train import LN2, evaluate
 
     run = Path(run)
     if split not in (None, "val", "train"):
