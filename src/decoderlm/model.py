@@ -175,7 +175,7 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 def _explicit_is_faster(q: torch.Tensor, cache, mask) -> bool:
     """Training in bfloat16 on the CPU with a short context: PyTorch's CPU flash-attention
     kernel is much slower in bfloat16 than in float32 (forward + backward at B 12, T 64, 4
-    heads of 32: 3.2 vs 0.77 ms, and 1.1 ms written out; benchmarks/attention_backward.py),
+    heads of 32: 3.0 vs 0.71 ms, and 0.72 ms written out; benchmarks/attention_backward.py),
     so the written-out attention wins there, and its T x T probabilities are small for
     T <= 128. Everywhere else the fused kernel keeps memory linear in T."""
     return (q.device.type == "cpu" and q.dtype == torch.bfloat16 and torch.is_grad_enabled()
