@@ -4,7 +4,7 @@ import torch
 from conftest import tiny_config
 from decoderlm import DecoderLM, ModelConfig
 from decoderlm.analysis import flops_per_token, memory_bytes, mfu
-from decoderlm.config import PRESETS
+from decoderlm.presets import PRESETS
 
 
 def test_flops_conventions_of_the_pitfalls_table():

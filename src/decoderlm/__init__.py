@@ -6,8 +6,9 @@
     logits, loss = model(idx, targets)        # idx, targets: [B, T] int64
 """
 
-from .config import PRESETS, ModelConfig, TrainConfig, get_preset
+from .config import ModelConfig, TrainConfig
 from .model import DecoderLM
+from .presets import PRESETS, get_preset
 from .tokenizers import (
     ByteTokenizer,
     CharTokenizer,

@@ -15,10 +15,8 @@ checkpoints untouched and at most a `.tmp-*` directory, which is ignored and cle
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -27,52 +25,14 @@ from safetensors.torch import load_file, save_file
 
 from .analysis import count_parameters
 from .config import ModelConfig
+from .files import atomic_write, fsync_dir, make_temp_dir, read_json, torch_save, write_json
 
 __all__ = ["save_model", "save_weights", "load_model", "build_model", "read_safetensors",
-           "normalize_state_dict", "unwrap_model", "atomic_write", "write_json", "read_json",
-           "save_checkpoint", "list_checkpoints", "latest_checkpoint", "load_trainer_state",
-           "make_temp_dir"]
+           "normalize_state_dict", "unwrap_model", "save_checkpoint", "list_checkpoints", "latest_checkpoint", "load_trainer_state"]
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
-_UMASK = os.umask(0)
-os.umask(_UMASK)
 _WRAPPER_PREFIXES = ("module.", "_orig_mod.")  # DDP / DataParallel and torch.compile
-
-
-def atomic_write(path: str | Path, write) -> None:
-    """Create `path` by calling write(tmp_path) on a temporary file in the same directory,
-    fsync-ing it, then renaming it over `path`: a crash leaves either the old file or the new
-    one, never a torn one."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        write(tmp)
-        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; give the usual file mode
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def write_json(path: str | Path, data: Any) -> None:
-    """Write `data` as indented JSON to `path`, atomically."""
-    text = json.dumps(data, indent=2, ensure_ascii=False) + "\n"
-    atomic_write(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
-
-
-def read_json(path: str | Path) -> Any:
-    """Read a JSON file; FileNotFoundError / ValueError name the file on failure."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} not found")
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{path} is not valid UTF-8 JSON: {e}") from None
 
 
 def normalize_state_dict(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -219,11 +179,11 @@ def save_checkpoint(run_dir: str | Path, step: int, files: dict[str, Any],
         if files.get("tokenizer") is not None:
             files["tokenizer"].save_pretrained(tmp)
         atomic_write(tmp / TRAINER_STATE_NAME,
-                     lambda path: _torch_save(files["trainer_state"], path))
+                     lambda path: torch_save(files["trainer_state"], path))
         if final.exists():  # the same step saved twice (e.g. interrupted right at the end)
             shutil.rmtree(final)
         os.replace(tmp, final)
-        _fsync_dir(root)
+        fsync_dir(root)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -233,31 +193,6 @@ def save_checkpoint(run_dir: str | Path, step: int, files: dict[str, Any],
         if stale != tmp:
             shutil.rmtree(stale, ignore_errors=True)
     return final
-
-
-def make_temp_dir(parent: Path, prefix: str, suffix: str = "") -> Path:
-    """A new empty directory in `parent` (tempfile.mkdtemp) with the usual mode (the umask's,
-    not mkdtemp's 0700), to be renamed into place once complete."""
-    path = Path(tempfile.mkdtemp(dir=parent, prefix=prefix, suffix=suffix))
-    os.chmod(path, 0o777 & ~_UMASK)
-    return path
-
-
-def _torch_save(obj, path) -> None:
-    """torch.save, with its C++ write errors (disk full, file-size limit) as an OSError."""
-    try:
-        torch.save(obj, path)
-    except RuntimeError as e:
-        raise OSError(f"could not write {path} ({str(e).splitlines()[0]}): is the disk full "
-                      f"or a file-size limit reached?") from None
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def list_checkpoints(run_dir: str | Path) -> list[Path]:

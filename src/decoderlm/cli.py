@@ -111,7 +111,7 @@ def _non_empty(text: str) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .config import PRESETS
+    from .presets import PRESETS
 
     parser = _Parser(
         prog="decoderlm", description="Train, sample and inspect decoder-only language models.")
@@ -367,7 +367,8 @@ def _cmd_serve(args) -> int:
 
 def _cmd_presets(args) -> int:
     from .analysis import count_parameters
-    from .config import PRESETS, ModelConfig
+    from .config import ModelConfig
+    from .presets import PRESETS
 
     for name, preset in PRESETS.items():
         total = count_parameters(ModelConfig.from_dict(preset.model))["total"]
@@ -384,8 +385,9 @@ def _cmd_params(args) -> int:
     import torch
 
     from .analysis import count_parameters, flops_per_token, memory_bytes
-    from .checkpoint import read_json
-    from .config import ModelConfig, get_preset
+    from .files import read_json
+    from .config import ModelConfig
+    from .presets import get_preset
     from .model import DecoderLM
 
     if args.preset:

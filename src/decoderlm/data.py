@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .checkpoint import read_json
+from .files import read_json
 
 __all__ = ["EMBEDDED_CORPUS", "load_text", "split_ids", "get_batch", "windows", "check_split",
            "SEED_CROP_CHARS", "iter_text_chunks", "TokenDir", "load_token_dir", "is_token_dir",

@@ -289,7 +289,7 @@ def stream_text(model, tokenizer, prompt_ids: list[int], max_new_tokens: int,
     Yields:
         (delta, None) while going, then one last (delta, "stop" | "length", n_new_tokens).
     """
-    device = model.lm_head.weight.device
+    device = model.device
     idx = torch.tensor([prompt_ids], dtype=torch.long, device=device)
     stop = [s for s in stop or [] if s]
     new_ids, shown, text = [], "", ""

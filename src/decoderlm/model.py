@@ -441,6 +441,11 @@ class DecoderLM(nn.Module):
         cache.length = S
         return logits
 
+    @property
+    def device(self) -> torch.device:
+        """The device of the model's weights (that of the unembedding)."""
+        return self.lm_head.weight.device
+
     def num_parameters(self, non_embedding: bool = False) -> int:
         """Number of unique parameters (a tied matrix counts once).
 

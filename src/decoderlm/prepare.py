@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .checkpoint import make_temp_dir, write_json
+from .files import make_temp_dir, write_json
 from .data import (
     META_NAME,
     WIKITEXT_FILES,

@@ -201,7 +201,7 @@ def serve(model, tokenizer, model_name: str, host: str = "127.0.0.1", port: int 
         from .generate import generate
 
         print("compiling the decoding step (once; 10-30 s)...", flush=True)
-        device = model.lm_head.weight.device
+        device = model.device
         generate(model, torch.zeros(1, 1, dtype=torch.long, device=device), 2, compile=True)
     print(f"serving {model_name} on http://{host}:{port} (POST /v1/completions)")
     uvicorn.run(app, host=host, port=port, log_level="info")

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
-from .checkpoint import read_json, write_json
+from .files import read_json, write_json
 
 __all__ = [
     "DEFAULT_UNK_TOKEN",

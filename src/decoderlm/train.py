@@ -27,11 +27,13 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_state_dict,
                                                      set_optimizer_state_dict)
 
-from .checkpoint import (atomic_write, latest_checkpoint, list_checkpoints, load_model,
-                         load_trainer_state, read_json, save_checkpoint)
-from .config import ModelConfig, TrainConfig, get_preset
+from .checkpoint import (latest_checkpoint, list_checkpoints, load_model, load_trainer_state,
+                         save_checkpoint)
+from .config import ModelConfig, TrainConfig
+from .files import atomic_write, read_json
 from .data import SEED_CROP_CHARS, check_split, is_token_dir, load_text, split_ids, windows
 from .model import DecoderLM
+from .presets import get_preset
 from .tokenizers import DEFAULT_UNK_TOKEN, CharTokenizer, load_tokenizer
 
 __all__ = ["train", "lr_at", "evaluate", "configure_optimizer", "run_experiment", "TrainResult",
@@ -115,7 +117,7 @@ def evaluate(model: DecoderLM, data: torch.Tensor, max_windows: int | None = Non
     model.eval()
     total, count = 0.0, 0
     try:
-        device = model.lm_head.weight.device
+        device = model.device
         for chunk in starts.split(batch_size):
             x, y = windows(data, chunk, T)
             with autocast():
@@ -298,7 +300,7 @@ def train(model: DecoderLM, cfg: TrainConfig, train_ids, val_ids,
     T = model.config.block_size
     check_split("train", train_ids, T)
     check_split("validation", val_ids, T)
-    device = model.lm_head.weight.device
+    device = model.device
     run_dir = Path(run_dir) if run_dir is not None else None
     log = log if info.is_main else (lambda *a, **k: None)
     step_model, ddp = _wrap(model, cfg, info, device)
@@ -570,7 +572,7 @@ def run_experiment(preset: str | None = None, data: str | Path | None = None,
     Under torchrun every process calls this; rank 0 alone writes files and prints.
 
     Args:
-        preset: a name from `decoderlm.config.PRESETS` (default "default").
+        preset: a name from `decoderlm.presets.PRESETS` (default "default").
         data, dataset, max_chars: see `decoderlm.data.load_text`; max_chars defaults to the
             seed notebook's 300,000 for a WikiText directory or dataset, all of a plain file.
         out: the run directory; None picks runs/<preset> (or -2, -3, ... if taken).
@@ -742,7 +744,7 @@ def _write_artifacts(model, tokenizer, cfg: TrainConfig, metrics: list[dict], va
     plot_loss(metrics, out_dir / "loss.png")
     n = min(64, model.config.block_size, len(val_ids))
     window = torch.tensor(np.asarray(val_ids[:n], dtype=np.int64))[None, :]
-    device = model.lm_head.weight.device
+    device = model.device
     model.eval()
     with torch.no_grad():
         _, att = model.forward_with_attention(window.to(device))
