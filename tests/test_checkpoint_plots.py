@@ -7,7 +7,7 @@ from safetensors.torch import load_file, save_file
 
 from conftest import randomize, tiny_model
 from decoderlm import DecoderLM
-from decoderlm.checkpoint import normalize_state_dict, save_model
+from decoderlm.weights import normalize_state_dict, save_model
 from decoderlm.files import atomic_write
 from decoderlm.plots import plot_attention, plot_loss
 

@@ -17,7 +17,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from decoderlm.checkpoint import list_checkpoints, load_trainer_state
+from decoderlm.training.checkpoints import load_trainer_state
+from decoderlm.weights import list_checkpoints
 from decoderlm.cli import main
 from decoderlm.config import TrainConfig
 from decoderlm.train import lr_at
@@ -133,7 +134,7 @@ def test_a_killed_or_terminated_run_resumes_exactly(corpus, tmp_path, how):
 
 def test_a_crash_while_writing_a_checkpoint_leaves_the_previous_one(corpus, tmp_path,
                                                                    monkeypatch, capsys):
-    import decoderlm.checkpoint as ckpt
+    import decoderlm.files as ckpt
 
     real_save, calls = torch.save, []
 

@@ -190,7 +190,7 @@ def test_a_diverging_run_stops_with_a_message_and_keeps_the_last_good_checkpoint
     err = capsys.readouterr().err
     assert "the training loss became" in err and "last good checkpoint" in err
     good = err.split("last good checkpoint is ")[1].strip()
-    from decoderlm.checkpoint import load_trainer_state
+    from decoderlm.training.checkpoints import load_trainer_state
     state = load_trainer_state(good)
     assert state["step"] >= 1 and math.isfinite(state["loss_sum"])
     assert not (out / "model.safetensors").exists()

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .checkpoint import CONFIG_NAME
+from .weights import CONFIG_NAME
 from .files import read_json
 from .data import is_token_dir, load_token_dir
 from .prepare import encode_source, source_files

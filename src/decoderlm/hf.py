@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from .checkpoint import build_model, read_safetensors, unwrap_model
+from .weights import build_model, read_safetensors, unwrap_model
 from .files import atomic_write, read_json, write_json
 from .config import ModelConfig
 from .model import DecoderLM

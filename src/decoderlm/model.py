@@ -468,7 +468,7 @@ class DecoderLM(nn.Module):
         extra_config: more top-level entries for config.json (the trainer stores its
         TrainConfig under "train").
         """
-        from .checkpoint import save_model
+        from .weights import save_model
         save_model(self, directory, extra_config)
 
     @classmethod
@@ -479,5 +479,5 @@ class DecoderLM(nn.Module):
             FileNotFoundError: config.json or model.safetensors is missing.
             ValueError: the files do not describe a matching model.
         """
-        from .checkpoint import load_model
+        from .weights import load_model
         return load_model(directory, map_location)

@@ -27,8 +27,8 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_state_dict,
                                                      set_optimizer_state_dict)
 
-from .checkpoint import (latest_checkpoint, list_checkpoints, load_model, load_trainer_state,
-                         save_checkpoint)
+from .training.checkpoints import latest_checkpoint, load_trainer_state, save_checkpoint
+from .weights import list_checkpoints, load_model
 from .config import ModelConfig, TrainConfig
 from .files import atomic_write, read_json
 from .data import SEED_CROP_CHARS, check_split, is_token_dir, load_text, split_ids, windows

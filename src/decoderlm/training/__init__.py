@@ -1,0 +1,1 @@
+"""Training: optimiser, parallelism, resumable state, the loop, and whole runs."""
