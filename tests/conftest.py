@@ -2,10 +2,11 @@ import pytest
 import torch
 
 from decoderlm import DecoderLM, ModelConfig
+from decoderlm.hooks import run_with_cache
 
 
 def tiny_config(**overrides) -> ModelConfig:
-    """The pitfalls table's TINY model: vocab 65, block 32, 2 layers, 4 heads, d_model 64."""
+    """The tiny test model: vocab 65, block 32, 2 layers, 4 heads, d_model 64."""
     base = dict(vocab_size=65, block_size=32, n_layers=2, n_heads=4, d_model=64, dropout=0.0,
                 bias=True, tie_embeddings=True)
     return ModelConfig(**{**base, **overrides})
@@ -51,3 +52,10 @@ def assert_matches_reference(model: DecoderLM, idx: torch.Tensor) -> torch.Tenso
     expected = reference.forward(params, model.config, idx.numpy())
     assert np.abs(logits.detach().numpy() - expected).max() < 1e-4
     return logits
+
+
+def forward_with_attention(model: DecoderLM, idx: torch.Tensor):
+    """(logits [B, T, vocab_size], att [n_layers, B, n_heads, T, T]) read from every layer's
+    hook_pattern."""
+    (logits, _), cache = run_with_cache(model, idx, ["hook_pattern"])
+    return logits, torch.stack(list(cache.values()))

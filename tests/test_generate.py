@@ -14,7 +14,7 @@ def test_generation_past_block_size_crops_the_context(pos_prompt, new):
     seen, positions = [], []
     model.tok_emb.register_forward_pre_hook(lambda m, args: seen.append(args[0].size(1)))
     model.pos_emb.register_forward_pre_hook(lambda m, args: positions.append(int(args[0].max())))
-    out = model.generate(torch.zeros(1, pos_prompt, dtype=torch.long), new, seed=0)
+    out = generate(model, torch.zeros(1, pos_prompt, dtype=torch.long), new, seed=0)
     assert out.shape == (1, pos_prompt + new)
     assert len(seen) == new and max(seen) <= 16 and max(positions) == 15
 
@@ -51,10 +51,10 @@ def test_temperature_zero_is_greedy_and_negative_is_refused():
         sample_next(logits, float("nan"))
     model = tiny_model()
     prompt = torch.tensor([[3, 1, 4]])
-    greedy = [model.generate(prompt, 20, temperature=0.0, seed=s) for s in range(3)]
+    greedy = [generate(model, prompt, 20, temperature=0.0, seed=s) for s in range(3)]
     assert all(torch.equal(greedy[0], g) for g in greedy)
-    assert torch.equal(greedy[0], model.generate(prompt, 20, do_sample=False))
-    assert torch.equal(greedy[0], model.generate(prompt, 20, temperature=1e-8, seed=5))
+    assert torch.equal(greedy[0], generate(model, prompt, 20, do_sample=False))
+    assert torch.equal(greedy[0], generate(model, prompt, 20, temperature=1e-8, seed=5))
     # greedy really is the argmax of the full forward at every step
     seq = prompt
     for _ in range(20):
@@ -78,23 +78,23 @@ def test_sampling_draws_from_the_softmax():
 def test_same_seed_same_text_and_bad_controls():
     model = tiny_model()
     prompt = torch.tensor([[5, 6]])
-    a = model.generate(prompt, 30, seed=7, top_k=10)
-    assert torch.equal(a, model.generate(prompt, 30, seed=7, top_k=10))
-    assert not torch.equal(a, model.generate(prompt, 30, seed=8, top_k=10))
+    a = generate(model, prompt, 30, seed=7, top_k=10)
+    assert torch.equal(a, generate(model, prompt, 30, seed=7, top_k=10))
+    assert not torch.equal(a, generate(model, prompt, 30, seed=8, top_k=10))
     with pytest.raises(ValueError, match="top_k"):
-        model.generate(prompt, 3, top_k=0)
+        generate(model, prompt, 3, top_k=0)
     with pytest.raises(ValueError, match="top_p"):
-        model.generate(prompt, 3, top_p=1.5)
+        generate(model, prompt, 3, top_p=1.5)
     with pytest.raises(ValueError, match="T >= 1"):
-        model.generate(torch.zeros(1, 0, dtype=torch.long), 3)
+        generate(model, torch.zeros(1, 0, dtype=torch.long), 3)
 
 
 def test_generate_in_train_mode_is_deterministic_and_restores_the_mode():
     # pitfalls row 17 (d)
     model = tiny_model(dropout=0.3).train()
     prompt = torch.tensor([[1, 2, 3]])
-    a = model.generate(prompt, 15, do_sample=False)
-    b = model.generate(prompt, 15, do_sample=False)
+    a = generate(model, prompt, 15, do_sample=False)
+    b = generate(model, prompt, 15, do_sample=False)
     assert torch.equal(a, b) and model.training
 
 
@@ -131,8 +131,8 @@ def test_the_pad_id_never_becomes_text():
     model = tiny_model()
     chars = CharTokenizer([chr(c) for c in range(48, 48 + 65)])
     prompt = torch.tensor([[1, 2], [3, 4]])
-    free = model.generate(prompt, 10, do_sample=False)
-    padded = model.generate(prompt, 10, do_sample=False, stop=[int(free[0, 2])])
+    free = generate(model, prompt, 10, do_sample=False)
+    padded = generate(model, prompt, 10, do_sample=False, stop=[int(free[0, 2])])
     assert (padded[0, 3:] == -1).all() and (padded[1] == free[1]).all()
     for tok in (chars, GPT2Tokenizer()):
         with pytest.raises(ValueError, match=r"\[-1, -1.*are outside"):

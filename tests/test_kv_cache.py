@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from conftest import halved_random_model, randomize, tiny_model
-from decoderlm.generate import KVCache, stream_generate
+from decoderlm.generate import generate, stream_generate
+from decoderlm.kv_cache import KVCache
 
 
 def greedy_by_full_forward(model, prompt, n):
@@ -29,8 +30,8 @@ def test_cached_greedy_equals_full_forward_for_200_tokens_past_block_size(overri
             p.mul_(0.4)
     prompt = torch.randint(0, 65, (2, 5))
     expected = greedy_by_full_forward(model, prompt, 200)
-    assert torch.equal(model.generate(prompt, 200, do_sample=False), expected)
-    assert torch.equal(model.generate(prompt, 200, do_sample=False, use_cache=False), expected)
+    assert torch.equal(generate(model, prompt, 200, do_sample=False), expected)
+    assert torch.equal(generate(model, prompt, 200, do_sample=False, use_cache=False), expected)
 
 
 @pytest.mark.parametrize("pos", ["sinusoidal", "rope"])
@@ -46,13 +47,13 @@ def test_positions_go_past_block_size_up_to_max_positions_then_slide(pos):
 
     model.forward_cached = spy
     prompt = torch.randint(0, 65, (2, 5))
-    out = model.generate(prompt, 60, do_sample=False)
+    out = generate(model, prompt, 60, do_sample=False)
     # the prompt, then one token at a time at positions 5..47 (no rebuild at block_size),
     # then, from 48 tokens on, a rebuild of the last 48 at every step
     assert calls == [(5, 4)] + [(1, p) for p in range(5, 48)] + [(48, 47)] * 16
     assert torch.equal(out, greedy_by_full_forward(model, prompt, 60))
     del model.forward_cached
-    assert torch.equal(model.generate(prompt, 60, do_sample=False, use_cache=False), out)
+    assert torch.equal(generate(model, prompt, 60, do_sample=False, use_cache=False), out)
 
 
 @pytest.mark.parametrize("pos", ["learned", "rope"])
@@ -63,7 +64,7 @@ def test_per_step_logits_and_positions_match_the_full_forward(pos):
         for p in model.parameters():
             p.mul_(0.4)
     seq = torch.randint(0, 65, (1, 5))
-    cache = KVCache(model, 1, "cpu", torch.float32)
+    cache = KVCache(model.config, 1, "cpu", torch.float32)
     with torch.no_grad():
         logits = model.forward_cached(seq, cache, torch.arange(5)[None],
                                       torch.ones(1, 5, dtype=torch.bool))
@@ -81,7 +82,7 @@ def test_a_request_longer_than_the_cache_rolls_instead_of_failing():
     # pitfalls row 2 (ii): block_size 16, prompt 10, 20 new tokens
     model = tiny_model(block_size=16)
     prompt = torch.randint(0, 65, (1, 10))
-    out = model.generate(prompt, 20, do_sample=False)
+    out = generate(model, prompt, 20, do_sample=False)
     assert out.shape == (1, 30)
     assert torch.equal(out, greedy_by_full_forward(model, prompt, 20))
 
@@ -96,56 +97,56 @@ def test_left_padded_batch_matches_each_prompt_alone(pos):
     short, long = torch.randint(0, 65, (1, 3)), torch.randint(0, 65, (1, 6))
     batch = torch.cat([torch.cat([torch.zeros(1, 3, dtype=torch.long), short], 1), long])
     mask = torch.tensor([[0, 0, 0, 1, 1, 1], [1, 1, 1, 1, 1, 1]])
-    cache = KVCache(model, 2, "cpu", torch.float32)
+    cache = KVCache(model.config, 2, "cpu", torch.float32)
     positions = (mask.cumsum(1) - 1).clamp(min=0)
     with torch.no_grad():
         logits = model.forward_cached(batch, cache, positions, mask.bool())
     assert torch.isfinite(logits).all()
     assert torch.allclose(logits[0, 3:], model(short)[0][0], atol=1e-5, rtol=1e-5)
     assert torch.allclose(logits[1], model(long)[0][0], atol=1e-5, rtol=1e-5)
-    together = model.generate(batch, 8, do_sample=False, attention_mask=mask)
-    assert torch.equal(together[0, 3:], model.generate(short, 8, do_sample=False)[0])
-    assert torch.equal(together[1], model.generate(long, 8, do_sample=False)[0])
+    together = generate(model, batch, 8, do_sample=False, attention_mask=mask)
+    assert torch.equal(together[0, 3:], generate(model, short, 8, do_sample=False)[0])
+    assert torch.equal(together[1], generate(model, long, 8, do_sample=False)[0])
     with pytest.raises(ValueError, match="left-padded"):
-        model.generate(batch, 2, attention_mask=torch.tensor([[1, 1, 1, 0, 0, 0]] * 2))
+        generate(model, batch, 2, attention_mask=torch.tensor([[1, 1, 1, 0, 0, 0]] * 2))
 
 
 def test_streaming_yields_the_same_tokens_as_generate():
     model = tiny_model()
     prompt = torch.randint(0, 65, (2, 4))
     streamed = torch.stack(list(stream_generate(model, prompt, 12, seed=9, top_k=7)), dim=1)
-    assert torch.equal(torch.cat([prompt, streamed], 1), model.generate(prompt, 12, seed=9,
+    assert torch.equal(torch.cat([prompt, streamed], 1), generate(model, prompt, 12, seed=9,
                                                                          top_k=7))
 
 
 def test_stop_token_ids_end_rows_early():
     model = tiny_model()
     prompt = torch.randint(0, 65, (2, 3))
-    free = model.generate(prompt, 30, do_sample=False)
+    free = generate(model, prompt, 30, do_sample=False)
     first = free[0, 3 + 4].item()  # stop at row 0's 5th new token
-    out = model.generate(prompt, 30, do_sample=False, stop=[first], pad_token_id=-7)
+    out = generate(model, prompt, 30, do_sample=False, stop=[first], pad_token_id=-7)
     row0 = out[0, 3:].tolist()
     k = row0.index(first)
     assert row0[: k + 1] == free[0, 3:3 + k + 1].tolist()
     assert all(t == -7 for t in row0[k + 1:])
     stop_pair = free[1, 3 + 5:3 + 7].tolist()
-    single = model.generate(prompt[1:], 30, do_sample=False, stop=[stop_pair])
+    single = generate(model, prompt[1:], 30, do_sample=False, stop=[stop_pair])
     assert single[0, -2:].tolist() == stop_pair and single.size(1) <= 3 + 7
     with pytest.raises(ValueError, match="stop must hold token ids"):
-        model.generate(prompt, 3, stop=[[]])
+        generate(model, prompt, 3, stop=[[]])
 
 
 @pytest.mark.parametrize("out,batch,bias", [(65, 1, False), (50257, 2, False), (2305, 4, True)])
 def test_rowwise_linear_is_the_same_product(out, batch, bias):
     import torch.nn.functional as F
 
-    from decoderlm.model import Linear, rowwise_linear
+    from decoderlm.cpu_decode import DecodeLinear, rowwise_linear
 
     weight, x = torch.randn(out, 32), torch.randn(batch, 1, 32)
     b = torch.randn(out) if bias else None
     expected = F.linear(x, weight, b)
     assert torch.allclose(rowwise_linear(x, weight, b), expected, atol=1e-4, rtol=1e-5)
-    layer = Linear(32, out, bias=bias)
+    layer = DecodeLinear(32, out, bias=bias)
     with torch.no_grad():
         layer.weight.copy_(weight)
         if bias:
@@ -159,9 +160,9 @@ def test_stop_accepts_tensors_and_numpy_integers():
 
     model = tiny_model()
     prompt = torch.randint(0, 65, (1, 3))
-    first = model.generate(prompt, 1, do_sample=False)[0, -1].item()
+    first = generate(model, prompt, 1, do_sample=False)[0, -1].item()
     for stop in (torch.tensor([first]), [np.int64(first)], [torch.tensor(first)]):
-        assert model.generate(prompt, 10, do_sample=False, stop=stop).size(1) == 4
+        assert generate(model, prompt, 10, do_sample=False, stop=stop).size(1) == 4
 
 
 @pytest.mark.parametrize("pos", ["learned", "sinusoidal", "rope"])
@@ -173,13 +174,13 @@ def test_compiled_decoding_gives_the_tokens_of_the_full_forward(pos):
     model = halved_random_model(3, block_size=16, pos_encoding=pos)
     prompt = torch.randint(0, 65, (1, 5))
     expected = greedy_by_full_forward(model, prompt, 30)  # 35 > 16: the context slides
-    assert torch.equal(model.generate(prompt, 30, do_sample=False, compile=True), expected)
+    assert torch.equal(generate(model, prompt, 30, do_sample=False, compile=True), expected)
     assert counters["stats"]["unique_graphs"] == 1  # every cache length, the full one too
     batch, mask = torch.randint(0, 65, (2, 6)), torch.ones(2, 6, dtype=torch.long)
     mask[0, :3] = 0  # left padding: compiled with a key mask
     assert torch.equal(
-        model.generate(batch, 8, do_sample=False, attention_mask=mask, compile=True),
-        model.generate(batch, 8, do_sample=False, attention_mask=mask))
+        generate(model, batch, 8, do_sample=False, attention_mask=mask, compile=True),
+        generate(model, batch, 8, do_sample=False, attention_mask=mask))
 
 
 def test_compiled_bfloat16_steps_give_the_logits_of_eager_steps():
@@ -190,7 +191,7 @@ def test_compiled_bfloat16_steps_give_the_logits_of_eager_steps():
     ids = torch.randint(0, 65, (1, 20))
     logits = {}
     for compile in (False, True):
-        step, cache = _decode_step(compile), KVCache(model, 1, "cpu", torch.bfloat16)
+        step, cache = _decode_step(compile), KVCache(model.config, 1, "cpu", torch.bfloat16)
         with torch.no_grad():
             model.forward_cached(ids[:, :4], cache, torch.arange(4)[None])
             logits[compile] = torch.cat([step(model, ids[:, t:t + 1], cache,
@@ -205,7 +206,7 @@ def test_compiled_bfloat16_steps_give_the_logits_of_eager_steps():
 def test_reduction_linear_is_the_same_product(dtype):
     import torch.nn.functional as F
 
-    from decoderlm.model import reduction_linear
+    from decoderlm.cpu_decode import reduction_linear
 
     weight, x, bias = (t.to(dtype) for t in (torch.randn(300, 64), torch.randn(2, 1, 64),
                                              torch.randn(300)))

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from conftest import (assert_matches_reference, halved_random_model, randomize, tiny_config,
+from conftest import (assert_matches_reference, forward_with_attention, halved_random_model, randomize, tiny_config,
                       tiny_model)
 from decoderlm import DecoderLM, ModelConfig
 from decoderlm.analysis import count_parameters
@@ -30,7 +30,7 @@ def test_numpy_reference_covers_every_option(combo):
     model = halved_random_model(5, **combo)
     idx = torch.randint(0, 65, (2, 32))
     logits = assert_matches_reference(model, idx)
-    explicit, _ = model.forward_with_attention(idx)
+    explicit, _ = forward_with_attention(model, idx)
     assert torch.allclose(logits, explicit, atol=1e-5, rtol=1e-5)
 
 
@@ -147,7 +147,7 @@ def test_swiglu_default_width_follows_llama():
 
 def test_interleaved_rope_weights_convert_to_the_half_split_layout():
     # pitfalls row 32: the two pairings agree once the q/k rows are permuted
-    from decoderlm.model import rope_interleaved_to_half
+    from decoderlm.hf import rope_interleaved_to_half
 
     torch.manual_seed(0)
     n_heads, head_dim, d_in, T = 2, 16, 24, 12

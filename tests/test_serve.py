@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from conftest import tiny_model
+from decoderlm.generate import generate
 from decoderlm import CharTokenizer
 
 httpx = pytest.importorskip("httpx")
@@ -67,7 +68,7 @@ def test_completion_matches_the_model(server):
     out = r.json()
     assert out["object"] == "text_completion" and out["model"] == "tiny"
     choice = out["choices"][0]
-    ids = model.generate(torch.tensor([tok.encode("hello")]), 12, do_sample=False)
+    ids = generate(model, torch.tensor([tok.encode("hello")]), 12, do_sample=False)
     assert choice["text"] == tok.decode(ids[0, 5:]) and choice["finish_reason"] == "length"
     assert out["usage"] == {"prompt_tokens": 5, "completion_tokens": 12, "total_tokens": 17}
     two = httpx.post(f"{url}/v1/completions", json={"prompt": ["ab", "cd"], "n": 2,
@@ -111,7 +112,7 @@ def test_a_compiled_server_answers_concurrent_requests_as_the_eager_model():
     torch._dynamo.reset()
     tok, model = CharTokenizer(CHARS[:65]), tiny_model(seed=2)
     prompts = ["ab", "cde", "fghi", "j"]
-    expected = [tok.decode(model.generate(torch.tensor([tok.encode(p)]), 20,
+    expected = [tok.decode(generate(model, torch.tensor([tok.encode(p)]), 20,
                                           do_sample=False)[0, len(p):]) for p in prompts]
     with running(create_app(model, tok, "tiny", compile=True)) as url:
         def complete(prompt):

@@ -13,8 +13,10 @@ import numbers
 
 import torch
 
-__all__ = ["generate", "stream_generate", "stream_text", "sample_next", "filter_logits",
-           "KVCache"]
+from . import cpu_decode
+from .kv_cache import KVCache
+
+__all__ = ["generate", "stream_generate", "stream_text", "sample_next", "filter_logits"]
 
 
 def filter_logits(logits: torch.Tensor, top_k: int | None = None,
@@ -108,21 +110,6 @@ def _stop_sequences(stop) -> list[torch.Tensor]:
     return out
 
 
-class KVCache:
-    """Keys and values of every layer for decoding: k[l], v[l] [B, n_heads, max_positions + 1,
-    head_dim] in the model's dtype, of which the first `length` (<= max_positions) positions
-    are filled. The spare position keeps even a full cache a strict slice of the buffers, so
-    one compiled decoding step serves every length (a slice that is the whole buffer would be
-    compiled again)."""
-
-    def __init__(self, model, batch_size: int, device, dtype):
-        c = model.config
-        shape = (batch_size, c.n_heads, c.max_positions + 1, c.head_dim)
-        self.k = [torch.empty(shape, device=device, dtype=dtype) for _ in range(c.n_layers)]
-        self.v = [torch.empty(shape, device=device, dtype=dtype) for _ in range(c.n_layers)]
-        self.length = 0
-
-
 def _one_token(model, idx, cache, positions, key_mask):
     return model.forward_cached(idx, cache, positions, key_mask, last_only=True)
 
@@ -180,6 +167,8 @@ def stream_generate(model, idx: torch.Tensor, max_new_tokens: int, temperature: 
         mask = torch.ones(ids.shape, dtype=torch.bool, device=idx.device)
         mask[:, :T0] = attention_mask.to(device=idx.device, dtype=torch.bool)
     dtype = model.lm_head.weight.dtype
+    if model.device.type == "cpu":
+        cpu_decode.install(model)
     was_training = model.training
     model.eval()
     stops = _stop_sequences(stop)
@@ -196,7 +185,7 @@ def stream_generate(model, idx: torch.Tensor, max_new_tokens: int, temperature: 
                 window_mask = None if mask is None else mask[:, lo:n]
                 positions = (torch.arange(n - lo, device=idx.device).expand(B, -1)
                              if mask is None else (window_mask.long().cumsum(1) - 1).clamp(min=0))
-                cache = KVCache(model, B, idx.device, dtype)
+                cache = KVCache(model.config, B, idx.device, dtype)
                 logits = model.forward_cached(ids[:, lo:n], cache, positions, window_mask,
                                               last_only=True)
                 if not use_cache:
@@ -253,9 +242,8 @@ def generate(model, idx: torch.Tensor, max_new_tokens: int, temperature: float =
             tokens end with one of them (the stop tokens are kept in the output).
         pad_token_id: what a row that has stopped gets while others go on.
         compile: run each one-token step under torch.compile (needs a C++ compiler on the
-            CPU). The first call compiles for 10-30 s; later ones decode faster: 1.1x
-            (GPT-2 small, float32) to 1.6x (4 x 256, float32) on this project's 2-core CPU
-            (benchmarks/generate.py). The tokens are those of compile=False up to float
+            CPU). The first call compiles; later ones decode faster (the README's decoding
+            figures, from benchmarks/generate.py). The tokens are those of compile=False up to float
             rounding (the products accumulate in another order). The compiled step is shared
             by every model of the process; torch keeps 8 variants of it (a model's dtype,
             batch of one or more, with or without padding) and runs further ones eagerly

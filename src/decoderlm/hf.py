@@ -23,12 +23,12 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from .weights import build_model, read_safetensors, unwrap_model
-from .files import atomic_write, read_json, write_json
 from .config import ModelConfig
+from .files import atomic_write, read_json, write_json
 from .model import DecoderLM
+from .weights import load_state, read_safetensors, unwrap_model
 
-__all__ = ["load_gpt2", "save_gpt2"]
+__all__ = ["load_gpt2", "save_gpt2", "rope_interleaved_to_half"]
 
 _CONV1D = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")
 _BLOCK_NAMES = {"ln_1": "ln_1", "ln_2": "ln_2", "attn.c_attn": "attn.qkv",
@@ -123,7 +123,7 @@ def load_gpt2(directory: str | Path, map_location: str = "cpu") -> DecoderLM:
         elif key != "lm_head.weight":
             raise ValueError(f"unexpected tensor {key!r} in {directory}")
         state[key] = tensor.contiguous()
-    return build_model(config, state, directory, map_location)
+    return load_state(DecoderLM(config), state, directory).to(map_location).eval()
 
 
 def save_gpt2(model: DecoderLM, directory: str | Path) -> None:
@@ -170,3 +170,13 @@ def save_gpt2(model: DecoderLM, directory: str | Path) -> None:
         "resid_pdrop": c.dropout, "embd_pdrop": c.dropout, "attn_pdrop": c.dropout,
         "bos_token_id": 50256, "eos_token_id": 50256,
     })
+
+
+def rope_interleaved_to_half(weight: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """Permute the rows of a q or k projection weight [n_heads * head_dim, d_in] trained with
+    the interleaved rotary layout (pairs 2j, 2j + 1; Meta's Llama, RoFormer) into the
+    half-split layout `decoderlm.model.apply_rope` uses (pairs j, j + head_dim / 2). Scores
+    q.k, and so the logits, are unchanged."""
+    head_dim = weight.size(0) // n_heads
+    rows = torch.arange(weight.size(0)).view(n_heads, head_dim // 2, 2).transpose(1, 2)
+    return weight[rows.reshape(-1)]

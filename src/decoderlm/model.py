@@ -1,16 +1,17 @@
-"""The whole model: positions, norms, causal self-attention, MLP, decoder block, `DecoderLM`.
+"""The model: positions, norms, causal self-attention, MLP, decoder block, `DecoderLM`.
 
 A decoder-only transformer, GPT-2 style by default (Radford et al. 2019), read top to bottom:
 
     x = tok_emb(idx) [+ positions (learned or sinusoidal)]    # [B, T, d_model]
-    for each block (pre-norm):  x = x + attn(norm_1(x))       # rope rotates q, k inside attn
-                                x = x + mlp(norm_2(x))
-              (post-norm):      x = norm_1(x + attn(x)); x = norm_2(x + mlp(x))
-    logits = lm_head(norm_f(x))  (pre-norm; post-norm has no final norm)   # [B, T, vocab_size]
+    for each block (pre-norm):  x = x + attn(ln_1(x))         # rope rotates q, k inside attn
+                                x = x + mlp(ln_2(x))
+              (post-norm):      x = ln_1(x + attn(x)); x = ln_2(x + mlp(x))
+    logits = lm_head(ln_f(x))  (pre-norm; post-norm has no final norm)   # [B, T, vocab_size]
 
 Attention is scaled dot-product attention (Vaswani et al. 2017, eq. 1):
 softmax(q k^T / sqrt(head_dim) + causal mask) v, with future positions set to -inf before
 the softmax so they get exactly zero weight. The options are described in `ModelConfig`.
+Activations are reachable by name through `HookPoint`s (listed in `DecoderLM`).
 """
 
 from __future__ import annotations
@@ -21,13 +22,14 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.utils.checkpoint import checkpoint
 
 from .config import ModelConfig
+from .hooks import HookPoint
+from .kv_cache import KVCache
+from .weights import load_state, read_model_dir, save_model
 
-__all__ = ["DecoderLM", "CausalSelfAttention", "MLP", "Block", "RMSNorm", "Linear",
-           "rowwise_linear", "reduction_linear", "causal_attention", "sinusoidal_positions",
-           "rope_cos_sin", "apply_rope", "rope_interleaved_to_half"]
+__all__ = ["DecoderLM", "CausalSelfAttention", "MLP", "Block", "RMSNorm", "causal_attention",
+           "attention_pattern", "sinusoidal_positions", "rope_cos_sin", "apply_rope"]
 
 
 def sinusoidal_positions(T: int, d_model: int) -> torch.Tensor:
@@ -42,8 +44,8 @@ def sinusoidal_positions(T: int, d_model: int) -> torch.Tensor:
     return pe.float()
 
 
-def rope_cos_sin(T: int, head_dim: int, base: float = 10000.0) -> tuple[torch.Tensor,
-                                                                          torch.Tensor]:
+def rope_cos_sin(T: int, head_dim: int, base: float = 10000.0
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin of the rotary angles m * theta_i, theta_i = base^(-2i / head_dim)
     (Su et al. 2021, eq. 15), for positions m = 0..T-1: two [T, head_dim / 2] float32."""
     inv_freq = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
@@ -55,77 +57,12 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     """Rotate x [B, n_heads, T, head_dim] by position (cos, sin: [T, head_dim / 2]).
 
     Half-split layout (GPT-NeoX, Hugging Face Llama): feature j of the first half and feature
-    j of the second half form the pair rotated by angle m * theta_j. Weights trained with the
-    interleaved layout (pairs 2j, 2j + 1; Meta's Llama) need their q/k projection rows
-    permuted to use it.
+    j of the second half form the pair rotated by angle m * theta_j.
     """
     half = x.size(-1) // 2
     x1, x2 = x[..., :half], x[..., half:]
     cos, sin = cos.to(x.dtype), sin.to(x.dtype)
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
-
-
-def rope_interleaved_to_half(weight: torch.Tensor, n_heads: int) -> torch.Tensor:
-    """Permute the rows of a q or k projection weight [n_heads * head_dim, d_in] trained with
-    the interleaved rotary layout (pairs 2j, 2j + 1; Meta's Llama, RoFormer) into the
-    half-split layout `apply_rope` uses (pairs j, j + head_dim / 2). Scores q.k, and so the
-    logits, are unchanged."""
-    head_dim = weight.size(0) // n_heads
-    rows = torch.arange(weight.size(0)).view(n_heads, head_dim // 2, 2).transpose(1, 2)
-    return weight[rows.reshape(-1)]
-
-
-def rowwise_linear(x: torch.Tensor, weight: torch.Tensor,
-                   bias: torch.Tensor | None = None) -> torch.Tensor:
-    """F.linear(x, weight, bias) computed as a two-way batched matmul over halves of the rows
-    of weight ([out, in]); x [..., in] with few rows.
-
-    Why: with one row, F.linear is a matrix-vector product that MKL reads at 13-23 GB/s on
-    this project's AMD CPU, while the batched form reads at 52-58 GB/s (GPT-2's 50,257 x 768
-    unembedding: 9.2 -> 2.7 ms per token; benchmarks/gemv.py, weights read from memory).
-    """
-    rows, d = x.numel() // x.size(-1), x.size(-1)
-    flat = x.reshape(rows, d)
-    even = weight.size(0) - weight.size(0) % 2
-    halves = weight[:even].view(2, even // 2, d)
-    y = torch.bmm(halves, flat.T.expand(2, d, rows)).reshape(even, rows).T
-    if even < weight.size(0):
-        y = torch.cat([y, flat @ weight[even:].T], dim=1)
-    if bias is not None:
-        y = y + bias
-    return y.reshape(*x.shape[:-1], weight.size(0))
-
-
-def reduction_linear(x: torch.Tensor, weight: torch.Tensor,
-                     bias: torch.Tensor | None = None) -> torch.Tensor:
-    """F.linear(x, weight, bias) written as a multiply-and-sum over `in`, accumulated in float32
-    and returned in x's dtype; x [..., in], weight [out, in] -> [..., out].
-
-    Meant for torch.compile, which fuses it into one pass over weight per output row (one
-    kernel, no [out, in] temporary): with one row in bfloat16 on this project's CPU it reads
-    the weight 2-3x faster than oneDNN's product (benchmarks/gemv.py). Eagerly it is correct
-    but builds the [..., out, in] product, so `Linear` uses it only while compiling.
-    """
-    y = (x.float().unsqueeze(-2) * weight.float()).sum(-1)
-    if bias is not None:
-        y = y + bias.float()
-    return y.to(x.dtype)
-
-
-class Linear(nn.Linear):
-    """nn.Linear with faster products for decoding (few rows, no autograd) on the CPU:
-    float32 with a weight of 2^19 elements or more runs as `rowwise_linear`; any other one-row
-    product under torch.compile (`generate(..., compile=True)`) runs as `reduction_linear`.
-    Everything else, training included, is exactly nn.Linear."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.device.type == "cpu" and not torch.is_grad_enabled():
-            if (x.dtype == torch.float32 and self.weight.numel() >= 2**19
-                    and x.numel() <= 4 * x.size(-1)):
-                return rowwise_linear(x, self.weight, self.bias)
-            if x.numel() == x.size(-1) and torch.compiler.is_compiling():
-                return reduction_linear(x, self.weight, self.bias)
-        return super().forward(x)
 
 
 class RMSNorm(nn.Module):
@@ -148,84 +85,76 @@ def make_norm(config: ModelConfig) -> nn.Module:
     return nn.LayerNorm(config.d_model, eps=config.norm_eps, bias=config.bias)
 
 
-def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                     dropout_p: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
-    """Causal scaled dot-product attention, written out, returning the probabilities too.
+def attention_pattern(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """Causal attention probabilities softmax(q k^T / sqrt(head_dim)), future masked.
 
-    Args:
-        q, k, v: [B, n_heads, T, head_dim], any floating dtype.
-        dropout_p: dropout on the attention probabilities (pass 0.0 in eval mode).
-
-    Returns:
-        (y, att): y [B, n_heads, T, head_dim] in q's dtype; att [B, n_heads, T, T] float32,
-        the softmax probabilities before dropout. Row t sums to 1 and att[..., t, s] == 0 for
-        every s > t.
-
-    q is scaled by 1/sqrt(head_dim) *before* the matmul and the scores and softmax are
-    computed in float32, so float16 inputs with large q.k do not overflow.
+    q, k: [B, n_heads, T, head_dim], any floating dtype. Returns att [B, n_heads, T, T]
+    float32: row t sums to 1 and att[..., t, s] == 0 for every s > t. q is scaled before the
+    matmul and the softmax runs in float32, so float16 inputs with large q.k do not overflow.
     """
     T = q.size(-2)
     scores = (q * (1.0 / math.sqrt(q.size(-1)))) @ k.transpose(-2, -1)
     future = torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1)
-    att = scores.float().masked_fill(future, float("-inf")).softmax(dim=-1)
-    y = F.dropout(att, dropout_p) if dropout_p > 0 else att
-    return (y.to(v.dtype) @ v), att
+    return scores.float().masked_fill(future, float("-inf")).softmax(dim=-1)
 
 
-def _explicit_is_faster(q: torch.Tensor, cache, mask) -> bool:
-    """Training in bfloat16 on the CPU with a short context: PyTorch's CPU flash-attention
-    kernel is much slower in bfloat16 than in float32 (forward + backward at B 12, T 64, 4
-    heads of 32: 3.0 vs 0.71 ms, and 0.72 ms written out; benchmarks/attention_backward.py),
-    so the written-out attention wins there, and its T x T probabilities are small for
-    T <= 128. Everywhere else the fused kernel keeps memory linear in T."""
-    return (q.device.type == "cpu" and q.dtype == torch.bfloat16 and torch.is_grad_enabled()
-            and cache is None and mask is None and 1 < q.size(-2) <= 128)
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                     dropout_p: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Causal attention written out: (y [B, n_heads, T, head_dim] in v's dtype, att
+    [B, n_heads, T, T] float32 before dropout); q, k, v [B, n_heads, T, head_dim]."""
+    att = attention_pattern(q, k)
+    return _apply_pattern(att, v, dropout_p), att
+
+
+def _apply_pattern(att: torch.Tensor, v: torch.Tensor, dropout_p: float) -> torch.Tensor:
+    att = F.dropout(att, dropout_p) if dropout_p > 0 else att
+    return att.to(v.dtype) @ v
 
 
 class CausalSelfAttention(nn.Module):
     """Multi-head causal self-attention with one fused QKV projection.
 
-    forward(x [B, T, d_model], rope=None, need_weights=False, cache=None, mask=None) ->
-    (y [B, T, d_model], att | None); rope is (cos, sin) [T or B x 1 x T, head_dim / 2] when the
-    config's pos_encoding is "rope". For cached decoding, cache = (k_buf, v_buf, start): the
-    new keys and values are written at positions start.. of the [B, n_heads, T_max, head_dim]
-    buffers and attention runs over all start + T of them under `mask` (bool [B, 1, T, S]);
-    mask None there means no padding and either one new token (it sees every key) or an
-    empty cache (plain causal). The default path calls `F.scaled_dot_product_attention`
-    (fused kernels; causal unless there is one query); with need_weights=True it runs
-    `causal_attention` and also returns att [B, n_heads, T, T].
+    forward(x [B, T, d_model], rope=None, cache=None, mask=None) -> [B, T, d_model].
+    rope: (cos, sin) [T or B x 1 x T, head_dim / 2] when the config's pos_encoding is "rope".
+    cache: a `KVCache` (decoding); this layer's new keys and values are appended to it and
+    attention runs over all of them under `mask` (bool [B, 1, T, S], True where query t may
+    see key s; None: plain causal, see `KVCache.attention_mask`).
+
+    `impl` picks the kernel when there is no cache: "sdpa" (F.scaled_dot_product_attention,
+    memory linear in T) or "explicit" (`attention_pattern` written out). hook_pattern with a
+    hook attached also takes the explicit path, so its hooks see (and may replace) the
+    probabilities; with a cache the pattern is not computed.
     """
 
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig, layer: int = 0):
         super().__init__()
-        self.n_heads = config.n_heads
-        self.dropout = config.dropout
-        self.qkv = Linear(config.d_model, 3 * config.d_model, bias=config.bias)
-        self.proj = Linear(config.d_model, config.d_model, bias=config.bias)
+        self.n_heads, self.layer, self.dropout = config.n_heads, layer, config.dropout
+        self.impl = "sdpa"
+        self.qkv = nn.Linear(config.d_model, 3 * config.d_model, bias=config.bias)
+        self.hook_q, self.hook_k, self.hook_v = HookPoint(), HookPoint(), HookPoint()
+        self.hook_pattern, self.hook_z = HookPoint(), HookPoint()
+        self.proj = nn.Linear(config.d_model, config.d_model, bias=config.bias)
         self.resid_dropout = nn.Dropout(config.dropout)
 
-    def forward(self, x: torch.Tensor, rope: tuple | None = None, need_weights: bool = False,
-                cache: tuple | None = None, mask: torch.Tensor | None = None):
+    def forward(self, x: torch.Tensor, rope: tuple | None = None, cache: KVCache | None = None,
+                mask: torch.Tensor | None = None) -> torch.Tensor:
         B, T, C = x.shape
         q, k, v = (t.view(B, T, self.n_heads, C // self.n_heads).transpose(1, 2)
-                   for t in self.qkv(x).split(C, dim=2))
+                   for t in self.qkv(x).split(C, dim=2))  # [B, n_heads, T, head_dim] each
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        q, k, v = self.hook_q(q), self.hook_k(k), self.hook_v(v)
+        if cache is not None:
+            k, v = cache.update(self.layer, k, v)  # [B, n_heads, S, head_dim], S = length + T
         dropout_p = self.dropout if self.training else 0.0
-        if cache is not None:  # (k_buf, v_buf [B, n_heads, T_max, head_dim], start)
-            k_buf, v_buf, start = cache
-            k_buf[:, :, start:start + T] = k
-            v_buf[:, :, start:start + T] = v
-            k, v = k_buf[:, :, :start + T], v_buf[:, :, :start + T]
-        if need_weights:
-            y, att = causal_attention(q, k, v, dropout_p)
-        elif _explicit_is_faster(q, cache, mask):
-            y, att = causal_attention(q, k, v, dropout_p)[0], None
-        else:  # mask: bool [B, 1, T, S], True where query t may attend to key s
-            y, att = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p,
-                                                    is_causal=mask is None and T > 1), None
-        y = y.transpose(1, 2).reshape(B, T, C)
-        return self.resid_dropout(self.proj(y)), att
+        if cache is None and (self.impl == "explicit" or self.hook_pattern.has_hooks()):
+            att = self.hook_pattern(attention_pattern(q, k))  # [B, n_heads, T, T] float32
+            z = _apply_pattern(att, v, dropout_p)
+        else:
+            z = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p,
+                                               is_causal=mask is None and T > 1)
+        y = self.hook_z(z).transpose(1, 2).reshape(B, T, C)  # [B, T, d_model]
+        return self.resid_dropout(self.proj(y))
 
 
 class MLP(nn.Module):
@@ -233,47 +162,55 @@ class MLP(nn.Module):
 
     "gelu": proj(GELU(fc(x))), GELU exact (erf) or tanh-approximate per config.activation.
     "swiglu": proj(silu(gate(x)) * fc(x)) (Shazeer 2020, eq. 6 with Swish_1 = SiLU).
-    Dropout on the output.
+    Dropout on the output. hook_pre sees the activation's input [B, T, d_ff] (fc(x), or
+    gate(x) for swiglu), hook_post the hidden layer [B, T, d_ff] that proj reads.
     """
 
     def __init__(self, config: ModelConfig):
         super().__init__()
-        self.fc = Linear(config.d_model, config.d_ff, bias=config.bias)
-        self.gate = (Linear(config.d_model, config.d_ff, bias=config.bias)
+        self.fc = nn.Linear(config.d_model, config.d_ff, bias=config.bias)
+        self.gate = (nn.Linear(config.d_model, config.d_ff, bias=config.bias)
                      if config.mlp == "swiglu" else None)
-        self.proj = Linear(config.d_ff, config.d_model, bias=config.bias)
+        self.hook_pre, self.hook_post = HookPoint(), HookPoint()
+        self.proj = nn.Linear(config.d_ff, config.d_model, bias=config.bias)
         self.approximate = "tanh" if config.activation == "gelu_tanh" else "none"
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gate is not None:
-            h = F.silu(self.gate(x)) * self.fc(x)
+            h = F.silu(self.hook_pre(self.gate(x))) * self.fc(x)
         else:
-            h = F.gelu(self.fc(x), approximate=self.approximate)
-        return self.dropout(self.proj(h))
+            h = F.gelu(self.hook_pre(self.fc(x)), approximate=self.approximate)
+        return self.dropout(self.proj(self.hook_post(h)))
 
 
 class Block(nn.Module):
-    """One decoder block. Pre-norm (GPT-2): x + attn(ln_1(x)), then x + mlp(ln_2(x)).
-    Post-norm (Vaswani et al. 2017): ln_1(x + attn(x)), then ln_2(x + mlp(x))."""
+    """One decoder block, x [B, T, d_model] -> [B, T, d_model].
 
-    def __init__(self, config: ModelConfig):
+    Pre-norm (GPT-2): x + attn(ln_1(x)), then x + mlp(ln_2(x)).
+    Post-norm (Vaswani et al. 2017): ln_1(x + attn(x)), then ln_2(x + mlp(x)).
+    rope, cache and mask go to the attention (see `CausalSelfAttention`).
+    """
+
+    def __init__(self, config: ModelConfig, layer: int = 0):
         super().__init__()
         self.pre_norm = config.norm_position == "pre"
+        self.hook_resid_pre = HookPoint()
         self.ln_1 = make_norm(config)
-        self.attn = CausalSelfAttention(config)
+        self.attn = CausalSelfAttention(config, layer)
+        self.hook_resid_mid = HookPoint()
         self.ln_2 = make_norm(config)
         self.mlp = MLP(config)
+        self.hook_resid_post = HookPoint()
 
-    def forward(self, x: torch.Tensor, rope: tuple | None = None, need_weights: bool = False,
-                cache: tuple | None = None, mask: torch.Tensor | None = None):
+    def forward(self, x: torch.Tensor, rope: tuple | None = None, cache: KVCache | None = None,
+                mask: torch.Tensor | None = None) -> torch.Tensor:
+        x = self.hook_resid_pre(x)
         if self.pre_norm:
-            a, att = self.attn(self.ln_1(x), rope, need_weights, cache, mask)
-            x = x + a
-            return x + self.mlp(self.ln_2(x)), att
-        a, att = self.attn(x, rope, need_weights, cache, mask)
-        x = self.ln_1(x + a)
-        return self.ln_2(x + self.mlp(x)), att
+            x = self.hook_resid_mid(x + self.attn(self.ln_1(x), rope, cache, mask))
+            return self.hook_resid_post(x + self.mlp(self.ln_2(x)))
+        x = self.hook_resid_mid(self.ln_1(x + self.attn(x, rope, cache, mask)))
+        return self.hook_resid_post(self.ln_2(x + self.mlp(x)))
 
 
 class DecoderLM(nn.Module):
@@ -285,6 +222,22 @@ class DecoderLM(nn.Module):
     Initialisation follows GPT-2: every Linear and Embedding weight ~ N(0, 0.02), biases 0,
     and the two residual output projections of each block (attn.proj, mlp.proj) ~
     N(0, 0.02 / sqrt(2 * n_layers)), since 2 * n_layers residual branches add into the stream.
+
+    Hook points (identity `HookPoint`s; attach forward hooks, or use
+    `decoderlm.hooks.run_with_cache`), for layer l:
+
+        hook_embed                   [B, T, d_model]   token embedding + positions
+        blocks.l.hook_resid_pre      [B, T, d_model]   the block's input
+        blocks.l.attn.hook_q/_k/_v   [B, n_heads, T, head_dim]  (q and k after rope)
+        blocks.l.attn.hook_pattern   [B, n_heads, T, T] float32 softmax probabilities, before
+                                     dropout; computed only when a hook is attached
+        blocks.l.attn.hook_z         [B, n_heads, T, head_dim]  attention output per head
+        blocks.l.hook_resid_mid      [B, T, d_model]   after the attention residual (and ln_1
+                                     when post-norm)
+        blocks.l.mlp.hook_pre        [B, T, d_ff]      the activation function's input
+        blocks.l.mlp.hook_post       [B, T, d_ff]      the hidden layer
+        blocks.l.hook_resid_post     [B, T, d_model]   the block's output
+        hook_normalized              [B, T, d_model]   what lm_head reads (after ln_f)
     """
 
     def __init__(self, config: ModelConfig):
@@ -295,22 +248,21 @@ class DecoderLM(nn.Module):
                         if config.pos_encoding == "learned" else None)
         # fixed tables are buffers, rebuilt from the config, not stored in checkpoints
         if config.pos_encoding == "sinusoidal":
-            self.register_buffer("pos_table", sinusoidal_positions(config.max_positions,
-                                                                   config.d_model),
-                                 persistent=False)
+            table = sinusoidal_positions(config.max_positions, config.d_model)
+            self.register_buffer("pos_table", table, persistent=False)
         if config.pos_encoding == "rope":
             cos, sin = rope_cos_sin(config.max_positions, config.head_dim, config.rope_base)
             self.register_buffer("rope_cos", cos, persistent=False)
             self.register_buffer("rope_sin", sin, persistent=False)
+        self.hook_embed = HookPoint()
         self.drop = nn.Dropout(config.dropout)
-        self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layers))
+        self.blocks = nn.ModuleList(Block(config, layer) for layer in range(config.n_layers))
         self.ln_f = make_norm(config) if config.norm_position == "pre" else None
-        self.lm_head = Linear(config.d_model, config.vocab_size, bias=False)
+        self.hook_normalized = HookPoint()
+        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
         if config.tie_embeddings:
             self.lm_head.weight = self.tok_emb.weight
         self.apply(self._init_weights)
-        # TrainConfig.activation_checkpointing: recompute each block in the backward pass
-        self.activation_checkpointing = False
         residual_std = 0.02 / math.sqrt(2 * config.n_layers)
         for block in self.blocks:
             nn.init.normal_(block.attn.proj.weight, mean=0.0, std=residual_std)
@@ -322,6 +274,11 @@ class DecoderLM(nn.Module):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
         if isinstance(module, nn.Linear) and module.bias is not None:
             nn.init.zeros_(module.bias)
+
+    @property
+    def device(self) -> torch.device:
+        """The device of the model's weights (that of the unembedding)."""
+        return self.lm_head.weight.device
 
     def _check_input(self, idx: torch.Tensor) -> None:
         if idx.dim() != 2 or idx.dtype not in (torch.int64, torch.int32):
@@ -340,12 +297,11 @@ class DecoderLM(nn.Module):
                                  f"got ids from {lo} to {hi}; was the input encoded with this "
                                  f"model's tokenizer?")
 
-    def _run(self, idx: torch.Tensor, need_weights: bool, position_ids=None, caches=None,
-             mask=None, last_only: bool = False):
+    def _logits(self, idx: torch.Tensor, pos: torch.Tensor, cache: KVCache | None = None,
+                mask: torch.Tensor | None = None, last_only: bool = False) -> torch.Tensor:
+        """Embed idx [B, T] at positions pos ([T] or [B, T]), run the blocks, unembed."""
         self._check_input(idx)
-        pos = torch.arange(idx.size(1), device=idx.device) if position_ids is None \
-            else position_ids
-        x, rope = self.tok_emb(idx), None
+        x, rope = self.tok_emb(idx), None  # [B, T, d_model]
         if self.pos_emb is not None:
             x = x + self.pos_emb(pos)
         elif self.config.pos_encoding == "sinusoidal":
@@ -353,21 +309,14 @@ class DecoderLM(nn.Module):
         else:
             cos, sin = self.rope_cos[pos], self.rope_sin[pos]
             rope = (cos[:, None], sin[:, None]) if pos.dim() == 2 else (cos, sin)
-        x = self.drop(x)
-        atts = []
-        for i, block in enumerate(self.blocks):
-            if self.activation_checkpointing and self.training and torch.is_grad_enabled():
-                # keep only the block's input; its activations are recomputed in backward
-                x, att = checkpoint(block, x, rope, False, None, mask, use_reentrant=False)
-            else:
-                x, att = block(x, rope, need_weights, None if caches is None else caches[i],
-                               mask)
-            atts.append(att)
+        x = self.drop(self.hook_embed(x))
+        for block in self.blocks:
+            x = block(x, rope, cache, mask)
         if last_only:  # decoding needs only the next token's logits
             x = x[:, -1:]
         if self.ln_f is not None:
             x = self.ln_f(x)
-        return self.lm_head(x), atts
+        return self.lm_head(self.hook_normalized(x))  # [B, T, vocab_size]
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
         """Logits for every position, and the next-token loss when targets are given.
@@ -386,36 +335,22 @@ class DecoderLM(nn.Module):
             ValueError: idx is not [B, T] integer, T is 0 or exceeds max_positions, or an id is
                 outside [0, vocab_size).
         """
-        logits, _ = self._run(idx, need_weights=False)
+        logits = self._logits(idx, torch.arange(idx.size(-1), device=idx.device))
         loss = None
         if targets is not None:
             loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)),
                                    targets.reshape(-1), ignore_index=-1)
         return logits, loss
 
-    def forward_with_attention(self, idx: torch.Tensor):
-        """Logits and every layer's attention probabilities, through the explicit path.
-
-        Args:
-            idx: [B, T] int64 token ids.
-
-        Returns:
-            (logits [B, T, vocab_size], att [n_layers, B, n_heads, T, T] float32), where
-            att[l, b, h, t] is the distribution over key positions 0..t of query t in layer l,
-            head h. Slower than `forward`; meant for analysis and plots.
-        """
-        logits, atts = self._run(idx, need_weights=True)
-        return logits, torch.stack(atts)
-
-    def forward_cached(self, idx: torch.Tensor, cache, position_ids: torch.Tensor,
+    def forward_cached(self, idx: torch.Tensor, cache: KVCache, position_ids: torch.Tensor,
                        key_mask: torch.Tensor | None = None,
                        last_only: bool = False) -> torch.Tensor:
         """Logits of new tokens given the keys and values of the earlier ones (decoding).
 
         Args:
             idx: [B, T] int64, the new tokens.
-            cache: a `decoderlm.generate.KVCache` holding cache.length earlier positions; the
-                new keys and values are appended to it (its length grows by T).
+            cache: a `KVCache` holding cache.length earlier positions; the new keys and values
+                are appended to it (its length grows by T).
             position_ids: [B, T] int64, each new token's position (< max_positions).
             key_mask: [B, cache.length + T] bool, False for padding (never attended to);
                 None means no padding.
@@ -424,27 +359,10 @@ class DecoderLM(nn.Module):
         Returns:
             logits [B, T, vocab_size] ([B, 1, vocab_size] with last_only).
         """
-        T, start = idx.size(1), cache.length
-        S = start + T
-        mask = None  # without padding, one new token or an empty cache needs no mask
-        if key_mask is not None or (T > 1 and start > 0):
-            if key_mask is None:
-                key_mask = torch.ones(idx.size(0), S, dtype=torch.bool, device=idx.device)
-            causal = torch.ones(T, S, dtype=torch.bool, device=idx.device).tril(start)
-            # a padding query may see no key at all; letting every query see itself keeps
-            # every softmax row finite (no NaN); the outputs at padding are never used
-            itself = torch.arange(S, device=idx.device) == \
-                (torch.arange(T, device=idx.device) + start)[:, None]
-            mask = ((causal[None] & key_mask[:, None, :]) | itself[None])[:, None]
-        caches = [(k, v, start) for k, v in zip(cache.k, cache.v)]
-        logits, _ = self._run(idx, False, position_ids, caches, mask, last_only)
-        cache.length = S
+        mask = cache.attention_mask(idx.size(1), key_mask)
+        logits = self._logits(idx, position_ids, cache, mask, last_only)
+        cache.advance(idx.size(1))
         return logits
-
-    @property
-    def device(self) -> torch.device:
-        """The device of the model's weights (that of the unembedding)."""
-        return self.lm_head.weight.device
 
     def num_parameters(self, non_embedding: bool = False) -> int:
         """Number of unique parameters (a tied matrix counts once).
@@ -456,28 +374,22 @@ class DecoderLM(nn.Module):
         n = sum(p.numel() for p in self.parameters())
         return n - self.pos_emb.weight.numel() if non_embedding and self.pos_emb is not None else n
 
-    @torch.no_grad()
-    def generate(self, idx: torch.Tensor, max_new_tokens: int, **kwargs) -> torch.Tensor:
-        """Append max_new_tokens sampled tokens to idx [B, T]; see `decoderlm.generate`."""
-        from .generate import generate
-        return generate(self, idx, max_new_tokens, **kwargs)
-
     def save_pretrained(self, directory: str | Path, extra_config: dict | None = None) -> None:
         """Write model.safetensors and config.json into `directory` (created if missing).
 
         extra_config: more top-level entries for config.json (the trainer stores its
         TrainConfig under "train").
         """
-        from .weights import save_model
         save_model(self, directory, extra_config)
 
     @classmethod
-    def from_pretrained(cls, directory: str | Path, map_location: str = "cpu") -> "DecoderLM":
+    def from_pretrained(cls, directory: str | Path, map_location: str = "cpu") -> DecoderLM:
         """Load a model written by `save_pretrained` (or `decoderlm train`), in eval mode.
 
         Raises:
             FileNotFoundError: config.json or model.safetensors is missing.
             ValueError: the files do not describe a matching model.
         """
-        from .weights import load_model
-        return load_model(directory, map_location)
+        config, state = read_model_dir(directory, map_location)
+        model = load_state(cls(config), state, Path(directory) / "model.safetensors")
+        return model.to(map_location).eval()

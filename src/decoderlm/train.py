@@ -28,7 +28,9 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_state
                                                      set_optimizer_state_dict)
 
 from .training.checkpoints import latest_checkpoint, load_trainer_state, save_checkpoint
-from .weights import list_checkpoints, load_model
+from .weights import list_checkpoints
+from .generate import generate
+from .hooks import run_with_cache
 from .config import ModelConfig, TrainConfig
 from .files import atomic_write, read_json
 from .data import SEED_CROP_CHARS, check_split, is_token_dir, load_text, split_ids, windows
@@ -218,7 +220,10 @@ def _stop_requests():
 def _wrap(model: DecoderLM, cfg: TrainConfig, info: DistInfo, device: torch.device):
     """(the module to call for training steps, the DDP wrapper or None). FSDP2 shards `model`
     in place (each block, then the root); DDP wraps it; torch.compile goes outside both."""
-    model.activation_checkpointing = cfg.activation_checkpointing
+    if cfg.activation_checkpointing:
+        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+        for i, block in enumerate(model.blocks):
+            model.blocks[i] = checkpoint_wrapper(block)
     ddp = None
     if cfg.fsdp:
         if info.world_size == 1 and not dist.is_initialized():
@@ -534,7 +539,7 @@ def _resume_point(run_dir: Path, info: DistInfo, log):
     latest_checkpoint(run_dir)  # raises a clear error when there is none
     for candidate in reversed(list_checkpoints(run_dir)):
         try:
-            return (candidate, load_trainer_state(candidate), load_model(candidate),
+            return (candidate, load_trainer_state(candidate), DecoderLM.from_pretrained(candidate),
                     load_tokenizer(candidate))
         except (ValueError, FileNotFoundError) as e:
             log(f"warning: skipping checkpoint {candidate}: {e}")
@@ -673,7 +678,7 @@ def run_experiment(preset: str | None = None, data: str | Path | None = None,
         return RunSummary(out_dir, None, None, result.elapsed_s, result.tokens_per_s, source,
                           result.step, True)
     if info.is_main:
-        final = load_model(result.checkpoint, map_location=str(device)) \
+        final = DecoderLM.from_pretrained(result.checkpoint, map_location=str(device)) \
             if info.world_size > 1 else model
         final.save_pretrained(out_dir, extra)
         tokenizer.save_pretrained(out_dir)
@@ -747,7 +752,8 @@ def _write_artifacts(model, tokenizer, cfg: TrainConfig, metrics: list[dict], va
     device = model.device
     model.eval()
     with torch.no_grad():
-        _, att = model.forward_with_attention(window.to(device))
+        _, cache = run_with_cache(model, window.to(device), ["hook_pattern"])
+        att = torch.stack(list(cache.values()))
     plot_attention(att[:, 0].cpu().numpy(), out_dir / "attention.png",
                    title=f"attention on validation tokens 0-{n - 1}: "
                          f"{tokenizer.decode(window[0])!r}")
@@ -758,5 +764,5 @@ def _write_artifacts(model, tokenizer, cfg: TrainConfig, metrics: list[dict], va
         log(f"note: sample_prompt {cfg.sample_prompt!r} has characters outside the vocabulary; "
             f"samples.txt starts from the first validation token instead")
     idx = torch.tensor([prompt or window[0, :1].tolist()], dtype=torch.long)
-    out = model.generate(idx.to(device), cfg.sample_chars, seed=cfg.seed)
+    out = generate(model, idx.to(device), cfg.sample_chars, seed=cfg.seed)
     (out_dir / "samples.txt").write_text(tokenizer.decode(out[0]), encoding="utf-8")

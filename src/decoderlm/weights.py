@@ -21,7 +21,7 @@ from .analysis import count_parameters
 from .config import ModelConfig
 from .files import atomic_write, read_json, write_json
 
-__all__ = ["save_model", "save_weights", "load_model", "build_model", "read_safetensors",
+__all__ = ["save_model", "save_weights", "read_model_dir", "load_state", "read_safetensors",
            "normalize_state_dict", "unwrap_model", "list_checkpoints", "CONFIG_NAME",
            "WEIGHTS_NAME", "CHECKPOINTS_DIR"]
 
@@ -76,13 +76,20 @@ def save_weights(state: dict[str, torch.Tensor], config: ModelConfig, directory:
     write_json(directory / CONFIG_NAME, {"model": config.to_dict(), **(extra_config or {})})
 
 
-def load_model(directory: str | Path, map_location: str = "cpu"):
-    """Build a DecoderLM from a directory written by `save_model`, in eval mode.
+def read_model_dir(directory: str | Path, map_location: str = "cpu"
+                   ) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+    """The ModelConfig and the weights of a directory written by `save_model`.
+
+    The number of parameters in the file is checked against the config before anything is
+    built, so a damaged config cannot allocate a huge model.
+
+    Returns:
+        (config, state dict with our key names; a tied unembedding may be absent).
 
     Raises:
         FileNotFoundError: the directory, config.json or model.safetensors is missing.
-        ValueError: config.json has no valid "model" entry, or the weights do not match it
-            (missing, unexpected or mis-shaped tensors, listed in the message).
+        ValueError: config.json has no valid "model" entry, or the file's parameter count
+            differs from the config's.
     """
     directory = Path(directory)
     if not directory.is_dir():
@@ -101,14 +108,13 @@ def load_model(directory: str | Path, map_location: str = "cpu"):
     if not weights.is_file():
         raise FileNotFoundError(f"{weights} not found")
     state = normalize_state_dict(read_safetensors(weights, map_location))
-    # compare sizes before building: a corrupt config must not allocate a huge model
     tied = model_config.tie_embeddings
     in_file = sum(t.numel() for k, t in state.items() if not (tied and k == "lm_head.weight"))
     expected_total = count_parameters(model_config)["total"]
     if in_file != expected_total:
         raise ValueError(f"{weights} holds {in_file:,} parameters but config.json describes a "
                          f"model with {expected_total:,}; the two files do not belong together")
-    return build_model(model_config, state, weights, map_location)
+    return model_config, state
 
 
 def read_safetensors(path: Path, device: str = "cpu") -> dict[str, torch.Tensor]:
@@ -119,20 +125,16 @@ def read_safetensors(path: Path, device: str = "cpu") -> dict[str, torch.Tensor]
         raise ValueError(f"{path} is not a readable safetensors file ({e})") from None
 
 
-def build_model(config: ModelConfig, state: dict[str, torch.Tensor], source,
-                map_location: str = "cpu"):
-    """A DecoderLM of `config` holding the tensors of `state` (our key names), in eval mode.
-
-    A tied unembedding may be absent from `state`.
+def load_state(model: torch.nn.Module, state: dict[str, torch.Tensor], source
+               ) -> torch.nn.Module:
+    """Load `state` (our key names) into `model` (a DecoderLM), checked key by key and shape
+    by shape first; a tied unembedding may be absent from `state`. Returns the model.
 
     Raises:
-        ValueError: the tensors do not match the config (the message lists missing,
+        ValueError: the tensors do not match the model (the message lists missing,
             unexpected and mis-shaped tensors, and names `source`).
     """
-    from .model import DecoderLM
-
-    model = DecoderLM(config)
-    if config.tie_embeddings and "tok_emb.weight" in state:
+    if model.config.tie_embeddings and "tok_emb.weight" in state:
         state = {**state, "lm_head.weight": state["tok_emb.weight"]}
     expected = model.state_dict()
     missing = sorted(set(expected) - set(state))
@@ -143,7 +145,7 @@ def build_model(config: ModelConfig, state: dict[str, torch.Tensor], source,
         raise ValueError(f"{source} does not match config.json: missing {missing}, "
                          f"unexpected {unexpected}, shape mismatches {shapes}")
     model.load_state_dict(state)
-    return model.to(map_location).eval()
+    return model
 
 
 def list_checkpoints(run_dir: str | Path) -> list[Path]:
