@@ -23,7 +23,7 @@ class Preset:
 
 PRESETS: dict[str, Preset] = {
     "seed-notebook": Preset(
-        description="the seed notebook's run exactly: 3 layers x 128 wide, 4 heads, context 96, "
+        description="the original seed experiment's run exactly: 3 layers x 128 wide, 4 heads, context 96, "
         "batch 32, 400 steps of AdamW at lr 2e-4, weight decay 1e-2, no schedule, no clipping "
         "(vocab_size 139: the embedded corpus's 138 characters plus an unknown-character id)",
         model=dict(vocab_size=139, block_size=96, n_layers=3, n_heads=4, d_model=128),

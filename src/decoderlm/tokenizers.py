@@ -1,6 +1,6 @@
 """Tokenizers: text <-> token ids, behind one interface (`Tokenizer`).
 
-`CharTokenizer` is the seed notebook's character-level tokenizer: the vocabulary is the sorted
+`CharTokenizer` is the character-level tokenizer of the seed experiment: the vocabulary is the sorted
 set of characters of the corpus (code-point order), id i is the i-th character; optionally one
 more entry, an explicit unknown token, after them (see `CharTokenizer.from_text`).
 `ByteTokenizer` has 256 ids, the bytes of the UTF-8 encoding: every string encodes.
@@ -155,7 +155,7 @@ class CharTokenizer(Tokenizer):
         """The vocabulary of `text` (a string, or an iterable of string chunks read in turn):
         its distinct characters in code-point order.
 
-        unk_token: None (the default, the seed notebook's vocabulary), or a character to use as
+        unk_token: None (the default: the characters alone), or a character to use as
             the explicit unknown token (e.g. DEFAULT_UNK_TOKEN, U+FFFD). It is appended after
             the sorted characters, so every character of the text keeps the id it has without
             it (id vocab_size - 1 is the unknown); if the text already holds that character it
