@@ -193,6 +193,41 @@ def _check_out(out: Path, overwrite: bool) -> None:
                              f"train.bin, val.bin); refusing to replace it, choose another --out")
 
 
+def _write_split(stage: Path, tok: Tokenizer, sources: list, dtype: np.dtype,
+                 val_fraction: float, chunk_bytes: int) -> tuple[int, int]:
+    """Write the token stream of `sources` to stage/train.bin, then move its last
+    val_fraction to stage/val.bin; returns (train tokens, all tokens)."""
+    n_total = 0
+    with open(stage / "train.bin", "wb") as f:  # the whole stream first, then split
+        for source in sources:
+            for ids, _ in iter_token_chunks(tok, source, "error", chunk_bytes):
+                f.write(ids.astype(dtype).tobytes())
+                n_total += len(ids)
+    n_train = int((1.0 - val_fraction) * n_total)  # as data.split_ids
+    if n_train == 0:
+        raise ValueError(f"the corpus has {n_total} tokens: too few for a train split "
+                         f"with val_fraction {val_fraction}")
+    with open(stage / "train.bin", "r+b") as f, open(stage / "val.bin", "wb") as g:
+        f.seek(n_train * dtype.itemsize)
+        shutil.copyfileobj(f, g)
+        f.truncate(n_train * dtype.itemsize)
+        os.fsync(f.fileno())
+        os.fsync(g.fileno())
+    return n_train, n_total
+
+
+def _replace_dir(stage: Path, out: Path) -> None:
+    """Rename the finished `stage` to `out`, replacing an existing `out` only once the new
+    one is complete."""
+    if out.exists():
+        old = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".old"))
+        os.replace(out, old / "dir")
+        os.replace(stage, out)
+        shutil.rmtree(old)
+    else:
+        os.replace(stage, out)
+
+
 def prepare(data: Iterable[str | Path] | None, tokenizer: str, out: str | Path,
             val_fraction: float = 0.1, overwrite: bool = False, dataset: str | None = None,
             chunk_bytes: int = CHUNK_BYTES, log=print) -> dict:
@@ -243,23 +278,7 @@ def prepare(data: Iterable[str | Path] | None, tokenizer: str, out: str | Path,
     out.parent.mkdir(parents=True, exist_ok=True)
     stage = make_temp_dir(out.parent, f".{out.name}.", ".partial")
     try:
-        n_total = 0
-        with open(stage / "train.bin", "wb") as f:  # the whole stream first, then split
-            for source in sources:
-                for ids, _ in iter_token_chunks(tok, source, "error", chunk_bytes):
-                    f.write(ids.astype(dtype).tobytes())
-                    n_total += len(ids)
-            n_train = int((1.0 - val_fraction) * n_total)  # as data.split_ids
-            if n_train == 0:
-                raise ValueError(f"the corpus has {n_total} tokens: too few for a train split "
-                                 f"with val_fraction {val_fraction}")
-            f.flush()
-        with open(stage / "train.bin", "r+b") as f, open(stage / "val.bin", "wb") as g:
-            f.seek(n_train * dtype.itemsize)
-            shutil.copyfileobj(f, g)
-            f.truncate(n_train * dtype.itemsize)
-            os.fsync(f.fileno())
-            os.fsync(g.fileno())
+        n_train, n_total = _write_split(stage, tok, sources, dtype, val_fraction, chunk_bytes)
         meta = {"format": "decoderlm-tokens", "version": 1, "tokenizer": tok.to_dict(),
                 "vocab_size": tok.vocab_size, "dtype": dtype.name, "byte_order": "little",
                 "tokens": {"train": n_train, "val": n_total - n_train},
@@ -270,13 +289,7 @@ def prepare(data: Iterable[str | Path] | None, tokenizer: str, out: str | Path,
                 "newlines": "as in the files" if tokenizer == "byte" else
                             "universal: \\r\\n and \\r read as \\n"}
         write_json(stage / META_NAME, meta)
-        if out.exists():
-            old = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".old"))
-            os.replace(out, old / "dir")
-            os.replace(stage, out)
-            shutil.rmtree(old)
-        else:
-            os.replace(stage, out)
+        _replace_dir(stage, out)
     except BaseException:
         shutil.rmtree(stage, ignore_errors=True)
         raise
