@@ -59,3 +59,11 @@ def forward_with_attention(model: DecoderLM, idx: torch.Tensor):
     hook_pattern."""
     (logits, _), cache = run_with_cache(model, idx, ["hook_pattern"])
     return logits, torch.stack(list(cache.values()))
+
+
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+    """Attention written out from the model's own pattern: (y, att), q, k, v [B, H, T, D]."""
+    from decoderlm.model import attention_pattern
+
+    att = attention_pattern(q, k)
+    return att.to(v.dtype) @ v, att

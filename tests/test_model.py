@@ -5,11 +5,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import (assert_matches_reference, forward_with_attention, halved_random_model, randomize, tiny_config,
+from conftest import (assert_matches_reference, causal_attention, forward_with_attention, halved_random_model, randomize, tiny_config,
                       tiny_model)
 from decoderlm import DecoderLM, ModelConfig, reference
 from decoderlm.analysis import count_parameters
-from decoderlm.model import causal_attention
 
 
 def test_forward_shapes_and_loss_is_mean_cross_entropy(tiny):

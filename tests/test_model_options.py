@@ -11,7 +11,8 @@ from conftest import (assert_matches_reference, forward_with_attention, halved_r
                       tiny_model)
 from decoderlm import DecoderLM, ModelConfig
 from decoderlm.analysis import count_parameters
-from decoderlm.model import MLP, apply_rope, rope_cos_sin, sinusoidal_positions
+from decoderlm.model import MLP
+from decoderlm.positions import apply_rope, rope_cos_sin, sinusoidal_positions
 
 POS = ("learned", "sinusoidal", "rope")
 BODY = ({"norm": "layernorm", "mlp": "gelu", "activation": "gelu"},

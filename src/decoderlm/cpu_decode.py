@@ -25,8 +25,9 @@ __all__ = ["rowwise_linear", "reduction_linear", "DecodeLinear", "install"]
 ROWWISE_MIN_WEIGHT = 2**19  # elements; smaller weights gain nothing from the split
 
 
-def rowwise_linear(x: torch.Tensor, weight: torch.Tensor,
-                   bias: torch.Tensor | None = None) -> torch.Tensor:
+def rowwise_linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
     """F.linear(x, weight, bias) computed as a two-way batched matmul over halves of the rows
     of weight [out, in]; x [..., in] with few rows -> [..., out], in x's dtype."""
     rows, d = x.numel() // x.size(-1), x.size(-1)
@@ -41,8 +42,9 @@ def rowwise_linear(x: torch.Tensor, weight: torch.Tensor,
     return y.reshape(*x.shape[:-1], weight.size(0))
 
 
-def reduction_linear(x: torch.Tensor, weight: torch.Tensor,
-                     bias: torch.Tensor | None = None) -> torch.Tensor:
+def reduction_linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
     """F.linear(x, weight, bias) written as a multiply-and-sum over `in`, accumulated in float32
     and returned in x's dtype; x [..., in], weight [out, in] -> [..., out].
 
@@ -63,8 +65,11 @@ class DecodeLinear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.device.type == "cpu" and not torch.is_grad_enabled():
-            if (x.dtype == torch.float32 and self.weight.numel() >= ROWWISE_MIN_WEIGHT
-                    and x.numel() <= 4 * x.size(-1)):
+            if (
+                x.dtype == torch.float32
+                and self.weight.numel() >= ROWWISE_MIN_WEIGHT
+                and x.numel() <= 4 * x.size(-1)
+            ):
                 return rowwise_linear(x, self.weight, self.bias)
             if x.numel() == x.size(-1) and torch.compiler.is_compiling():
                 return reduction_linear(x, self.weight, self.bias)

@@ -49,8 +49,9 @@ def hook_points(model: nn.Module) -> dict[str, HookPoint]:
     return {name: m for name, m in model.named_modules() if isinstance(m, HookPoint)}
 
 
-def _selected(model: nn.Module, names: Iterable[str] | Callable[[str], bool] | None
-              ) -> dict[str, HookPoint]:
+def _selected(
+    model: nn.Module, names: Iterable[str] | Callable[[str], bool] | None
+) -> dict[str, HookPoint]:
     """The hook points whose name is in `names`, ends with ``.`` + one of them (so
     "hook_pattern" selects every layer's), or passes the predicate; all when names is None."""
     points = hook_points(model)
@@ -59,8 +60,7 @@ def _selected(model: nn.Module, names: Iterable[str] | Callable[[str], bool] | N
     if callable(names):
         return {n: p for n, p in points.items() if names(n)}
     wanted = list(names)
-    chosen = {n: p for n, p in points.items()
-              if any(n == w or n.endswith("." + w) for w in wanted)}
+    chosen = {n: p for n, p in points.items() if any(n == w or n.endswith("." + w) for w in wanted)}
     unknown = [w for w in wanted if not any(n == w or n.endswith("." + w) for n in points)]
     if unknown:
         raise ValueError(f"no hook point named {unknown}; the model has {sorted(points)}")
@@ -83,8 +83,11 @@ def hooks(model: nn.Module, fns: dict[str, Callable]) -> Iterator[None]:
     try:
         for key, fn in fns.items():
             for name, point in _selected(model, [key]).items():
-                handles.append(point.register_forward_hook(
-                    lambda module, args, out, fn=fn, name=name: fn(out, name)))
+                handles.append(
+                    point.register_forward_hook(
+                        lambda module, args, out, fn=fn, name=name: fn(out, name)
+                    )
+                )
         yield
     finally:
         for handle in handles:
@@ -92,8 +95,9 @@ def hooks(model: nn.Module, fns: dict[str, Callable]) -> Iterator[None]:
 
 
 @torch.no_grad()
-def run_with_cache(model: nn.Module, idx: torch.Tensor,
-                   names: Iterable[str] | Callable[[str], bool] | None = None):
+def run_with_cache(
+    model: nn.Module, idx: torch.Tensor, names: Iterable[str] | Callable[[str], bool] | None = None
+):
     """Run model(idx) and keep the activations at the selected hook points.
 
     Args:

@@ -30,15 +30,16 @@ class KVCache:
         self.v = [torch.empty(shape, device=device, dtype=dtype) for _ in range(config.n_layers)]
         self.length = 0
 
-    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor
-               ) -> tuple[torch.Tensor, torch.Tensor]:
+    def update(
+        self, layer: int, k: torch.Tensor, v: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Write the new keys and values k, v [B, n_heads, T, head_dim] of `layer` at positions
         length..length + T - 1 and return all of them, [B, n_heads, length + T, head_dim]
         each. `length` itself moves on in `advance`, once every layer has been updated."""
         start, T = self.length, k.size(-2)
-        self.k[layer][:, :, start:start + T] = k
-        self.v[layer][:, :, start:start + T] = v
-        return self.k[layer][:, :, :start + T], self.v[layer][:, :, :start + T]
+        self.k[layer][:, :, start : start + T] = k
+        self.v[layer][:, :, start : start + T] = v
+        return self.k[layer][:, :, : start + T], self.v[layer][:, :, : start + T]
 
     def advance(self, T: int) -> None:
         """Count T more filled positions (after a forward pass over T new tokens)."""

@@ -22,47 +22,15 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch import Tensor
 
 from .config import ModelConfig
 from .hooks import HookPoint
 from .kv_cache import KVCache
+from .positions import apply_rope, rope_cos_sin, sinusoidal_positions
 from .weights import load_state, read_model_dir, save_model
 
-__all__ = ["DecoderLM", "CausalSelfAttention", "MLP", "Block", "RMSNorm", "causal_attention",
-           "attention_pattern", "sinusoidal_positions", "rope_cos_sin", "apply_rope"]
-
-
-def sinusoidal_positions(T: int, d_model: int) -> torch.Tensor:
-    """The fixed position table of Vaswani et al. 2017, section 3.5, [T, d_model] float32:
-    PE(pos, 2i) = sin(pos / 10000^(2i / d_model)), PE(pos, 2i + 1) = cos(pos / 10000^(2i /
-    d_model))."""
-    pos = torch.arange(T, dtype=torch.float64)[:, None]
-    angle = pos / 10000.0 ** (torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)
-    pe = torch.zeros(T, d_model, dtype=torch.float64)
-    pe[:, 0::2] = torch.sin(angle)
-    pe[:, 1::2] = torch.cos(angle[:, : d_model // 2])
-    return pe.float()
-
-
-def rope_cos_sin(T: int, head_dim: int, base: float = 10000.0
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin of the rotary angles m * theta_i, theta_i = base^(-2i / head_dim)
-    (Su et al. 2021, eq. 15), for positions m = 0..T-1: two [T, head_dim / 2] float32."""
-    inv_freq = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
-    angle = torch.arange(T, dtype=torch.float64)[:, None] * inv_freq[None, :]
-    return torch.cos(angle).float(), torch.sin(angle).float()
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate x [B, n_heads, T, head_dim] by position (cos, sin: [T, head_dim / 2]).
-
-    Half-split layout (GPT-NeoX, Hugging Face Llama): feature j of the first half and feature
-    j of the second half form the pair rotated by angle m * theta_j.
-    """
-    half = x.size(-1) // 2
-    x1, x2 = x[..., :half], x[..., half:]
-    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
-    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+__all__ = ["DecoderLM", "CausalSelfAttention", "MLP", "Block", "RMSNorm", "attention_pattern"]
 
 
 class RMSNorm(nn.Module):
@@ -74,7 +42,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(d))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: Tensor) -> Tensor:
         return F.rms_norm(x, (x.size(-1),), self.weight, self.eps)
 
 
@@ -85,7 +53,7 @@ def make_norm(config: ModelConfig) -> nn.Module:
     return nn.LayerNorm(config.d_model, eps=config.norm_eps, bias=config.bias)
 
 
-def attention_pattern(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+def attention_pattern(q: Tensor, k: Tensor) -> Tensor:
     """Causal attention probabilities softmax(q k^T / sqrt(head_dim)), future masked.
 
     q, k: [B, n_heads, T, head_dim], any floating dtype. Returns att [B, n_heads, T, T]
@@ -96,19 +64,6 @@ def attention_pattern(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     scores = (q * (1.0 / math.sqrt(q.size(-1)))) @ k.transpose(-2, -1)
     future = torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1)
     return scores.float().masked_fill(future, float("-inf")).softmax(dim=-1)
-
-
-def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                     dropout_p: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
-    """Causal attention written out: (y [B, n_heads, T, head_dim] in v's dtype, att
-    [B, n_heads, T, T] float32 before dropout); q, k, v [B, n_heads, T, head_dim]."""
-    att = attention_pattern(q, k)
-    return _apply_pattern(att, v, dropout_p), att
-
-
-def _apply_pattern(att: torch.Tensor, v: torch.Tensor, dropout_p: float) -> torch.Tensor:
-    att = F.dropout(att, dropout_p) if dropout_p > 0 else att
-    return att.to(v.dtype) @ v
 
 
 class CausalSelfAttention(nn.Module):
@@ -136,11 +91,12 @@ class CausalSelfAttention(nn.Module):
         self.proj = nn.Linear(config.d_model, config.d_model, bias=config.bias)
         self.resid_dropout = nn.Dropout(config.dropout)
 
-    def forward(self, x: torch.Tensor, rope: tuple | None = None, cache: KVCache | None = None,
-                mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, x: Tensor, rope=None, cache: KVCache | None = None, mask=None) -> Tensor:
         B, T, C = x.shape
-        q, k, v = (t.view(B, T, self.n_heads, C // self.n_heads).transpose(1, 2)
-                   for t in self.qkv(x).split(C, dim=2))  # [B, n_heads, T, head_dim] each
+        q, k, v = (
+            t.view(B, T, self.n_heads, C // self.n_heads).transpose(1, 2)
+            for t in self.qkv(x).split(C, dim=2)
+        )  # [B, n_heads, T, head_dim] each
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         q, k, v = self.hook_q(q), self.hook_k(k), self.hook_v(v)
@@ -149,10 +105,12 @@ class CausalSelfAttention(nn.Module):
         dropout_p = self.dropout if self.training else 0.0
         if cache is None and (self.impl == "explicit" or self.hook_pattern.has_hooks()):
             att = self.hook_pattern(attention_pattern(q, k))  # [B, n_heads, T, T] float32
-            z = _apply_pattern(att, v, dropout_p)
+            att = F.dropout(att, dropout_p) if dropout_p > 0 else att
+            z = att.to(v.dtype) @ v
         else:
-            z = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p,
-                                               is_causal=mask is None and T > 1)
+            z = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=mask is None and T > 1
+            )
         y = self.hook_z(z).transpose(1, 2).reshape(B, T, C)  # [B, T, d_model]
         return self.resid_dropout(self.proj(y))
 
@@ -169,14 +127,17 @@ class MLP(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.fc = nn.Linear(config.d_model, config.d_ff, bias=config.bias)
-        self.gate = (nn.Linear(config.d_model, config.d_ff, bias=config.bias)
-                     if config.mlp == "swiglu" else None)
+        self.gate = (
+            nn.Linear(config.d_model, config.d_ff, bias=config.bias)
+            if config.mlp == "swiglu"
+            else None
+        )
         self.hook_pre, self.hook_post = HookPoint(), HookPoint()
         self.proj = nn.Linear(config.d_ff, config.d_model, bias=config.bias)
         self.approximate = "tanh" if config.activation == "gelu_tanh" else "none"
         self.dropout = nn.Dropout(config.dropout)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: Tensor) -> Tensor:
         if self.gate is not None:
             h = F.silu(self.hook_pre(self.gate(x))) * self.fc(x)
         else:
@@ -203,8 +164,7 @@ class Block(nn.Module):
         self.mlp = MLP(config)
         self.hook_resid_post = HookPoint()
 
-    def forward(self, x: torch.Tensor, rope: tuple | None = None, cache: KVCache | None = None,
-                mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, x: Tensor, rope=None, cache: KVCache | None = None, mask=None) -> Tensor:
         x = self.hook_resid_pre(x)
         if self.pre_norm:
             x = self.hook_resid_mid(x + self.attn(self.ln_1(x), rope, cache, mask))
@@ -244,8 +204,9 @@ class DecoderLM(nn.Module):
         super().__init__()
         self.config = config
         self.tok_emb = nn.Embedding(config.vocab_size, config.d_model)
-        self.pos_emb = (nn.Embedding(config.block_size, config.d_model)
-                        if config.pos_encoding == "learned" else None)
+        self.pos_emb = None
+        if config.pos_encoding == "learned":
+            self.pos_emb = nn.Embedding(config.block_size, config.d_model)
         # fixed tables are buffers, rebuilt from the config, not stored in checkpoints
         if config.pos_encoding == "sinusoidal":
             table = sinusoidal_positions(config.max_positions, config.d_model)
@@ -280,25 +241,29 @@ class DecoderLM(nn.Module):
         """The device of the model's weights (that of the unembedding)."""
         return self.lm_head.weight.device
 
-    def _check_input(self, idx: torch.Tensor) -> None:
+    def _check_input(self, idx: Tensor) -> None:
+        c, T = self.config, idx.size(-1)
+        problem = None
         if idx.dim() != 2 or idx.dtype not in (torch.int64, torch.int32):
-            raise ValueError(f"idx must be an int64 tensor of shape [B, T], got dtype "
-                             f"{idx.dtype} and shape {tuple(idx.shape)}")
-        T, limit = idx.size(1), self.config.max_positions
-        if T > limit:
-            raise ValueError(f"sequence length T={T} exceeds {self.config.length_limit}; pass "
-                             f"at most {limit} tokens (generate() crops the context)")
-        if T == 0:
-            raise ValueError("idx has no tokens (T=0); pass at least one token id")
-        if not torch.compiler.is_compiling():
+            problem = f"idx must be an int64 tensor of shape [B, T], got {idx.dtype} {idx.shape}"
+        elif T > c.max_positions:
+            problem = (
+                f"sequence length T={T} exceeds {c.length_limit}; pass at most "
+                f"{c.max_positions} tokens (generate() crops the context)"
+            )
+        elif T == 0:
+            problem = "idx has no tokens (T=0); pass at least one token id"
+        elif not torch.compiler.is_compiling():
             lo, hi = (int(v) for v in torch.aminmax(idx))
-            if lo < 0 or hi >= self.config.vocab_size:
-                raise ValueError(f"token ids must be in [0, vocab_size={self.config.vocab_size}), "
-                                 f"got ids from {lo} to {hi}; was the input encoded with this "
-                                 f"model's tokenizer?")
+            if lo < 0 or hi >= c.vocab_size:
+                problem = (
+                    f"token ids must be in [0, vocab_size={c.vocab_size}), got ids from "
+                    f"{lo} to {hi}; was the input encoded with this model's tokenizer?"
+                )
+        if problem:
+            raise ValueError(problem)
 
-    def _logits(self, idx: torch.Tensor, pos: torch.Tensor, cache: KVCache | None = None,
-                mask: torch.Tensor | None = None, last_only: bool = False) -> torch.Tensor:
+    def _logits(self, idx: Tensor, pos: Tensor, cache=None, mask=None, last_only=False) -> Tensor:
         """Embed idx [B, T] at positions pos ([T] or [B, T]), run the blocks, unembed."""
         self._check_input(idx)
         x, rope = self.tok_emb(idx), None  # [B, T, d_model]
@@ -318,7 +283,7 @@ class DecoderLM(nn.Module):
             x = self.ln_f(x)
         return self.lm_head(self.hook_normalized(x))  # [B, T, vocab_size]
 
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
+    def forward(self, idx: Tensor, targets: Tensor | None = None):
         """Logits for every position, and the next-token loss when targets are given.
 
         Args:
@@ -338,13 +303,14 @@ class DecoderLM(nn.Module):
         logits = self._logits(idx, torch.arange(idx.size(-1), device=idx.device))
         loss = None
         if targets is not None:
-            loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)),
-                                   targets.reshape(-1), ignore_index=-1)
+            loss = F.cross_entropy(
+                logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1
+            )
         return logits, loss
 
-    def forward_cached(self, idx: torch.Tensor, cache: KVCache, position_ids: torch.Tensor,
-                       key_mask: torch.Tensor | None = None,
-                       last_only: bool = False) -> torch.Tensor:
+    def forward_cached(
+        self, idx: Tensor, cache: KVCache, position_ids, key_mask=None, last_only=False
+    ):
         """Logits of new tokens given the keys and values of the earlier ones (decoding).
 
         Args:
@@ -365,12 +331,8 @@ class DecoderLM(nn.Module):
         return logits
 
     def num_parameters(self, non_embedding: bool = False) -> int:
-        """Number of unique parameters (a tied matrix counts once).
-
-        non_embedding=True leaves out the learned position table, if any (the nanoGPT
-        convention: the token embedding stays in because it is also the unembedding when
-        tied). Fixed sinusoidal and rotary tables are buffers, not parameters.
-        """
+        """Number of unique parameters (a tied matrix counts once); non_embedding=True leaves
+        out the learned position table (nanoGPT's convention). Fixed tables are buffers."""
         n = sum(p.numel() for p in self.parameters())
         return n - self.pos_emb.weight.numel() if non_embedding and self.pos_emb is not None else n
 

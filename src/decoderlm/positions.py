@@ -1,0 +1,40 @@
+"""Position information: the sinusoidal table (Vaswani et al. 2017) and rotary embeddings
+(Su et al. 2021)."""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["sinusoidal_positions", "rope_cos_sin", "apply_rope"]
+
+
+def sinusoidal_positions(T: int, d_model: int) -> torch.Tensor:
+    """The fixed position table of Vaswani et al. 2017, section 3.5, [T, d_model] float32:
+    PE(pos, 2i) = sin(pos / 10000^(2i / d_model)), PE(pos, 2i + 1) = cos(pos / 10000^(2i /
+    d_model))."""
+    pos = torch.arange(T, dtype=torch.float64)[:, None]
+    angle = pos / 10000.0 ** (torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)
+    pe = torch.zeros(T, d_model, dtype=torch.float64)
+    pe[:, 0::2] = torch.sin(angle)
+    pe[:, 1::2] = torch.cos(angle[:, : d_model // 2])
+    return pe.float()
+
+
+def rope_cos_sin(T: int, head_dim: int, base: float = 10000.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of the rotary angles m * theta_i, theta_i = base^(-2i / head_dim)
+    (Su et al. 2021, eq. 15), for positions m = 0..T-1: two [T, head_dim / 2] float32."""
+    inv_freq = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    angle = torch.arange(T, dtype=torch.float64)[:, None] * inv_freq[None, :]
+    return torch.cos(angle).float(), torch.sin(angle).float()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate x [B, n_heads, T, head_dim] by position (cos, sin: [T, head_dim / 2]).
+
+    Half-split layout (GPT-NeoX, Hugging Face Llama): feature j of the first half and feature
+    j of the second half form the pair rotated by angle m * theta_j.
+    """
+    half = x.size(-1) // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
