@@ -23,8 +23,14 @@ def main() -> None:
     parser.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
     args = parser.parse_args()
     torch.manual_seed(0)
-    config = ModelConfig(vocab_size=50257, block_size=1024, n_layers=4, n_heads=4, d_model=256,
-                         activation="gelu_tanh")
+    config = ModelConfig(
+        vocab_size=50257,
+        block_size=1024,
+        n_layers=4,
+        n_heads=4,
+        d_model=256,
+        activation="gelu_tanh",
+    )
     model = DecoderLM(config).eval().to(getattr(torch, args.dtype))
     prompt = torch.randint(0, 50257, (1, 32))
     for _ in range(2):

@@ -34,20 +34,28 @@ def best_ms(fn, n=30) -> float:
 def main() -> None:
     torch.manual_seed(0)
     compiled = torch.compile(reduction_linear, dynamic=True)
-    contenders = {"torch.sum": lambda x, w: w.sum(), "F.linear": F.linear,
-                  "rowwise": rowwise_linear, "compiled reduction": compiled}
-    print(f"{'dtype':>9} {'weight [out, in]':>16} "
-          + " ".join(f"{name + ' ms':>22} {'GB/s':>5}" for name in contenders))
+    contenders = {
+        "torch.sum": lambda x, w: w.sum(),
+        "F.linear": F.linear,
+        "rowwise": rowwise_linear,
+        "compiled reduction": compiled,
+    }
+    print(
+        f"{'dtype':>9} {'weight [out, in]':>16} "
+        + " ".join(f"{name + ' ms':>22} {'GB/s':>5}" for name in contenders)
+    )
     for dtype in (torch.float32, torch.bfloat16):
         for out, inp in SHAPES:
             x = torch.randn(1, inp, dtype=dtype)
             nbytes = out * inp * torch.finfo(dtype).bits // 8
-            weights = [torch.randn(out, inp, dtype=dtype) for _ in range(-(-2**28 // nbytes))]
+            weights = [torch.randn(out, inp, dtype=dtype) for _ in range(-(-(2**28) // nbytes))]
             row = f"{str(dtype)[6:]:>9} {str([out, inp]):>16}"
             for fn in contenders.values():
+
                 def each():
                     for w in weights:
                         fn(x, w)
+
                 ms = best_ms(each, n=5) / len(weights)
                 row += f" {ms:22.3f} {nbytes / ms / 1e6:5.1f}"
             print(row, flush=True)

@@ -21,13 +21,15 @@ import time
 
 import torch
 
-SHAPES = {"small": dict(n_layer=12, n_embd=768, n_head=12),     # GPT-2 small, 124M
-          "tiny": dict(n_layer=4, n_embd=256, n_head=4)}        # overhead-bound
+SHAPES = {
+    "small": dict(n_layer=12, n_embd=768, n_head=12),  # GPT-2 small, 124M
+    "tiny": dict(n_layer=4, n_embd=256, n_head=4),
+}  # overhead-bound
 
 
 def read_bandwidth() -> float:
     """Bytes per second of torch.sum over a 1 GiB float32 tensor (best of 5)."""
-    x = torch.ones(2 ** 28)
+    x = torch.ones(2**28)
     best = float("inf")
     for _ in range(5):
         t = time.perf_counter()
@@ -39,6 +41,7 @@ def read_bandwidth() -> float:
 def main() -> None:
     import transformers
 
+    from decoderlm.generate import generate
     from decoderlm.hf import load_gpt2
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -49,8 +52,10 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=256)
     args = parser.parse_args()
     torch.manual_seed(0)
-    print(f"torch {torch.__version__}, transformers {transformers.__version__}, "
-          f"{torch.get_num_threads()} threads")
+    print(
+        f"torch {torch.__version__}, transformers {transformers.__version__}, "
+        f"{torch.get_num_threads()} threads"
+    )
     prompt = torch.randint(0, 50257, (1, 32))
     n = args.new_tokens
     for shape in args.shapes:
@@ -63,18 +68,26 @@ def main() -> None:
                 ours = load_gpt2(tmp).to(dtype)
                 # bytes each new token reads: every parameter but the position table (one row)
                 weight_bytes = sum(p.numel() * p.element_size() for p in ours.parameters()) - (
-                    ours.pos_emb.weight[1:].numel() * ours.pos_emb.weight.element_size())
+                    ours.pos_emb.weight[1:].numel() * ours.pos_emb.weight.element_size()
+                )
                 contenders = {
-                    "decoderlm (KV cache)": lambda: ours.generate(prompt, n, do_sample=False),
-                    "decoderlm (compiled)": lambda: ours.generate(prompt, n, do_sample=False,
-                                                                  compile=True),
+                    "decoderlm (KV cache)": lambda: generate(ours, prompt, n, do_sample=False),
+                    "decoderlm (compiled)": lambda: generate(
+                        ours, prompt, n, do_sample=False, compile=True
+                    ),
                     "transformers generate": lambda: hf.generate(
-                        prompt, attention_mask=torch.ones_like(prompt), do_sample=False,
-                        max_new_tokens=n, min_new_tokens=n, pad_token_id=50256),
+                        prompt,
+                        attention_mask=torch.ones_like(prompt),
+                        do_sample=False,
+                        max_new_tokens=n,
+                        min_new_tokens=n,
+                        pad_token_id=50256,
+                    ),
                 }
                 if not args.skip_no_cache:
-                    contenders["decoderlm (no cache)"] = lambda: ours.generate(
-                        prompt, n, do_sample=False, use_cache=False)
+                    contenders["decoderlm (no cache)"] = lambda: generate(
+                        ours, prompt, n, do_sample=False, use_cache=False
+                    )
                 times = {k: [] for k in contenders}
                 probes = {k: [] for k in contenders}  # bandwidth just before and after each run
                 outputs = {}
@@ -98,10 +111,13 @@ def main() -> None:
                     best = min(range(len(ts)), key=ts.__getitem__)
                     speed, bandwidth = n / ts[best], probes[name][best]
                     same = torch.equal(outputs[name], reference)
-                    print(f"{shape:>5} {dtype_name:>8}  {name:<22} {speed:8.1f} tokens/s  "
-                          f"x{speed / hf_speed:5.2f} vs transformers  weights x tokens/s = "
-                          f"{weight_bytes * speed / bandwidth:5.0%} of {bandwidth / 1e9:.1f} "
-                          f"GB/s  tokens as transformers: {same}", flush=True)
+                    print(
+                        f"{shape:>5} {dtype_name:>8}  {name:<22} {speed:8.1f} tokens/s  "
+                        f"x{speed / hf_speed:5.2f} vs transformers  weights x tokens/s = "
+                        f"{weight_bytes * speed / bandwidth:5.0%} of {bandwidth / 1e9:.1f} "
+                        f"GB/s  tokens as transformers: {same}",
+                        flush=True,
+                    )
 
 
 if __name__ == "__main__":

@@ -17,17 +17,32 @@ import subprocess
 import sys
 
 CONFIGS = [
-    dict(name="char, 4 x 256, T 512, batch 16",
-         model=dict(vocab_size=138, block_size=512, n_layers=4, n_heads=4, d_model=256),
-         batch_size=16),
-    dict(name="GPT-2 vocabulary, 6 x 384, T 256, batch 8",
-         model=dict(vocab_size=50257, block_size=256, n_layers=6, n_heads=6, d_model=384),
-         batch_size=8),
-    dict(name="llama-style, 4 x 512, T 256, batch 8",
-         model=dict(vocab_size=32000, block_size=256, n_layers=4, n_heads=8, d_model=512,
-                    pos_encoding="rope", norm="rmsnorm", mlp="swiglu", bias=False,
-                    tie_embeddings=False),
-         batch_size=8),
+    dict(
+        name="char, 4 x 256, T 512, batch 16",
+        model=dict(vocab_size=138, block_size=512, n_layers=4, n_heads=4, d_model=256),
+        batch_size=16,
+    ),
+    dict(
+        name="GPT-2 vocabulary, 6 x 384, T 256, batch 8",
+        model=dict(vocab_size=50257, block_size=256, n_layers=6, n_heads=6, d_model=384),
+        batch_size=8,
+    ),
+    dict(
+        name="llama-style, 4 x 512, T 256, batch 8",
+        model=dict(
+            vocab_size=32000,
+            block_size=256,
+            n_layers=4,
+            n_heads=8,
+            d_model=512,
+            pos_encoding="rope",
+            norm="rmsnorm",
+            mlp="swiglu",
+            bias=False,
+            tie_embeddings=False,
+        ),
+        batch_size=8,
+    ),
 ]
 
 CHILD = r"""
@@ -59,21 +74,30 @@ def main() -> None:
     from decoderlm import ModelConfig
     from decoderlm.analysis import memory_bytes
 
-    mib = 2 ** 20
-    print(f"{'configuration':<45} {'measured MiB':>13} {'estimate MiB':>13} "
-          f"{'estimate/measured':>18}")
+    mib = 2**20
+    print(
+        f"{'configuration':<45} {'measured MiB':>13} {'estimate MiB':>13} {'estimate/measured':>18}"
+    )
     for spec in CONFIGS:
         # glibc: serve every block of 64 KiB or more by mmap, so freed tensors leave the
         # resident set at once and the RSS high-water mark follows the live bytes
         env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
-        out = subprocess.run([sys.executable, "-c", CHILD, json.dumps(spec)], check=True,
-                             capture_output=True, text=True, env=env).stdout
+        out = subprocess.run(
+            [sys.executable, "-c", CHILD, json.dumps(spec)],
+            check=True,
+            capture_output=True,
+            text=True,
+            env=env,
+        ).stdout
         measured = json.loads(out)["measured"]
         cfg = ModelConfig(**spec["model"])
         est = memory_bytes(cfg, spec["batch_size"], cfg.block_size, "fp32")
-        print(f"{spec['name']:<45} {measured / mib:13.1f} {est['training_peak'] / mib:13.1f} "
-              f"{est['training_peak'] / measured:18.3f}   (weights {est['weights'] / mib:.0f}, "
-              f"activations {est['activations'] / mib:.0f} MiB)", flush=True)
+        print(
+            f"{spec['name']:<45} {measured / mib:13.1f} {est['training_peak'] / mib:13.1f} "
+            f"{est['training_peak'] / measured:18.3f}   (weights {est['weights'] / mib:.0f}, "
+            f"activations {est['activations'] / mib:.0f} MiB)",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -39,8 +39,21 @@ generate(model, prompt, 256, do_sample=False)
 print(f"{{256 / (time.perf_counter() - start):.1f}} tokens/s")
 """
 
-TRAIN = ["-m", "decoderlm", "train", "--max-steps", "300", "--eval-interval", "100000",
-         "--checkpoint-interval", "0", "--sample-chars", "0", "--no-progress", "--overwrite"]
+TRAIN = [
+    "-m",
+    "decoderlm",
+    "train",
+    "--max-steps",
+    "300",
+    "--eval-interval",
+    "100000",
+    "--checkpoint-interval",
+    "0",
+    "--sample-chars",
+    "0",
+    "--no-progress",
+    "--overwrite",
+]
 
 CASES = {
     "train-bf16": TRAIN,
@@ -54,8 +67,9 @@ def run(src: str, args: list[str], out_dir: str) -> float:
     """tokens/s printed by one process importing decoderlm from `src`."""
     env = {**os.environ, "PYTHONPATH": src}
     extra = ["--out", out_dir] if "train" in args else []
-    done = subprocess.run([sys.executable, *args, *extra], env=env, capture_output=True,
-                          text=True, check=True)
+    done = subprocess.run(
+        [sys.executable, *args, *extra], env=env, capture_output=True, text=True, check=True
+    )
     found = re.findall(r"([\d,.]+) tokens/s", done.stdout)
     if not found:
         raise RuntimeError(f"no tokens/s in the output of {args[:3]}:\n{done.stdout[-2000:]}")
@@ -76,10 +90,12 @@ def main() -> None:
                 old.append(run(args.old_src, CASES[case], f"{tmp}/run"))
                 new.append(run(args.new_src, CASES[case], f"{tmp}/run"))
                 ratios.append(new[-1] / old[-1])
-            print(f"{case:13s} old {statistics.median(old):9,.1f}  new "
-                  f"{statistics.median(new):9,.1f} tokens/s (medians)  new/old per pair "
-                  f"{', '.join(f'{r:.3f}' for r in ratios)}  median {statistics.median(ratios):.3f}",
-                  flush=True)
+            print(
+                f"{case:13s} old {statistics.median(old):9,.1f}  new "
+                f"{statistics.median(new):9,.1f} tokens/s (medians)  new/old per pair "
+                f"{', '.join(f'{r:.3f}' for r in ratios)}  median {statistics.median(ratios):.3f}",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -5,11 +5,12 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from conftest import randomize, tiny_model
 from decoderlm import DecoderLM
-from decoderlm.weights import normalize_state_dict, save_model
 from decoderlm.files import atomic_write
 from decoderlm.plots import plot_attention, plot_loss
+from decoderlm.weights import normalize_state_dict, save_model
+
+from conftest import randomize, tiny_model
 
 
 @pytest.mark.parametrize("tied", [True, False])
@@ -51,8 +52,9 @@ def test_compiled_and_ddp_style_prefixes_are_stripped(tmp_path):
     assert torch.equal(DecoderLM.from_pretrained(tmp_path)(idx)[0], reference)
     state = {k: v for k, v in model.state_dict().items() if k != "lm_head.weight"}
     for prefix in ("module.", "_orig_mod.", "module._orig_mod."):
-        save_file({prefix + k: v.contiguous() for k, v in state.items()},
-                  tmp_path / "model.safetensors")
+        save_file(
+            {prefix + k: v.contiguous() for k, v in state.items()}, tmp_path / "model.safetensors"
+        )
         assert torch.equal(DecoderLM.from_pretrained(tmp_path)(idx)[0], reference)
     assert normalize_state_dict({"blocks._orig_mod.x": 1}) == {"blocks._orig_mod.x": 1}
 
@@ -62,8 +64,9 @@ def test_mismatched_weights_are_reported(tmp_path):
     state = load_file(tmp_path / "model.safetensors")
     state["extra.weight"] = state.pop("ln_f.weight")
     save_file(state, tmp_path / "model.safetensors")
-    with pytest.raises(ValueError,
-                       match=r"missing \['ln_f.weight'\], unexpected \['extra.weight'\]"):
+    with pytest.raises(
+        ValueError, match=r"missing \['ln_f.weight'\], unexpected \['extra.weight'\]"
+    ):
         DecoderLM.from_pretrained(tmp_path)
     with pytest.raises(FileNotFoundError):
         DecoderLM.from_pretrained(tmp_path / "nope")

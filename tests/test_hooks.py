@@ -9,16 +9,26 @@ import torch
 from safetensors.torch import load_file
 
 import decoderlm.model as model_module
-from conftest import assert_matches_reference, forward_with_attention, halved_random_model
 from decoderlm import DecoderLM, load_tokenizer
 from decoderlm.generate import generate
 from decoderlm.hooks import hook_points, hooks, run_with_cache
 
+from conftest import assert_matches_reference, forward_with_attention, halved_random_model
+
 FIXTURES = Path(__file__).parent / "fixtures" / "run_v0"
 
-BLOCK_HOOKS = ["hook_resid_pre", "attn.hook_q", "attn.hook_k", "attn.hook_v",
-               "attn.hook_pattern", "attn.hook_z", "hook_resid_mid", "mlp.hook_pre",
-               "mlp.hook_post", "hook_resid_post"]
+BLOCK_HOOKS = [
+    "hook_resid_pre",
+    "attn.hook_q",
+    "attn.hook_k",
+    "attn.hook_v",
+    "attn.hook_pattern",
+    "attn.hook_z",
+    "hook_resid_mid",
+    "mlp.hook_pre",
+    "mlp.hook_post",
+    "hook_resid_post",
+]
 
 
 @pytest.mark.parametrize("name", ["gpt2-style", "llama-style"])
@@ -38,30 +48,41 @@ def test_a_run_directory_written_before_the_redesign_gives_the_same_logits(name)
     assert torch.equal(greedy, expected["greedy"])
 
 
-@pytest.mark.parametrize("combo", [{}, dict(norm_position="post", pos_encoding="rope",
-                                             norm="rmsnorm", mlp="swiglu")])
+@pytest.mark.parametrize(
+    "combo", [{}, dict(norm_position="post", pos_encoding="rope", norm="rmsnorm", mlp="swiglu")]
+)
 def test_every_documented_hook_point_exists_with_its_shape(combo):
     model = halved_random_model(0, **combo)
     c = model.config
     B, T = 2, 7
-    names = ["hook_embed", "hook_normalized"] + [f"blocks.{l}.{h}" for l in range(c.n_layers)
-                                                 for h in BLOCK_HOOKS]
+    names = ["hook_embed", "hook_normalized"] + [
+        f"blocks.{i}.{h}" for i in range(c.n_layers) for h in BLOCK_HOOKS
+    ]
     assert sorted(hook_points(model)) == sorted(names)
     (logits, _), cache = run_with_cache(model, torch.randint(0, 65, (B, T)))
     heads = (B, c.n_heads, T, c.head_dim)
-    shapes = {"hook_embed": (B, T, c.d_model), "hook_normalized": (B, T, c.d_model),
-              "hook_resid_pre": (B, T, c.d_model), "hook_resid_mid": (B, T, c.d_model),
-              "hook_resid_post": (B, T, c.d_model), "attn.hook_q": heads, "attn.hook_k": heads,
-              "attn.hook_v": heads, "attn.hook_z": heads,
-              "attn.hook_pattern": (B, c.n_heads, T, T), "mlp.hook_pre": (B, T, c.d_ff),
-              "mlp.hook_post": (B, T, c.d_ff)}
+    shapes = {
+        "hook_embed": (B, T, c.d_model),
+        "hook_normalized": (B, T, c.d_model),
+        "hook_resid_pre": (B, T, c.d_model),
+        "hook_resid_mid": (B, T, c.d_model),
+        "hook_resid_post": (B, T, c.d_model),
+        "attn.hook_q": heads,
+        "attn.hook_k": heads,
+        "attn.hook_v": heads,
+        "attn.hook_z": heads,
+        "attn.hook_pattern": (B, c.n_heads, T, T),
+        "mlp.hook_pre": (B, T, c.d_ff),
+        "mlp.hook_post": (B, T, c.d_ff),
+    }
     for name in names:
         suffix = name.split(".", 2)[-1] if name.startswith("blocks.") else name
         assert cache[name].shape == shapes[suffix], name
     # the residual stream is one stream: each block's output is the next block's input
     for layer in range(c.n_layers - 1):
-        assert torch.equal(cache[f"blocks.{layer}.hook_resid_post"],
-                           cache[f"blocks.{layer + 1}.hook_resid_pre"])
+        assert torch.equal(
+            cache[f"blocks.{layer}.hook_resid_post"], cache[f"blocks.{layer + 1}.hook_resid_pre"]
+        )
     # the unembedding reads hook_normalized
     torch.testing.assert_close(model.lm_head(cache["hook_normalized"]), logits)
     pattern = cache["blocks.0.attn.hook_pattern"]
@@ -78,8 +99,8 @@ def test_a_hook_that_zeroes_z_equals_a_model_with_zero_values():
     ablated = copy.deepcopy(model)
     d = model.config.d_model
     with torch.no_grad():
-        ablated.blocks[0].attn.qkv.weight[2 * d:] = 0
-        ablated.blocks[0].attn.qkv.bias[2 * d:] = 0
+        ablated.blocks[0].attn.qkv.weight[2 * d :] = 0
+        ablated.blocks[0].attn.qkv.bias[2 * d :] = 0
     torch.testing.assert_close(patched, ablated(idx)[0])
     assert not torch.allclose(patched, model(idx)[0])  # and the hooks are gone again
     assert not any(p.has_hooks() for p in hook_points(model).values())
@@ -89,8 +110,9 @@ def test_the_pattern_is_computed_only_when_a_hook_asks_for_it(monkeypatch):
     model = halved_random_model(2)
     calls = []
     original = model_module.attention_pattern
-    monkeypatch.setattr(model_module, "attention_pattern",
-                        lambda q, k: calls.append(1) or original(q, k))
+    monkeypatch.setattr(
+        model_module, "attention_pattern", lambda q, k: calls.append(1) or original(q, k)
+    )
     idx = torch.randint(0, 65, (1, 8))
     plain, _ = model(idx)
     assert calls == []
@@ -106,9 +128,14 @@ def test_a_replaced_pattern_is_the_one_attention_uses():
     T = idx.size(1)
     uniform = torch.ones(T, T).tril() / torch.arange(1, T + 1)[:, None]
     seen = {}
-    with hooks(model, {"blocks.0.attn.hook_pattern": lambda a, n: uniform.expand_as(a),
-                       "blocks.0.attn.hook_v": lambda v, n: seen.setdefault("v", v),
-                       "blocks.0.attn.hook_z": lambda z, n: seen.setdefault("z", z)}):
+    with hooks(
+        model,
+        {
+            "blocks.0.attn.hook_pattern": lambda a, n: uniform.expand_as(a),
+            "blocks.0.attn.hook_v": lambda v, n: seen.setdefault("v", v),
+            "blocks.0.attn.hook_z": lambda z, n: seen.setdefault("z", z),
+        },
+    ):
         model(idx)
     expected = seen["v"].cumsum(-2) / torch.arange(1, T + 1)[:, None]
     torch.testing.assert_close(seen["z"], expected)
@@ -116,5 +143,8 @@ def test_a_replaced_pattern_is_the_one_attention_uses():
 
 def test_unknown_hook_names_are_refused():
     with pytest.raises(ValueError, match="no hook point named"):
-        run_with_cache(halved_random_model(0), torch.zeros(1, 3, dtype=torch.long),
-                       ["blocks.0.attn.hook_nothing"])
+        run_with_cache(
+            halved_random_model(0),
+            torch.zeros(1, 3, dtype=torch.long),
+            ["blocks.0.attn.hook_nothing"],
+        )

@@ -3,9 +3,10 @@
 import pytest
 import torch
 
-from conftest import halved_random_model, randomize, tiny_model
 from decoderlm.generate import generate, stream_generate
 from decoderlm.kv_cache import KVCache
+
+from conftest import halved_random_model, randomize, tiny_model
 
 
 def greedy_by_full_forward(model, prompt, n):
@@ -13,16 +14,26 @@ def greedy_by_full_forward(model, prompt, n):
     config allows more) for every new token."""
     seq = prompt
     for _ in range(n):
-        logits, _ = model(seq[:, -model.config.max_positions:])
+        logits, _ = model(seq[:, -model.config.max_positions :])
         seq = torch.cat([seq, logits[:, -1].argmax(-1, keepdim=True)], dim=1)
     return seq
 
 
-@pytest.mark.parametrize("overrides", [{"pos_encoding": "learned"},
-                                       {"pos_encoding": "sinusoidal"},
-                                       {"pos_encoding": "rope"},
-                                       {"pos_encoding": "rope", "norm_position": "post",
-                                        "norm": "rmsnorm", "mlp": "swiglu", "d_ff": 96}])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"pos_encoding": "learned"},
+        {"pos_encoding": "sinusoidal"},
+        {"pos_encoding": "rope"},
+        {
+            "pos_encoding": "rope",
+            "norm_position": "post",
+            "norm": "rmsnorm",
+            "mlp": "swiglu",
+            "d_ff": 96,
+        },
+    ],
+)
 def test_cached_greedy_equals_full_forward_for_200_tokens_past_block_size(overrides):
     model = randomize(tiny_model(block_size=16, **overrides), seed=1)
     with torch.no_grad():
@@ -66,16 +77,18 @@ def test_per_step_logits_and_positions_match_the_full_forward(pos):
     seq = torch.randint(0, 65, (1, 5))
     cache = KVCache(model.config, 1, "cpu", torch.float32)
     with torch.no_grad():
-        logits = model.forward_cached(seq, cache, torch.arange(5)[None],
-                                      torch.ones(1, 5, dtype=torch.bool))
+        logits = model.forward_cached(
+            seq, cache, torch.arange(5)[None], torch.ones(1, 5, dtype=torch.bool)
+        )
         for t in range(20):
             full, _ = model(seq)
             assert torch.allclose(logits[:, -1], full[:, -1], atol=1e-5, rtol=1e-5)
             nxt = full[:, -1].argmax(-1, keepdim=True)
             seq = torch.cat([seq, nxt], dim=1)
             assert cache.length == 5 + t
-            logits = model.forward_cached(nxt, cache, torch.tensor([[5 + t]]),
-                                          torch.ones(1, 6 + t, dtype=torch.bool))
+            logits = model.forward_cached(
+                nxt, cache, torch.tensor([[5 + t]]), torch.ones(1, 6 + t, dtype=torch.bool)
+            )
 
 
 def test_a_request_longer_than_the_cache_rolls_instead_of_failing():
@@ -115,8 +128,9 @@ def test_streaming_yields_the_same_tokens_as_generate():
     model = tiny_model()
     prompt = torch.randint(0, 65, (2, 4))
     streamed = torch.stack(list(stream_generate(model, prompt, 12, seed=9, top_k=7)), dim=1)
-    assert torch.equal(torch.cat([prompt, streamed], 1), generate(model, prompt, 12, seed=9,
-                                                                         top_k=7))
+    assert torch.equal(
+        torch.cat([prompt, streamed], 1), generate(model, prompt, 12, seed=9, top_k=7)
+    )
 
 
 def test_stop_token_ids_end_rows_early():
@@ -127,9 +141,9 @@ def test_stop_token_ids_end_rows_early():
     out = generate(model, prompt, 30, do_sample=False, stop=[first], pad_token_id=-7)
     row0 = out[0, 3:].tolist()
     k = row0.index(first)
-    assert row0[: k + 1] == free[0, 3:3 + k + 1].tolist()
-    assert all(t == -7 for t in row0[k + 1:])
-    stop_pair = free[1, 3 + 5:3 + 7].tolist()
+    assert row0[: k + 1] == free[0, 3 : 3 + k + 1].tolist()
+    assert all(t == -7 for t in row0[k + 1 :])
+    stop_pair = free[1, 3 + 5 : 3 + 7].tolist()
     single = generate(model, prompt[1:], 30, do_sample=False, stop=[stop_pair])
     assert single[0, -2:].tolist() == stop_pair and single.size(1) <= 3 + 7
     with pytest.raises(ValueError, match="stop must hold token ids"):
@@ -180,7 +194,8 @@ def test_compiled_decoding_gives_the_tokens_of_the_full_forward(pos):
     mask[0, :3] = 0  # left padding: compiled with a key mask
     assert torch.equal(
         generate(model, batch, 8, do_sample=False, attention_mask=mask, compile=True),
-        generate(model, batch, 8, do_sample=False, attention_mask=mask))
+        generate(model, batch, 8, do_sample=False, attention_mask=mask),
+    )
 
 
 def test_compiled_bfloat16_steps_give_the_logits_of_eager_steps():
@@ -194,8 +209,12 @@ def test_compiled_bfloat16_steps_give_the_logits_of_eager_steps():
         step, cache = _decode_step(compile), KVCache(model.config, 1, "cpu", torch.bfloat16)
         with torch.no_grad():
             model.forward_cached(ids[:, :4], cache, torch.arange(4)[None])
-            logits[compile] = torch.cat([step(model, ids[:, t:t + 1], cache,
-                                              torch.tensor([[t]]), None) for t in range(4, 20)])
+            logits[compile] = torch.cat(
+                [
+                    step(model, ids[:, t : t + 1], cache, torch.tensor([[t]]), None)
+                    for t in range(4, 20)
+                ]
+            )
     eager, compiled = logits[False].float(), logits[True].float()
     assert eager.abs().max() > 1  # logits of a sane size, so the tolerance below means something
     assert torch.allclose(compiled, eager, atol=0.05, rtol=0.02)
@@ -208,8 +227,9 @@ def test_reduction_linear_is_the_same_product(dtype):
 
     from decoderlm.cpu_decode import reduction_linear
 
-    weight, x, bias = (t.to(dtype) for t in (torch.randn(300, 64), torch.randn(2, 1, 64),
-                                             torch.randn(300)))
+    weight, x, bias = (
+        t.to(dtype) for t in (torch.randn(300, 64), torch.randn(2, 1, 64), torch.randn(300))
+    )
     y = reduction_linear(x, weight, bias)
     assert y.dtype == dtype and y.shape == (2, 1, 300)
     exact = F.linear(x.double(), weight.double(), bias.double())  # of the rounded inputs

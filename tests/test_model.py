@@ -5,10 +5,18 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import (assert_matches_reference, causal_attention, forward_with_attention, halved_random_model, randomize, tiny_config,
-                      tiny_model)
 from decoderlm import DecoderLM, ModelConfig, reference
 from decoderlm.analysis import count_parameters
+
+from conftest import (
+    assert_matches_reference,
+    causal_attention,
+    forward_with_attention,
+    halved_random_model,
+    randomize,
+    tiny_config,
+    tiny_model,
+)
 
 
 def test_forward_shapes_and_loss_is_mean_cross_entropy(tiny):
@@ -34,8 +42,8 @@ def test_causality_future_tokens_never_change_past_logits(t):
     model = randomize(tiny_model())
     idx = torch.randint(0, 65, (2, 32))
     changed = idx.clone()
-    changed[:, t + 1:] = torch.randint(0, 65, changed[:, t + 1:].shape)
-    assert not torch.equal(changed[:, t + 1:], idx[:, t + 1:]) or t == 31
+    changed[:, t + 1 :] = torch.randint(0, 65, changed[:, t + 1 :].shape)
+    assert not torch.equal(changed[:, t + 1 :], idx[:, t + 1 :]) or t == 31
     a, b = model(idx)[0], model(changed)[0]
     assert torch.allclose(a[:, : t + 1], b[:, : t + 1], atol=1e-6, rtol=0)
     # the explicit path too
@@ -51,15 +59,19 @@ def test_fast_and_explicit_attention_paths_agree():
     assert torch.allclose(fast, explicit, atol=1e-5, rtol=1e-5)
     q, k, v = torch.randn(3, 2, 4, 9, 16).unbind(0)
     y, _ = causal_attention(q, k, v)
-    assert torch.allclose(y, F.scaled_dot_product_attention(q, k, v, is_causal=True),
-                          atol=1e-5, rtol=1e-5)
+    assert torch.allclose(
+        y, F.scaled_dot_product_attention(q, k, v, is_causal=True), atol=1e-5, rtol=1e-5
+    )
 
 
 @pytest.mark.parametrize("n_layers,n_heads", [(3, 2), (2, 3)])
 def test_attention_maps_shape_rows_and_mask(n_layers, n_heads):
     torch.manual_seed(0)
-    model = DecoderLM(ModelConfig(vocab_size=11, block_size=8, n_layers=n_layers,
-                                  n_heads=n_heads, d_model=4 * n_heads))
+    model = DecoderLM(
+        ModelConfig(
+            vocab_size=11, block_size=8, n_layers=n_layers, n_heads=n_heads, d_model=4 * n_heads
+        )
+    )
     randomize(model)
     _, att = forward_with_attention(model, torch.randint(0, 11, (1, 5)))
     assert att.shape == (n_layers, 1, n_heads, 5, 5)
@@ -78,8 +90,10 @@ def test_future_positions_get_exactly_zero_weight_with_large_negative_scores():
     k2, v2 = k.clone(), v.clone()
     k2[..., 3:, :] = torch.randn(1, 1, T - 3, D) * 1e4
     v2[..., 3:, :] = torch.randn(1, 1, T - 3, D) * 1e4
-    for attend in (lambda *a: causal_attention(*a)[0],
-                   lambda *a: F.scaled_dot_product_attention(*a, is_causal=True)):
+    for attend in (
+        lambda *a: causal_attention(*a)[0],
+        lambda *a: F.scaled_dot_product_attention(*a, is_causal=True),
+    ):
         assert torch.equal(attend(q, k, v)[..., :3, :], attend(q, k2, v2)[..., :3, :])
 
 
@@ -108,8 +122,10 @@ def test_low_precision_forward_is_finite_and_close(dtype, tol):
     assert (low.float() - ref).abs().max() < tol
 
 
-@pytest.mark.parametrize("overrides", [{}, {"tie_embeddings": False}, {"bias": False},
-                                       {"n_layers": 3, "n_heads": 2, "d_model": 24}])
+@pytest.mark.parametrize(
+    "overrides",
+    [{}, {"tie_embeddings": False}, {"bias": False}, {"n_layers": 3, "n_heads": 2, "d_model": 24}],
+)
 def test_numpy_reference_gives_the_same_logits(overrides):
     model = randomize(tiny_model(**overrides), seed=3)
     with torch.no_grad():  # keep activations in a range where GELU's curvature matters
@@ -142,17 +158,29 @@ def test_non_embedding_count_and_tied_matrix_counted_once(tiny):
     assert state_dict_sum == 110_464 != tiny.num_parameters()
 
 
-@pytest.mark.parametrize("vocab,block,layers,heads,width,d_ff,bias,tied", [
-    (65, 32, 2, 4, 64, None, True, True),
-    (50257, 1024, 12, 12, 768, None, True, True),  # GPT-2 small: 124,439,808
-    (138, 96, 3, 4, 128, None, True, False),
-    (1000, 64, 5, 2, 48, 100, False, False),
-    (7, 3, 1, 1, 2, 3, False, True),
-])
-def test_closed_form_parameter_count_equals_the_modules(vocab, block, layers, heads, width,
-                                                        d_ff, bias, tied):
-    cfg = ModelConfig(vocab_size=vocab, block_size=block, n_layers=layers, n_heads=heads,
-                      d_model=width, d_ff=d_ff, bias=bias, tie_embeddings=tied)
+@pytest.mark.parametrize(
+    "vocab,block,layers,heads,width,d_ff,bias,tied",
+    [
+        (65, 32, 2, 4, 64, None, True, True),
+        (50257, 1024, 12, 12, 768, None, True, True),  # GPT-2 small: 124,439,808
+        (138, 96, 3, 4, 128, None, True, False),
+        (1000, 64, 5, 2, 48, 100, False, False),
+        (7, 3, 1, 1, 2, 3, False, True),
+    ],
+)
+def test_closed_form_parameter_count_equals_the_modules(
+    vocab, block, layers, heads, width, d_ff, bias, tied
+):
+    cfg = ModelConfig(
+        vocab_size=vocab,
+        block_size=block,
+        n_layers=layers,
+        n_heads=heads,
+        d_model=width,
+        d_ff=d_ff,
+        bias=bias,
+        tie_embeddings=tied,
+    )
     with torch.device("meta"):
         model = DecoderLM(cfg)
     counts = count_parameters(cfg)
@@ -194,22 +222,38 @@ def test_model_can_memorise_one_batch():
     assert loss.item() < 0.1
 
 
-@pytest.mark.parametrize("field,kwargs,match", [
-    ("n_heads", dict(d_model=64, n_heads=5), r"d_model \(64\) must be divisible by n_heads \(5\)"),
-    ("n_layers", dict(n_layers=0), "n_layers must be a positive integer"),
-    ("d_model", dict(d_model=-8), "d_model must be a positive integer"),
-    ("vocab_size", dict(vocab_size=2.5), "vocab_size must be a positive integer"),
-    ("dropout", dict(dropout=1.0), r"dropout must be a finite number in \[0.0, 1.0\)"),
-    ("dropout", dict(dropout=float("nan")), "dropout must be a finite number"),
-    ("dropout", dict(dropout=None), "dropout must be a finite number"),
-    ("bias", dict(bias="yes"), "bias must be true or false"),
-    ("max_positions", {"block_size": 16, "max_positions": 48},
-     r"max_positions \(48\) > block_size \(16\) needs pos_encoding 'sinusoidal' or 'rope'"),
-    ("max_positions", {"block_size": 16, "max_positions": 8, "pos_encoding": "rope"},
-     r"max_positions \(8\) must be >= block_size \(16\)"),
-    ("max_positions", {"max_positions": 40.0, "pos_encoding": "rope"},
-     "max_positions must be a positive integer"),
-])
+@pytest.mark.parametrize(
+    "field,kwargs,match",
+    [
+        (
+            "n_heads",
+            dict(d_model=64, n_heads=5),
+            r"d_model \(64\) must be divisible by n_heads \(5\)",
+        ),
+        ("n_layers", dict(n_layers=0), "n_layers must be a positive integer"),
+        ("d_model", dict(d_model=-8), "d_model must be a positive integer"),
+        ("vocab_size", dict(vocab_size=2.5), "vocab_size must be a positive integer"),
+        ("dropout", dict(dropout=1.0), r"dropout must be a finite number in \[0.0, 1.0\)"),
+        ("dropout", dict(dropout=float("nan")), "dropout must be a finite number"),
+        ("dropout", dict(dropout=None), "dropout must be a finite number"),
+        ("bias", dict(bias="yes"), "bias must be true or false"),
+        (
+            "max_positions",
+            {"block_size": 16, "max_positions": 48},
+            r"max_positions \(48\) > block_size \(16\) needs pos_encoding 'sinusoidal' or 'rope'",
+        ),
+        (
+            "max_positions",
+            {"block_size": 16, "max_positions": 8, "pos_encoding": "rope"},
+            r"max_positions \(8\) must be >= block_size \(16\)",
+        ),
+        (
+            "max_positions",
+            {"max_positions": 40.0, "pos_encoding": "rope"},
+            "max_positions must be a positive integer",
+        ),
+    ],
+)
 def test_config_validation_names_the_field(field, kwargs, match):
     with pytest.raises(ValueError, match=match):
         tiny_config(**kwargs)

@@ -7,19 +7,30 @@ import math
 import pytest
 import torch
 
-from conftest import (assert_matches_reference, forward_with_attention, halved_random_model, randomize, tiny_config,
-                      tiny_model)
 from decoderlm import DecoderLM, ModelConfig
 from decoderlm.analysis import count_parameters
 from decoderlm.model import MLP
 from decoderlm.positions import apply_rope, rope_cos_sin, sinusoidal_positions
 
+from conftest import (
+    assert_matches_reference,
+    forward_with_attention,
+    halved_random_model,
+    randomize,
+    tiny_config,
+    tiny_model,
+)
+
 POS = ("learned", "sinusoidal", "rope")
-BODY = ({"norm": "layernorm", "mlp": "gelu", "activation": "gelu"},
-        {"norm": "rmsnorm", "mlp": "swiglu", "d_ff": 96},
-        {"norm": "layernorm", "mlp": "gelu", "activation": "gelu_tanh"})
-COMBOS = [dict(pos_encoding=pos, norm_position=where, bias=(i % 2 == 0), **body)
-          for i, (pos, where, body) in enumerate(itertools.product(POS, ("pre", "post"), BODY))]
+BODY = (
+    {"norm": "layernorm", "mlp": "gelu", "activation": "gelu"},
+    {"norm": "rmsnorm", "mlp": "swiglu", "d_ff": 96},
+    {"norm": "layernorm", "mlp": "gelu", "activation": "gelu_tanh"},
+)
+COMBOS = [
+    dict(pos_encoding=pos, norm_position=where, bias=(i % 2 == 0), **body)
+    for i, (pos, where, body) in enumerate(itertools.product(POS, ("pre", "post"), BODY))
+]
 
 
 def _name(combo):
@@ -87,14 +98,23 @@ def test_causality_for_every_position_encoding(pos):
     assert torch.allclose(model(idx)[0][:, :11], model(changed)[0][:, :11], atol=1e-6, rtol=0)
 
 
-@pytest.mark.parametrize("activation,expected", [
-    ("gelu_tanh", (0.841192, -0.158808, -0.003637)),
-    ("gelu", (0.841345, -0.158655, -0.004050)),
-])
+@pytest.mark.parametrize(
+    "activation,expected",
+    [("gelu_tanh", (0.841192, -0.158808, -0.003637)), ("gelu", (0.841345, -0.158655, -0.004050))],
+)
 def test_gelu_variants_give_the_published_values(activation, expected):
     # pitfalls row 24: a 1-wide MLP with unit weights is the activation itself
-    mlp = MLP(ModelConfig(vocab_size=2, block_size=2, n_layers=1, n_heads=1, d_model=1, d_ff=1,
-                          activation=activation))
+    mlp = MLP(
+        ModelConfig(
+            vocab_size=2,
+            block_size=2,
+            n_layers=1,
+            n_heads=1,
+            d_model=1,
+            d_ff=1,
+            activation=activation,
+        )
+    )
     with torch.no_grad():
         for p in mlp.parameters():
             p.fill_(1.0 if p.dim() == 2 else 0.0)
@@ -103,8 +123,16 @@ def test_gelu_variants_give_the_published_values(activation, expected):
 
 
 def test_options_survive_save_and_load(tmp_path):
-    combo = dict(pos_encoding="rope", norm_position="post", norm="rmsnorm", mlp="swiglu",
-                 d_ff=96, bias=False, activation="gelu_tanh", tie_embeddings=False)
+    combo = dict(
+        pos_encoding="rope",
+        norm_position="post",
+        norm="rmsnorm",
+        mlp="swiglu",
+        d_ff=96,
+        bias=False,
+        activation="gelu_tanh",
+        tie_embeddings=False,
+    )
     model = randomize(tiny_model(**combo))
     model.save_pretrained(tmp_path)
     again = DecoderLM.from_pretrained(tmp_path)
@@ -130,13 +158,18 @@ def test_pre_and_post_norm_both_train(where):
     assert losses[-1] < 0.5 * losses[0]
 
 
-@pytest.mark.parametrize("kwargs,match", [
-    (dict(pos_encoding="alibi"),
-     r"pos_encoding must be one of \['learned', 'sinusoidal', 'rope'\]"),
-    (dict(norm_position="sandwich"), "norm_position must be one of"),
-    (dict(mlp="relu"), "mlp must be one of"),
-    (dict(pos_encoding="rope", d_model=12, n_heads=4), "rope needs an even head_dim"),
-])
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (
+            dict(pos_encoding="alibi"),
+            r"pos_encoding must be one of \['learned', 'sinusoidal', 'rope'\]",
+        ),
+        (dict(norm_position="sandwich"), "norm_position must be one of"),
+        (dict(mlp="relu"), "mlp must be one of"),
+        (dict(pos_encoding="rope", d_model=12, n_heads=4), "rope needs an even head_dim"),
+    ],
+)
 def test_bad_options_are_named(kwargs, match):
     with pytest.raises(ValueError, match=match):
         tiny_config(**kwargs)
@@ -169,7 +202,16 @@ def test_interleaved_rope_weights_convert_to_the_half_split_layout():
     scores_interleaved = torch.einsum("thd,shd->hts", interleaved(Wq), interleaved(Wk))
     scores_half = torch.einsum("thd,shd->hts", half(Wq), half(Wk))
     assert torch.allclose(scores_interleaved, scores_half, atol=1e-4)
-    assert not torch.allclose(scores_interleaved,
-                              torch.einsum("thd,shd->hts", *(apply_rope(
-                                  (x @ W.T).view(T, n_heads, head_dim).transpose(0, 1)[None],
-                                  cos, sin)[0].transpose(0, 1) for W in (Wq, Wk))), atol=1e-2)
+    assert not torch.allclose(
+        scores_interleaved,
+        torch.einsum(
+            "thd,shd->hts",
+            *(
+                apply_rope((x @ W.T).view(T, n_heads, head_dim).transpose(0, 1)[None], cos, sin)[
+                    0
+                ].transpose(0, 1)
+                for W in (Wq, Wk)
+            ),
+        ),
+        atol=1e-2,
+    )

@@ -7,8 +7,9 @@ import torch
 from decoderlm import CharTokenizer, UnknownCharacterError, load_tokenizer
 from decoderlm.data import EMBEDDED_CORPUS, get_batch, load_text, split_ids
 
-SHARED_VALID = (Path(__file__).resolve().parents[2] / "shared" / "data" / "wikitext-2-raw"
-                / "valid.txt")
+SHARED_VALID = (
+    Path(__file__).resolve().parents[2] / "shared" / "data" / "wikitext-2-raw" / "valid.txt"
+)
 
 
 def test_char_vocabulary_is_sorted_code_points_and_round_trips():
@@ -47,8 +48,10 @@ def test_tokenizer_save_load_and_decode_errors(tmp_path):
 
 def test_embedded_corpus_is_the_first_300k_characters_of_wikitext2_valid():
     data = EMBEDDED_CORPUS.read_bytes()
-    assert hashlib.sha256(data).hexdigest() == \
-        "5781434db48a1fd7958520e8a8f500bc4a4942abfbbea804239f6b95f5ee4261"
+    assert (
+        hashlib.sha256(data).hexdigest()
+        == "5781434db48a1fd7958520e8a8f500bc4a4942abfbbea804239f6b95f5ee4261"
+    )
     text, source = load_text()
     assert len(text) == 300_000
     assert text.startswith(" \n = Homarus gammarus = \n")

@@ -1,11 +1,11 @@
 """decoderlm: decoder-only (GPT-style) transformer language models in PyTorch.
 
-    from decoderlm import ModelConfig, DecoderLM
-    from decoderlm.generate import generate
-    model = DecoderLM(ModelConfig(vocab_size=65, block_size=64, n_layers=2, n_heads=4,
-                                  d_model=64))
-    logits, loss = model(idx, targets)        # idx, targets: [B, T] int64
-    out = generate(model, idx, max_new_tokens=20)
+from decoderlm import ModelConfig, DecoderLM
+from decoderlm.generate import generate
+model = DecoderLM(ModelConfig(vocab_size=65, block_size=64, n_layers=2, n_heads=4,
+                              d_model=64))
+logits, loss = model(idx, targets)        # idx, targets: [B, T] int64
+out = generate(model, idx, max_new_tokens=20)
 """
 
 from .config import ModelConfig, TrainConfig
@@ -24,6 +24,19 @@ from .tokenizers import (
 
 __version__ = "0.1.0"
 
-__all__ = ["ModelConfig", "TrainConfig", "PRESETS", "get_preset", "DecoderLM", "CharTokenizer",
-           "GPT2Tokenizer", "ByteTokenizer", "Tokenizer", "UnknownCharacterError", "load_tokenizer",
-           "make_tokenizer", "run_with_cache", "__version__"]
+__all__ = [
+    "ModelConfig",
+    "TrainConfig",
+    "PRESETS",
+    "get_preset",
+    "DecoderLM",
+    "CharTokenizer",
+    "GPT2Tokenizer",
+    "ByteTokenizer",
+    "Tokenizer",
+    "UnknownCharacterError",
+    "load_tokenizer",
+    "make_tokenizer",
+    "run_with_cache",
+    "__version__",
+]

@@ -4,8 +4,15 @@ from __future__ import annotations
 
 from .config import ModelConfig
 
-__all__ = ["count_parameters", "matmul_parameters", "flops_per_token", "mfu",
-           "activation_bytes_per_token", "memory_bytes", "DTYPE_BYTES"]
+__all__ = [
+    "count_parameters",
+    "matmul_parameters",
+    "flops_per_token",
+    "mfu",
+    "activation_bytes_per_token",
+    "memory_bytes",
+    "DTYPE_BYTES",
+]
 
 
 def count_parameters(config: ModelConfig) -> dict[str, int]:
@@ -25,8 +32,13 @@ def count_parameters(config: ModelConfig) -> dict[str, int]:
         dict with keys embeddings, attention, mlp, norms, head, total (unique parameters; a
         tied matrix counts once) and non_embedding (total minus the learned position table).
     """
-    d, V, L, b, f = (config.d_model, config.vocab_size, config.n_layers, int(config.bias),
-                     config.d_ff)
+    d, V, L, b, f = (
+        config.d_model,
+        config.vocab_size,
+        config.n_layers,
+        int(config.bias),
+        config.d_ff,
+    )
     position_table = config.block_size * d if config.pos_encoding == "learned" else 0
     n_norms = 2 * L + (1 if config.norm_position == "pre" else 0)
     per_norm = d if config.norm == "rmsnorm" else d + b * d
@@ -71,8 +83,9 @@ def _seq_len(config: ModelConfig, seq_len: int | None) -> int:
     return T
 
 
-def flops_per_token(config: ModelConfig, seq_len: int | None = None,
-                    convention: str = "kaplan") -> dict[str, int]:
+def flops_per_token(
+    config: ModelConfig, seq_len: int | None = None, convention: str = "kaplan"
+) -> dict[str, int]:
     """FLOPs (multiply-adds count 2) per token and per sequence of length seq_len.
 
     forward = 2 N + attention, training (forward + backward) = 3 x forward, with N =
@@ -95,8 +108,13 @@ def flops_per_token(config: ModelConfig, seq_len: int | None = None,
         raise ValueError(f"convention must be 'kaplan' or 'palm', got {convention!r}")
     N = matmul_parameters(config)
     forward = 2 * N + factor * config.n_layers * T * config.d_model
-    return {"n_matmul_params": N, "forward": forward, "training": 3 * forward,
-            "forward_per_sequence": forward * T, "training_per_sequence": 3 * forward * T}
+    return {
+        "n_matmul_params": N,
+        "forward": forward,
+        "training": 3 * forward,
+        "forward_per_sequence": forward * T,
+        "training_per_sequence": 3 * forward * T,
+    }
 
 
 def mfu(flops_per_token: float, tokens_per_s: float, peak_flops_per_s: float) -> float:
@@ -104,8 +122,9 @@ def mfu(flops_per_token: float, tokens_per_s: float, peak_flops_per_s: float) ->
     return flops_per_token * tokens_per_s / peak_flops_per_s
 
 
-def activation_bytes_per_token(config: ModelConfig, seq_len: int, dtype: str = "fp32"
-                               ) -> dict[str, int]:
+def activation_bytes_per_token(
+    config: ModelConfig, seq_len: int, dtype: str = "fp32"
+) -> dict[str, int]:
     """Bytes autograd keeps per token for the backward pass of this implementation.
 
     Per block, with dropout 0 (the fused scaled_dot_product_attention path, which keeps no
@@ -124,16 +143,29 @@ def activation_bytes_per_token(config: ModelConfig, seq_len: int, dtype: str = "
     """
     b = _bytes_per_element(dtype)
     d, f, H = config.d_model, config.d_ff, config.n_heads
-    per_layer = (8 * d + H + (4 * f if config.mlp == "swiglu" else 2 * f)
-                 + (4 * d if config.pos_encoding == "rope" else 0)) * b
+    per_layer = (
+        8 * d
+        + H
+        + (4 * f if config.mlp == "swiglu" else 2 * f)
+        + (4 * d if config.pos_encoding == "rope" else 0)
+    ) * b
     if config.dropout > 0:
         per_layer += 3 * H * seq_len * b + H * seq_len + 2 * d
-    return {"per_layer": per_layer, "blocks": config.n_layers * per_layer,
-            "outside_blocks": 2 * d * b, "logits": 2 * config.vocab_size * 4}
+    return {
+        "per_layer": per_layer,
+        "blocks": config.n_layers * per_layer,
+        "outside_blocks": 2 * d * b,
+        "logits": 2 * config.vocab_size * 4,
+    }
 
 
-def memory_bytes(config: ModelConfig, batch_size: int = 1, seq_len: int | None = None,
-                 dtype: str = "fp32", activation_checkpointing: bool = False) -> dict[str, int]:
+def memory_bytes(
+    config: ModelConfig,
+    batch_size: int = 1,
+    seq_len: int | None = None,
+    dtype: str = "fp32",
+    activation_checkpointing: bool = False,
+) -> dict[str, int]:
     """Memory of training and inference, in bytes.
 
     weights, gradients: P parameters x bytes per element; adamw: two moments per parameter,
@@ -153,12 +185,19 @@ def memory_bytes(config: ModelConfig, batch_size: int = 1, seq_len: int | None =
     b = _bytes_per_element(dtype)
     P = count_parameters(config)["total"]
     act = activation_bytes_per_token(config, T, dtype)
-    blocks = (config.n_layers * config.d_model * b + act["per_layer"]
-              if activation_checkpointing else act["blocks"])
+    blocks = (
+        config.n_layers * config.d_model * b + act["per_layer"]
+        if activation_checkpointing
+        else act["blocks"]
+    )
     activations = batch_size * T * (blocks + act["outside_blocks"] + act["logits"])
-    out = {"weights": P * b, "gradients": P * b, "adamw": 2 * P * b,
-           "activations": activations,
-           "kv_cache": 2 * config.n_layers * batch_size * T * config.d_model * b}
+    out = {
+        "weights": P * b,
+        "gradients": P * b,
+        "adamw": 2 * P * b,
+        "activations": activations,
+        "kv_cache": 2 * config.n_layers * batch_size * T * config.d_model * b,
+    }
     out["training_total"] = out["weights"] + out["gradients"] + out["adamw"] + activations
     out["loss_backward_transient"] = 2 * batch_size * T * config.vocab_size * 4
     out["training_peak"] = out["training_total"] + out["loss_backward_transient"]

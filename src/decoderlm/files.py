@@ -69,8 +69,10 @@ def torch_save(obj, path) -> None:
     try:
         torch.save(obj, path)
     except RuntimeError as e:
-        raise OSError(f"could not write {path} ({str(e).splitlines()[0]}): is the disk full "
-                      f"or a file-size limit reached?") from None
+        raise OSError(
+            f"could not write {path} ({str(e).splitlines()[0]}): is the disk full "
+            f"or a file-size limit reached?"
+        ) from None
 
 
 def fsync_dir(path: Path) -> None:

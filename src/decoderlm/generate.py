@@ -19,8 +19,9 @@ from .kv_cache import KVCache
 __all__ = ["generate", "stream_generate", "stream_text", "sample_next", "filter_logits"]
 
 
-def filter_logits(logits: torch.Tensor, top_k: int | None = None,
-                  top_p: float | None = None) -> torch.Tensor:
+def filter_logits(
+    logits: torch.Tensor, top_k: int | None = None, top_p: float | None = None
+) -> torch.Tensor:
     """Set the logits of tokens outside the top-k / nucleus to -inf.
 
     Args:
@@ -49,18 +50,22 @@ def filter_logits(logits: torch.Tensor, top_k: int | None = None,
 
 def _check_controls(temperature: float, top_k: int | None, top_p: float | None) -> None:
     if not (math.isfinite(temperature) and temperature >= 0):
-        raise ValueError(f"temperature must be a finite number >= 0 (0 means greedy), got "
-                         f"{temperature}")
-    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int)
-                              or top_k < 1):
+        raise ValueError(
+            f"temperature must be a finite number >= 0 (0 means greedy), got {temperature}"
+        )
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
         raise ValueError(f"top_k must be a positive integer or None, got {top_k!r}")
     if top_p is not None and not 0.0 <= top_p <= 1.0:
         raise ValueError(f"top_p must be in [0, 1] or None, got {top_p}")
 
 
-def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
-                top_p: float | None = None,
-                generator: torch.Generator | None = None) -> torch.Tensor:
+def sample_next(
+    logits: torch.Tensor,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
     """Choose the next token of each row from last-position logits.
 
     Args:
@@ -102,10 +107,12 @@ def _stop_sequences(stop) -> list[torch.Tensor]:
         if isinstance(item, torch.Tensor):
             item = item.tolist()
         seq = [item] if isinstance(item, numbers.Integral) else list(item)
-        if not seq or not all(isinstance(i, numbers.Integral) and not isinstance(i, bool)
-                              for i in seq):
-            raise ValueError(f"stop must hold token ids or non-empty lists of token ids, got "
-                             f"{item!r}")
+        if not seq or not all(
+            isinstance(i, numbers.Integral) and not isinstance(i, bool) for i in seq
+        ):
+            raise ValueError(
+                f"stop must hold token ids or non-empty lists of token ids, got {item!r}"
+            )
         out.append(torch.tensor([int(i) for i in seq], dtype=torch.long))
     return out
 
@@ -136,20 +143,33 @@ def _check_generate_args(idx, max_new_tokens, attention_mask):
         raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
     if attention_mask is not None:
         if attention_mask.shape != idx.shape:
-            raise ValueError(f"attention_mask must have idx's shape {tuple(idx.shape)}, got "
-                             f"{tuple(attention_mask.shape)}")
+            raise ValueError(
+                f"attention_mask must have idx's shape {tuple(idx.shape)}, got "
+                f"{tuple(attention_mask.shape)}"
+            )
         if not attention_mask.bool()[:, -1].all():
-            raise ValueError("prompts must be left-padded: the last column of attention_mask "
-                             "must be all ones")
+            raise ValueError(
+                "prompts must be left-padded: the last column of attention_mask must be all ones"
+            )
 
 
 @torch.no_grad()
-def stream_generate(model, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
-                    top_k: int | None = None, top_p: float | None = None,
-                    do_sample: bool = True, seed: int | None = None,
-                    generator: torch.Generator | None = None,
-                    attention_mask: torch.Tensor | None = None, use_cache: bool = True,
-                    stop=None, pad_token_id: int = -1, compile: bool = False):
+def stream_generate(
+    model,
+    idx: torch.Tensor,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    do_sample: bool = True,
+    seed: int | None = None,
+    generator: torch.Generator | None = None,
+    attention_mask: torch.Tensor | None = None,
+    use_cache: bool = True,
+    stop=None,
+    pad_token_id: int = -1,
+    compile: bool = False,
+):
     """Yield the next token of every row, [B] int64, up to max_new_tokens times; see
     `generate`. Rows that have stopped yield pad_token_id; the loop ends when all have."""
     _check_controls(temperature, top_k, top_p)
@@ -178,16 +198,25 @@ def stream_generate(model, idx: torch.Tensor, max_new_tokens: int, temperature: 
         for step in range(max_new_tokens):
             if cache is not None and cache.length < limit:  # one new token
                 positions = positions[:, -1:] + 1
-                logits = one_token(model, ids[:, n - 1:n], cache, positions,
-                                   None if mask is None else mask[:, n - cache.length - 1:n])
+                logits = one_token(
+                    model,
+                    ids[:, n - 1 : n],
+                    cache,
+                    positions,
+                    None if mask is None else mask[:, n - cache.length - 1 : n],
+                )
             else:  # prefill: the prompt, or a rebuild of the last max_positions tokens
                 lo = max(0, n - limit)
                 window_mask = None if mask is None else mask[:, lo:n]
-                positions = (torch.arange(n - lo, device=idx.device).expand(B, -1)
-                             if mask is None else (window_mask.long().cumsum(1) - 1).clamp(min=0))
+                positions = (
+                    torch.arange(n - lo, device=idx.device).expand(B, -1)
+                    if mask is None
+                    else (window_mask.long().cumsum(1) - 1).clamp(min=0)
+                )
                 cache = KVCache(model.config, B, idx.device, dtype)
-                logits = model.forward_cached(ids[:, lo:n], cache, positions, window_mask,
-                                              last_only=True)
+                logits = model.forward_cached(
+                    ids[:, lo:n], cache, positions, window_mask, last_only=True
+                )
                 if not use_cache:
                     cache = None
             try:
@@ -196,8 +225,9 @@ def stream_generate(model, idx: torch.Tensor, max_new_tokens: int, temperature: 
                 raise ValueError(f"step {step}: {e}") from None
             chosen = nxt.tolist()
             if min(chosen) < 0 or max(chosen) >= vocab_size:
-                raise ValueError(f"step {step}: sampled token id {chosen} is outside "
-                                 f"[0, {vocab_size})")
+                raise ValueError(
+                    f"step {step}: sampled token id {chosen} is outside [0, {vocab_size})"
+                )
             ids[:, n] = nxt
             n += 1
             yield torch.where(finished, torch.full_like(nxt, pad_token_id), nxt) if stops else nxt
@@ -205,7 +235,7 @@ def stream_generate(model, idx: torch.Tensor, max_new_tokens: int, temperature: 
                 generated = ids[:, T0:n]
                 for seq in stops:
                     if generated.size(1) >= len(seq):
-                        finished |= (generated[:, -len(seq):] == seq.to(ids.device)).all(1)
+                        finished |= (generated[:, -len(seq) :] == seq.to(ids.device)).all(1)
                 if finished.all():
                     return
     finally:
@@ -213,11 +243,22 @@ def stream_generate(model, idx: torch.Tensor, max_new_tokens: int, temperature: 
 
 
 @torch.no_grad()
-def generate(model, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
-             top_k: int | None = None, top_p: float | None = None, do_sample: bool = True,
-             seed: int | None = None, generator: torch.Generator | None = None,
-             attention_mask: torch.Tensor | None = None, use_cache: bool = True,
-             stop=None, pad_token_id: int = -1, compile: bool = False) -> torch.Tensor:
+def generate(
+    model,
+    idx: torch.Tensor,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    do_sample: bool = True,
+    seed: int | None = None,
+    generator: torch.Generator | None = None,
+    attention_mask: torch.Tensor | None = None,
+    use_cache: bool = True,
+    stop=None,
+    pad_token_id: int = -1,
+    compile: bool = False,
+) -> torch.Tensor:
     """Extend idx by max_new_tokens tokens sampled from `model`, with a KV cache.
 
     One forward pass over the prompt fills the cache (a `KVCache`: per layer [B, n_heads,
@@ -256,15 +297,39 @@ def generate(model, idx: torch.Tensor, max_new_tokens: int, temperature: float =
         ValueError: bad controls or prompt, non-finite logits (the message names the step), or
             a sampled id outside the vocabulary.
     """
-    new = list(stream_generate(model, idx, max_new_tokens, temperature, top_k, top_p,
-                               do_sample, seed, generator, attention_mask, use_cache, stop,
-                               pad_token_id, compile))
+    new = list(
+        stream_generate(
+            model,
+            idx,
+            max_new_tokens,
+            temperature,
+            top_k,
+            top_p,
+            do_sample,
+            seed,
+            generator,
+            attention_mask,
+            use_cache,
+            stop,
+            pad_token_id,
+            compile,
+        )
+    )
     return torch.cat([idx, torch.stack(new, dim=1)], dim=1) if new else idx.clone()
 
 
-def stream_text(model, tokenizer, prompt_ids: list[int], max_new_tokens: int,
-                temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
-                seed: int | None = None, stop: list[str] | None = None, compile: bool = False):
+def stream_text(
+    model,
+    tokenizer,
+    prompt_ids: list[int],
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    seed: int | None = None,
+    stop: list[str] | None = None,
+    compile: bool = False,
+):
     """Sample one continuation and yield its text as it grows, as (delta, finish_reason).
 
     Text is held back while it ends in an incomplete character (U+FFFD from a partial UTF-8
@@ -281,18 +346,18 @@ def stream_text(model, tokenizer, prompt_ids: list[int], max_new_tokens: int,
     idx = torch.tensor([prompt_ids], dtype=torch.long, device=device)
     stop = [s for s in stop or [] if s]
     new_ids, shown, text = [], "", ""
-    for token in stream_generate(model, idx, max_new_tokens, temperature, top_k, top_p,
-                                 seed=seed, compile=compile):
+    for token in stream_generate(
+        model, idx, max_new_tokens, temperature, top_k, top_p, seed=seed, compile=compile
+    ):
         new_ids.append(int(token[0]))
         text = tokenizer.decode(new_ids)
         cut = min((text.find(s) for s in stop if s in text), default=-1)
         if cut >= 0:
-            yield text[len(shown):cut], "stop", len(new_ids)
+            yield text[len(shown) : cut], "stop", len(new_ids)
             return
-        hold = max((k for s in stop for k in range(1, len(s)) if text.endswith(s[:k])),
-                   default=0)
-        safe = text[:len(text) - hold]
+        hold = max((k for s in stop for k in range(1, len(s)) if text.endswith(s[:k])), default=0)
+        safe = text[: len(text) - hold]
         if not safe.endswith("\ufffd") and len(safe) > len(shown):
-            yield safe[len(shown):], None
+            yield safe[len(shown) :], None
             shown = safe
-    yield text[len(shown):], "length", len(new_ids)
+    yield text[len(shown) :], "length", len(new_ids)

@@ -31,41 +31,65 @@ from .weights import load_state, read_safetensors, unwrap_model
 __all__ = ["load_gpt2", "save_gpt2", "rope_interleaved_to_half"]
 
 _CONV1D = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")
-_BLOCK_NAMES = {"ln_1": "ln_1", "ln_2": "ln_2", "attn.c_attn": "attn.qkv",
-                "attn.c_proj": "attn.proj", "mlp.c_fc": "mlp.fc", "mlp.c_proj": "mlp.proj"}
+_BLOCK_NAMES = {
+    "ln_1": "ln_1",
+    "ln_2": "ln_2",
+    "attn.c_attn": "attn.qkv",
+    "attn.c_proj": "attn.proj",
+    "mlp.c_fc": "mlp.fc",
+    "mlp.c_proj": "mlp.proj",
+}
 _TOP_NAMES = {"wte": "tok_emb", "wpe": "pos_emb", "ln_f": "ln_f"}
-_ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu_fast":
-                "gelu_tanh", "gelu": "gelu"}
+_ACTIVATIONS = {
+    "gelu_new": "gelu_tanh",
+    "gelu_pytorch_tanh": "gelu_tanh",
+    "gelu_fast": "gelu_tanh",
+    "gelu": "gelu",
+}
 
 
 def _config_from_hf(hf: dict, source: Path) -> ModelConfig:
     if not isinstance(hf, dict) or hf.get("model_type") != "gpt2":
         model_type = hf.get("model_type") if isinstance(hf, dict) else None
         raise ValueError(f"{source} is not a GPT-2 config (model_type {model_type!r})")
-    missing = [k for k in ("vocab_size", "n_positions", "n_layer", "n_head", "n_embd")
-               if k not in hf]
+    missing = [
+        k for k in ("vocab_size", "n_positions", "n_layer", "n_head", "n_embd") if k not in hf
+    ]
     if missing:
         raise ValueError(f"{source} lacks the GPT-2 fields {missing}")
     activation = _ACTIVATIONS.get(hf.get("activation_function", "gelu_new"))
-    unsupported = [f"{k}={hf[k]!r}" for k, bad in (("scale_attn_by_inverse_layer_idx", True),
-                                                    ("scale_attn_weights", False),
-                                                    ("add_cross_attention", True))
-                   if k in hf and hf[k] == bad]
+    unsupported = [
+        f"{k}={hf[k]!r}"
+        for k, bad in (
+            ("scale_attn_by_inverse_layer_idx", True),
+            ("scale_attn_weights", False),
+            ("add_cross_attention", True),
+        )
+        if k in hf and hf[k] == bad
+    ]
     if activation is None:
         unsupported.insert(0, f"activation_function={hf.get('activation_function')!r}")
     if unsupported:
         raise ValueError(f"{source}: unsupported GPT-2 options: {', '.join(unsupported)}")
     try:
-        return ModelConfig(vocab_size=hf["vocab_size"], block_size=hf["n_positions"],
-                           n_layers=hf["n_layer"], n_heads=hf["n_head"], d_model=hf["n_embd"],
-                           d_ff=hf.get("n_inner") or 4 * hf["n_embd"],
-                           dropout=hf.get("resid_pdrop") or 0.0, bias=True,
-                           tie_embeddings=hf.get("tie_word_embeddings", True),
-                           activation=activation, norm_eps=hf.get("layer_norm_epsilon", 1e-5))
+        return ModelConfig(
+            vocab_size=hf["vocab_size"],
+            block_size=hf["n_positions"],
+            n_layers=hf["n_layer"],
+            n_heads=hf["n_head"],
+            d_model=hf["n_embd"],
+            d_ff=hf.get("n_inner") or 4 * hf["n_embd"],
+            dropout=hf.get("resid_pdrop") or 0.0,
+            bias=True,
+            tie_embeddings=hf.get("tie_word_embeddings", True),
+            activation=activation,
+            norm_eps=hf.get("layer_norm_epsilon", 1e-5),
+        )
     except (TypeError, ValueError) as e:
-        raise ValueError(f"{source}: {e} (GPT-2 names: n_positions = block_size, n_layer = "
-                         f"n_layers, n_head = n_heads, n_embd = d_model, resid_pdrop = dropout)"
-                         ) from None
+        raise ValueError(
+            f"{source}: {e} (GPT-2 names: n_positions = block_size, n_layer = "
+            f"n_layers, n_head = n_heads, n_embd = d_model, resid_pdrop = dropout)"
+        ) from None
 
 
 def _read_hf_weights(directory: Path) -> dict[str, torch.Tensor]:
@@ -80,15 +104,20 @@ def _read_hf_weights(directory: Path) -> dict[str, torch.Tensor]:
         files = [directory / shard for shard in sorted(set(weight_map.values()))]
     elif (directory / "pytorch_model.bin").is_file():
         try:
-            return torch.load(directory / "pytorch_model.bin", map_location="cpu",
-                              weights_only=True)
+            return torch.load(
+                directory / "pytorch_model.bin", map_location="cpu", weights_only=True
+            )
         except Exception as e:  # not a plain tensor file: refused, never executed
             first_line = str(e).splitlines()[0] if str(e) else type(e).__name__
-            raise ValueError(f"{directory / 'pytorch_model.bin'} could not be read as plain "
-                             f"tensors (torch.load weights_only=True): {first_line}") from None
+            raise ValueError(
+                f"{directory / 'pytorch_model.bin'} could not be read as plain "
+                f"tensors (torch.load weights_only=True): {first_line}"
+            ) from None
     else:
-        raise FileNotFoundError(f"{directory} has no model.safetensors, "
-                                f"model.safetensors.index.json or pytorch_model.bin")
+        raise FileNotFoundError(
+            f"{directory} has no model.safetensors, "
+            f"model.safetensors.index.json or pytorch_model.bin"
+        )
     return {k: v for file in files for k, v in read_safetensors(file).items()}
 
 
@@ -136,9 +165,17 @@ def save_gpt2(model: DecoderLM, directory: str | Path) -> None:
     """
     model = unwrap_model(model)
     c = model.config
-    wrong = {k: getattr(c, k) for k, want in (("norm_position", "pre"), ("pos_encoding",
-             "learned"), ("norm", "layernorm"), ("mlp", "gelu"), ("bias", True))
-             if getattr(c, k) != want}
+    wrong = {
+        k: getattr(c, k)
+        for k, want in (
+            ("norm_position", "pre"),
+            ("pos_encoding", "learned"),
+            ("norm", "layernorm"),
+            ("mlp", "gelu"),
+            ("bias", True),
+        )
+        if getattr(c, k) != want
+    }
     if wrong:
         raise ValueError(f"only GPT-2-shaped models can be exported; this one has {wrong}")
     directory = Path(directory)
@@ -158,18 +195,30 @@ def save_gpt2(model: DecoderLM, directory: str | Path) -> None:
         else:
             key = "transformer." + {v: k for k, v in _TOP_NAMES.items()}[parts[0]] + "." + parts[-1]
         out[key] = tensor.detach().cpu().contiguous()
-    atomic_write(directory / "model.safetensors",
-                 lambda tmp: save_file(out, tmp, metadata={"format": "pt"}))
-    write_json(directory / "config.json", {
-        "model_type": "gpt2", "architectures": ["GPT2LMHeadModel"],
-        "vocab_size": c.vocab_size, "n_positions": c.block_size, "n_embd": c.d_model,
-        "n_layer": c.n_layers, "n_head": c.n_heads,
-        "n_inner": None if c.d_ff == 4 * c.d_model else c.d_ff,
-        "activation_function": "gelu_new" if c.activation == "gelu_tanh" else "gelu",
-        "layer_norm_epsilon": c.norm_eps, "tie_word_embeddings": c.tie_embeddings,
-        "resid_pdrop": c.dropout, "embd_pdrop": c.dropout, "attn_pdrop": c.dropout,
-        "bos_token_id": 50256, "eos_token_id": 50256,
-    })
+    atomic_write(
+        directory / "model.safetensors", lambda tmp: save_file(out, tmp, metadata={"format": "pt"})
+    )
+    write_json(
+        directory / "config.json",
+        {
+            "model_type": "gpt2",
+            "architectures": ["GPT2LMHeadModel"],
+            "vocab_size": c.vocab_size,
+            "n_positions": c.block_size,
+            "n_embd": c.d_model,
+            "n_layer": c.n_layers,
+            "n_head": c.n_heads,
+            "n_inner": None if c.d_ff == 4 * c.d_model else c.d_ff,
+            "activation_function": "gelu_new" if c.activation == "gelu_tanh" else "gelu",
+            "layer_norm_epsilon": c.norm_eps,
+            "tie_word_embeddings": c.tie_embeddings,
+            "resid_pdrop": c.dropout,
+            "embd_pdrop": c.dropout,
+            "attn_pdrop": c.dropout,
+            "bos_token_id": 50256,
+            "eos_token_id": 50256,
+        },
+    )
 
 
 def rope_interleaved_to_half(weight: torch.Tensor, n_heads: int) -> torch.Tensor:

@@ -119,6 +119,6 @@ def run_with_cache(
     def keep(activation, name):
         cache[name] = activation.detach()
 
-    with hooks(model, {name: keep for name in selected}):
+    with hooks(model, dict.fromkeys(selected, keep)):
         out = model(idx)
     return out, cache

@@ -12,8 +12,10 @@ __all__ = ["plot_loss", "plot_attention"]
 
 def _pyplot():
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     return plt
 
 
@@ -29,9 +31,9 @@ def plot_loss(metrics: list[dict], path: str | Path) -> None:
     train = [(m["step"], m["train_loss"]) for m in metrics if "train_loss" in m]
     val = [(m["step"], m["val_loss"]) for m in metrics if "val_loss" in m]
     if train:
-        ax.plot(*zip(*train), label="train", linewidth=1)
+        ax.plot(*zip(*train, strict=True), label="train", linewidth=1)
     if val:
-        ax.plot(*zip(*val), "o-", label="validation", linewidth=1.5)
+        ax.plot(*zip(*val, strict=True), "o-", label="validation", linewidth=1.5)
     ax.set_xlabel("step")
     ax.set_ylabel("cross-entropy loss (nats per token)")
     ax.set_title("loss")
@@ -62,15 +64,15 @@ def plot_attention(att: np.ndarray, path: str | Path, title: str = ""):
         raise ValueError(f"att must be [n_layers, n_heads, T, T], got shape {att.shape}")
     n_layers, n_heads = att.shape[:2]
     plt = _pyplot()
-    fig, axes = plt.subplots(n_layers, n_heads, figsize=(2.6 * n_heads + 0.6, 2.6 * n_layers + 0.6),
-                             squeeze=False)
+    fig, axes = plt.subplots(
+        n_layers, n_heads, figsize=(2.6 * n_heads + 0.6, 2.6 * n_layers + 0.6), squeeze=False
+    )
     from matplotlib.ticker import MaxNLocator
 
     for layer in range(n_layers):
         for head in range(n_heads):
             ax = axes[layer][head]
-            ax.imshow(att[layer, head], cmap="viridis", vmin=0.0, vmax=1.0,
-                      interpolation="nearest")
+            ax.imshow(att[layer, head], cmap="viridis", vmin=0.0, vmax=1.0, interpolation="nearest")
             ax.set_title(f"layer {layer}, head {head}", fontsize=9)
             ax.set_xlabel("key position", fontsize=8)
             ax.set_ylabel("query position", fontsize=8)

@@ -29,14 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .data import META_NAME, WIKITEXT_FILES, _load_hf_wikitext, is_token_dir, iter_text_chunks
 from .files import make_temp_dir, write_json
-from .data import (
-    META_NAME,
-    WIKITEXT_FILES,
-    _load_hf_wikitext,
-    is_token_dir,
-    iter_text_chunks,
-)
 from .tokenizers import (
     DEFAULT_UNK_TOKEN,
     TOKENIZER_KINDS,
@@ -57,8 +51,7 @@ __all__ = [
 ]
 
 CHUNK_BYTES = 1 << 20
-_NOT_UTF8_HINT = ("convert it to UTF-8, or prepare it with --tokenizer byte, which takes any "
-                  "bytes")
+_NOT_UTF8_HINT = "convert it to UTF-8, or prepare it with --tokenizer byte, which takes any bytes"
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -79,11 +72,13 @@ def source_files(paths: Iterable[str | Path]) -> list[Path]:
     for path in map(Path, paths):
         if path.is_dir():
             wiki = path / WIKITEXT_FILES[0]
-            found = [wiki] if wiki.is_file() else sorted(p for p in path.glob("*.txt")
-                                                         if p.is_file())
+            found = (
+                [wiki] if wiki.is_file() else sorted(p for p in path.glob("*.txt") if p.is_file())
+            )
             if not found:
-                raise FileNotFoundError(f"directory {path} has no *.txt files and no "
-                                        f"{WIKITEXT_FILES[0]}")
+                raise FileNotFoundError(
+                    f"directory {path} has no *.txt files and no {WIKITEXT_FILES[0]}"
+                )
             files += found
         elif not path.exists():
             raise FileNotFoundError(f"data file {path} not found")
@@ -103,7 +98,7 @@ def _text_chunks(source: Path | str, chunk_bytes: int) -> Iterator[str]:
         yield from iter_text_chunks(source, chunk_bytes, _NOT_UTF8_HINT)
     else:
         for i in range(0, len(source), chunk_bytes):
-            yield source[i:i + chunk_bytes]
+            yield source[i : i + chunk_bytes]
 
 
 def _bpe_cut(text: str) -> int:
@@ -120,8 +115,9 @@ def _bpe_cut(text: str) -> int:
         end = i
 
 
-def iter_token_chunks(tokenizer: Tokenizer, source: Path | str, unknown: str = "error",
-                      chunk_bytes: int = CHUNK_BYTES) -> Iterator[tuple[np.ndarray, int]]:
+def iter_token_chunks(
+    tokenizer: Tokenizer, source: Path | str, unknown: str = "error", chunk_bytes: int = CHUNK_BYTES
+) -> Iterator[tuple[np.ndarray, int]]:
     """Encode one source (a file, or a text string) piece by piece.
 
     Yields (ids, n_unknown): ids a 1-D integer array (int64; uint8 for a ByteTokenizer reading
@@ -160,8 +156,9 @@ def iter_token_chunks(tokenizer: Tokenizer, source: Path | str, unknown: str = "
         yield np.asarray(ids, dtype=np.int64), n_unknown
 
 
-def encode_source(tokenizer: Tokenizer, source: Path | str, unknown: str = "error",
-                  chunk_bytes: int = CHUNK_BYTES) -> tuple[np.ndarray, int]:
+def encode_source(
+    tokenizer: Tokenizer, source: Path | str, unknown: str = "error", chunk_bytes: int = CHUNK_BYTES
+) -> tuple[np.ndarray, int]:
     """(ids, n_unknown) of a whole source, ids [N] in `token_dtype(tokenizer.vocab_size)`;
     see `iter_token_chunks`."""
     dtype = token_dtype(tokenizer.vocab_size)
@@ -177,8 +174,7 @@ def _file_info(path: Path) -> dict:
     with open(path, "rb") as f:
         while data := f.read(CHUNK_BYTES):
             digest.update(data)
-    return {"path": str(path.resolve()), "bytes": path.stat().st_size,
-            "sha256": digest.hexdigest()}
+    return {"path": str(path.resolve()), "bytes": path.stat().st_size, "sha256": digest.hexdigest()}
 
 
 def _check_out(out: Path, overwrite: bool) -> None:
@@ -186,15 +182,24 @@ def _check_out(out: Path, overwrite: bool) -> None:
         raise ValueError(f"--out {out} is a file, not a directory")
     if out.exists():
         if not overwrite:
-            raise ValueError(f"{out} already exists; pass --overwrite to replace it or choose "
-                             f"another --out")
+            raise ValueError(
+                f"{out} already exists; pass --overwrite to replace it or choose another --out"
+            )
         if any(out.iterdir()) and not is_token_dir(out):
-            raise ValueError(f"{out} is not a prepared token directory (no meta.json, "
-                             f"train.bin, val.bin); refusing to replace it, choose another --out")
+            raise ValueError(
+                f"{out} is not a prepared token directory (no meta.json, "
+                f"train.bin, val.bin); refusing to replace it, choose another --out"
+            )
 
 
-def _write_split(stage: Path, tok: Tokenizer, sources: list, dtype: np.dtype,
-                 val_fraction: float, chunk_bytes: int) -> tuple[int, int]:
+def _write_split(
+    stage: Path,
+    tok: Tokenizer,
+    sources: list,
+    dtype: np.dtype,
+    val_fraction: float,
+    chunk_bytes: int,
+) -> tuple[int, int]:
     """Write the token stream of `sources` to stage/train.bin, then move its last
     val_fraction to stage/val.bin; returns (train tokens, all tokens)."""
     n_total = 0
@@ -205,8 +210,10 @@ def _write_split(stage: Path, tok: Tokenizer, sources: list, dtype: np.dtype,
                 n_total += len(ids)
     n_train = int((1.0 - val_fraction) * n_total)  # as data.split_ids
     if n_train == 0:
-        raise ValueError(f"the corpus has {n_total} tokens: too few for a train split "
-                         f"with val_fraction {val_fraction}")
+        raise ValueError(
+            f"the corpus has {n_total} tokens: too few for a train split "
+            f"with val_fraction {val_fraction}"
+        )
     with open(stage / "train.bin", "r+b") as f, open(stage / "val.bin", "wb") as g:
         f.seek(n_train * dtype.itemsize)
         shutil.copyfileobj(f, g)
@@ -228,9 +235,16 @@ def _replace_dir(stage: Path, out: Path) -> None:
         os.replace(stage, out)
 
 
-def prepare(data: Iterable[str | Path] | None, tokenizer: str, out: str | Path,
-            val_fraction: float = 0.1, overwrite: bool = False, dataset: str | None = None,
-            chunk_bytes: int = CHUNK_BYTES, log=print) -> dict:
+def prepare(
+    data: Iterable[str | Path] | None,
+    tokenizer: str,
+    out: str | Path,
+    val_fraction: float = 0.1,
+    overwrite: bool = False,
+    dataset: str | None = None,
+    chunk_bytes: int = CHUNK_BYTES,
+    log=print,
+) -> dict:
     """Tokenize text files into a token directory `out` (see the module docstring).
 
     Args:
@@ -272,27 +286,36 @@ def prepare(data: Iterable[str | Path] | None, tokenizer: str, out: str | Path,
         for source in sources:
             yield from _text_chunks(source, chunk_bytes)
 
-    tok = make_tokenizer(tokenizer, all_text() if tokenizer == "char" else None,
-                         DEFAULT_UNK_TOKEN)
+    tok = make_tokenizer(tokenizer, all_text() if tokenizer == "char" else None, DEFAULT_UNK_TOKEN)
     dtype = token_dtype(tok.vocab_size)
     out.parent.mkdir(parents=True, exist_ok=True)
     stage = make_temp_dir(out.parent, f".{out.name}.", ".partial")
     try:
         n_train, n_total = _write_split(stage, tok, sources, dtype, val_fraction, chunk_bytes)
-        meta = {"format": "decoderlm-tokens", "version": 1, "tokenizer": tok.to_dict(),
-                "vocab_size": tok.vocab_size, "dtype": dtype.name, "byte_order": "little",
-                "tokens": {"train": n_train, "val": n_total - n_train},
-                "val_fraction": val_fraction,
-                "split": "train.bin = the first int((1 - val_fraction) * N) tokens of the "
-                         "stream, val.bin = the rest",
-                "sources": infos, "unknown_characters": 0,
-                "newlines": "as in the files" if tokenizer == "byte" else
-                            "universal: \\r\\n and \\r read as \\n"}
+        meta = {
+            "format": "decoderlm-tokens",
+            "version": 1,
+            "tokenizer": tok.to_dict(),
+            "vocab_size": tok.vocab_size,
+            "dtype": dtype.name,
+            "byte_order": "little",
+            "tokens": {"train": n_train, "val": n_total - n_train},
+            "val_fraction": val_fraction,
+            "split": "train.bin = the first int((1 - val_fraction) * N) tokens of the "
+            "stream, val.bin = the rest",
+            "sources": infos,
+            "unknown_characters": 0,
+            "newlines": "as in the files"
+            if tokenizer == "byte"
+            else "universal: \\r\\n and \\r read as \\n",
+        }
         write_json(stage / META_NAME, meta)
         _replace_dir(stage, out)
     except BaseException:
         shutil.rmtree(stage, ignore_errors=True)
         raise
-    log(f"wrote {out}/: {n_train:,} train + {n_total - n_train:,} val tokens ({tok.kind}, "
-        f"vocab_size {tok.vocab_size}, {dtype.name}) from {len(sources)} source(s)")
+    log(
+        f"wrote {out}/: {n_train:,} train + {n_total - n_train:,} val tokens ({tok.kind}, "
+        f"vocab_size {tok.vocab_size}, {dtype.name}) from {len(sources)} source(s)"
+    )
     return meta

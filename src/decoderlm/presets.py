@@ -23,49 +23,94 @@ class Preset:
 
 PRESETS: dict[str, Preset] = {
     "seed-notebook": Preset(
-        description="the original seed experiment's run exactly: 3 layers x 128 wide, 4 heads, context 96, "
-        "batch 32, 400 steps of AdamW at lr 2e-4, weight decay 1e-2, no schedule, no clipping "
-        "(vocab_size 139: the embedded corpus's 138 characters plus an unknown-character id)",
+        description="the original seed experiment's run exactly: 3 layers x 128 wide, 4 heads, "
+        "context 96, batch 32, 400 steps of AdamW at lr 2e-4, weight decay 1e-2, no schedule, "
+        "no clipping (vocab_size 139: the embedded corpus's 138 characters plus an "
+        "unknown-character id)",
         model=dict(vocab_size=139, block_size=96, n_layers=3, n_heads=4, d_model=128),
-        train=dict(batch_size=32, max_steps=400, lr=2e-4, warmup_steps=0,
-                   schedule="constant", weight_decay=1e-2, grad_clip=None, dtype="float32",
-                   eval_interval=100),
+        train=dict(
+            batch_size=32,
+            max_steps=400,
+            lr=2e-4,
+            warmup_steps=0,
+            schedule="constant",
+            weight_decay=1e-2,
+            grad_clip=None,
+            dtype="float32",
+            eval_interval=100,
+        ),
     ),
     "default": Preset(
         description="what `decoderlm train` runs: the seed model's shape (3 layers x 128 wide, "
         "4 heads, context 96, batch 32) with dropout 0.05, trained 1,800 steps with warm-up + "
         "cosine decay from lr 3e-3 to 3e-4, weight decay 0.1, clipping at 1.0, bfloat16 autocast",
-        model=dict(vocab_size=139, block_size=96, n_layers=3, n_heads=4, d_model=128,
-                   dropout=0.05),
-        train=dict(batch_size=32, max_steps=1800, lr=3e-3, min_lr=3e-4, warmup_steps=100,
-                   schedule="cosine", weight_decay=0.1, beta2=0.99, grad_clip=1.0,
-                   dtype="bfloat16", eval_interval=300),
+        model=dict(vocab_size=139, block_size=96, n_layers=3, n_heads=4, d_model=128, dropout=0.05),
+        train=dict(
+            batch_size=32,
+            max_steps=1800,
+            lr=3e-3,
+            min_lr=3e-4,
+            warmup_steps=100,
+            schedule="cosine",
+            weight_decay=0.1,
+            beta2=0.99,
+            grad_clip=1.0,
+            dtype="bfloat16",
+            eval_interval=300,
+        ),
     ),
-    **{name: Preset(
-        description=f"GPT-2 {size} (Radford et al. 2019; OpenAI's released hparams.json: "
-        f"n_layer {layers}, n_embd {width}, n_head {heads}, n_ctx 1024, n_vocab 50257), "
-        f"pre-norm, learned positions, tanh GELU, tied unembedding",
-        model=dict(vocab_size=50257, block_size=1024, n_layers=layers, n_heads=heads,
-                   d_model=width, activation="gelu_tanh"),
-    ) for name, size, layers, width, heads in [
-        ("gpt2", "small (the paper's 117M)", 12, 768, 12),
-        ("gpt2-medium", "medium (the paper's 345M)", 24, 1024, 16),
-        ("gpt2-large", "large (the paper's 762M)", 36, 1280, 20),
-        ("gpt2-xl", "XL (the paper's 1542M)", 48, 1600, 25),
-    ]},
+    **{
+        name: Preset(
+            description=f"GPT-2 {size} (Radford et al. 2019; OpenAI's released hparams.json: "
+            f"n_layer {layers}, n_embd {width}, n_head {heads}, n_ctx 1024, n_vocab 50257), "
+            f"pre-norm, learned positions, tanh GELU, tied unembedding",
+            model=dict(
+                vocab_size=50257,
+                block_size=1024,
+                n_layers=layers,
+                n_heads=heads,
+                d_model=width,
+                activation="gelu_tanh",
+            ),
+        )
+        for name, size, layers, width, heads in [
+            ("gpt2", "small (the paper's 117M)", 12, 768, 12),
+            ("gpt2-medium", "medium (the paper's 345M)", 24, 1024, 16),
+            ("gpt2-large", "large (the paper's 762M)", 36, 1280, 20),
+            ("gpt2-xl", "XL (the paper's 1542M)", 48, 1600, 25),
+        ]
+    },
     "vaswani-base": Preset(
         description="the original transformer's base model (Vaswani et al. 2017, table 3: N 6, "
         "d_model 512, d_ff 2048, h 8, dropout 0.1, shared 37,000-token vocabulary, tied "
         "embeddings) as a decoder-only stack: post-norm, sinusoidal positions, context 512",
-        model=dict(vocab_size=37000, block_size=512, n_layers=6, n_heads=8, d_model=512,
-                   d_ff=2048, dropout=0.1, pos_encoding="sinusoidal", norm_position="post"),
+        model=dict(
+            vocab_size=37000,
+            block_size=512,
+            n_layers=6,
+            n_heads=8,
+            d_model=512,
+            d_ff=2048,
+            dropout=0.1,
+            pos_encoding="sinusoidal",
+            norm_position="post",
+        ),
     ),
     "llama-tiny": Preset(
         description="a small Llama-style model: rotary positions, RMSNorm, SwiGLU MLP (d_ff "
         "by Llama's rule), no biases, untied unembedding, 32,000-token vocabulary",
-        model=dict(vocab_size=32000, block_size=512, n_layers=4, n_heads=4, d_model=256,
-                   pos_encoding="rope", norm="rmsnorm", mlp="swiglu", bias=False,
-                   tie_embeddings=False),
+        model=dict(
+            vocab_size=32000,
+            block_size=512,
+            n_layers=4,
+            n_heads=4,
+            d_model=256,
+            pos_encoding="rope",
+            norm="rmsnorm",
+            mlp="swiglu",
+            bias=False,
+            tie_embeddings=False,
+        ),
     ),
 }
 

@@ -24,8 +24,18 @@ import math
 
 import numpy as np
 
-__all__ = ["forward", "layer_norm", "rms_norm", "gelu", "gelu_tanh", "silu", "softmax",
-           "sinusoidal_table", "rope", "causal_self_attention"]
+__all__ = [
+    "forward",
+    "layer_norm",
+    "rms_norm",
+    "gelu",
+    "gelu_tanh",
+    "silu",
+    "softmax",
+    "sinusoidal_table",
+    "rope",
+    "causal_self_attention",
+]
 
 _erf = np.vectorize(math.erf)
 
@@ -40,12 +50,12 @@ def layer_norm(x: np.ndarray, g: np.ndarray, b: np.ndarray | None, eps: float = 
 
 def rms_norm(x: np.ndarray, g: np.ndarray, eps: float = 1e-5):
     """Divide the last axis of x by its root mean square, then scale."""
-    return x / np.sqrt((x ** 2).mean(axis=-1, keepdims=True) + eps) * g
+    return x / np.sqrt((x**2).mean(axis=-1, keepdims=True) + eps) * g
 
 
 def gelu_tanh(x: np.ndarray) -> np.ndarray:
     """The tanh approximation of GELU used by GPT-2."""
-    return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
+    return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))
 
 
 def silu(x: np.ndarray) -> np.ndarray:
@@ -89,15 +99,18 @@ def _linear(x, params, name):
     return y if bias is None else y + bias
 
 
-def causal_self_attention(x: np.ndarray, params: dict, prefix: str, n_heads: int,
-                          rope_base: float | None = None):
+def causal_self_attention(
+    x: np.ndarray, params: dict, prefix: str, n_heads: int, rope_base: float | None = None
+):
     """x [B, T, d_model] -> (y [B, T, d_model], att [B, n_heads, T, T]); rope_base set means
     q and k are rotated by position first."""
     B, T, C = x.shape
     d_k = C // n_heads
     qkv = _linear(x, params, f"{prefix}.qkv")
-    q, k, v = (qkv[..., i * C:(i + 1) * C].reshape(B, T, n_heads, d_k).transpose(0, 2, 1, 3)
-               for i in range(3))
+    q, k, v = (
+        qkv[..., i * C : (i + 1) * C].reshape(B, T, n_heads, d_k).transpose(0, 2, 1, 3)
+        for i in range(3)
+    )
     if rope_base is not None:
         q, k = rope(q, rope_base), rope(k, rope_base)
     scores = q @ k.transpose(0, 1, 3, 2) / math.sqrt(d_k)
@@ -144,12 +157,18 @@ def forward(params: dict[str, np.ndarray], config, idx: np.ndarray) -> np.ndarra
     for i in range(config.n_layers):
         pre = f"blocks.{i}"
         if config.norm_position == "pre":
-            x = x + causal_self_attention(norm(x, f"{pre}.ln_1"), p, f"{pre}.attn",
-                                          config.n_heads, rope_base)[0]
+            x = (
+                x
+                + causal_self_attention(
+                    norm(x, f"{pre}.ln_1"), p, f"{pre}.attn", config.n_heads, rope_base
+                )[0]
+            )
             x = x + mlp(norm(x, f"{pre}.ln_2"), pre)
         else:
-            x = norm(x + causal_self_attention(x, p, f"{pre}.attn", config.n_heads,
-                                               rope_base)[0], f"{pre}.ln_1")
+            x = norm(
+                x + causal_self_attention(x, p, f"{pre}.attn", config.n_heads, rope_base)[0],
+                f"{pre}.ln_1",
+            )
             x = norm(x + mlp(x, pre), f"{pre}.ln_2")
     if config.norm_position == "pre":
         x = norm(x, "ln_f")

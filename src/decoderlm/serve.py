@@ -29,9 +29,15 @@ from .generate import generate, stream_text
 __all__ = ["create_app", "serve"]
 
 # OpenAI completion fields we do not implement, with the values that ask for nothing from them
-_NO_OP_FIELDS = {"logprobs": [None], "echo": [False], "best_of": [1], "suffix": [None],
-                 "presence_penalty": [0, 0.0], "frequency_penalty": [0, 0.0],
-                 "logit_bias": [None, {}]}
+_NO_OP_FIELDS = {
+    "logprobs": [None],
+    "echo": [False],
+    "best_of": [1],
+    "suffix": [None],
+    "presence_penalty": [0, 0.0],
+    "frequency_penalty": [0, 0.0],
+    "logit_bias": [None, {}],
+}
 
 
 def _unsupported_fields(extra: dict, supported: list[str]) -> str | None:
@@ -42,14 +48,17 @@ def _unsupported_fields(extra: dict, supported: list[str]) -> str | None:
             return f"unknown field {name!r}; this server supports {supported}"
         if not any(type(value) is type(ok) and value == ok for ok in _NO_OP_FIELDS[name]):
             allowed = " or ".join(json.dumps(ok) for ok in _NO_OP_FIELDS[name])
-            return (f"{name}={json.dumps(value)} is not supported by this server; omit {name} "
-                    f"or send {allowed}")
+            return (
+                f"{name}={json.dumps(value)} is not supported by this server; omit {name} "
+                f"or send {allowed}"
+            )
     return None
 
 
 def _missing_extra(e: ImportError):
-    return RuntimeError(f"`decoderlm serve` needs FastAPI and uvicorn: pip install "
-                        f"'decoderlm[serve]' ({e})")
+    return RuntimeError(
+        f"`decoderlm serve` needs FastAPI and uvicorn: pip install 'decoderlm[serve]' ({e})"
+    )
 
 
 def _request_schema():
@@ -97,22 +106,28 @@ def _check(req, served: _Served) -> tuple[list[list[int]], list[str]]:
     if req.model not in (None, served.name):
         raise HTTPException(404, f"model {req.model!r} is not served here; GET /v1/models")
     if req.max_tokens > served.max_tokens_limit:
-        raise HTTPException(400, f"max_tokens {req.max_tokens} exceeds this server's limit "
-                                 f"of {served.max_tokens_limit}")
+        raise HTTPException(
+            400,
+            f"max_tokens {req.max_tokens} exceeds this server's limit of {served.max_tokens_limit}",
+        )
     prompts = [req.prompt] if isinstance(req.prompt, str) else req.prompt
     if not prompts or not all(prompts):
         raise HTTPException(400, "prompt must be a non-empty string or list of strings")
     if len(prompts) * req.n > 16:
-        raise HTTPException(400, f"{len(prompts)} prompts x n={req.n} completions; at most "
-                                 f"16 per request")
+        raise HTTPException(
+            400, f"{len(prompts)} prompts x n={req.n} completions; at most 16 per request"
+        )
     try:
         encoded = [served.tokenizer.encode(p) for p in prompts]
     except ValueError as e:
         raise HTTPException(400, f"prompt: {e}") from None
     longest = max(len(ids) for ids in encoded)
     if longest > served.max_prompt_tokens:
-        raise HTTPException(400, f"a prompt has {longest} tokens; this server accepts at "
-                                 f"most {served.max_prompt_tokens}")
+        raise HTTPException(
+            400,
+            f"a prompt has {longest} tokens; this server accepts at "
+            f"most {served.max_prompt_tokens}",
+        )
     stops = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
     if len(stops) > 4:
         raise HTTPException(400, "at most 4 stop sequences")
@@ -124,9 +139,21 @@ def _runs(req, served: _Served, encoded: list[list[int]], stops: list[str]):
     for p, ids in enumerate(encoded):
         for i in range(req.n):
             seed = None if req.seed is None else req.seed + i
-            yield p * req.n + i, stream_text(
-                served.model, served.tokenizer, ids, req.max_tokens, req.temperature, None,
-                req.top_p if req.top_p < 1.0 else None, seed, stops, served.compile)
+            yield (
+                p * req.n + i,
+                stream_text(
+                    served.model,
+                    served.tokenizer,
+                    ids,
+                    req.max_tokens,
+                    req.temperature,
+                    None,
+                    req.top_p if req.top_p < 1.0 else None,
+                    seed,
+                    stops,
+                    served.compile,
+                ),
+            )
 
 
 def _events(head: dict, runs):
@@ -134,8 +161,12 @@ def _events(head: dict, runs):
     [DONE]."""
     for index, pieces in runs:
         for delta, finish, *_ in pieces:
-            chunk = {**head, "choices": [{"text": delta, "index": index, "logprobs": None,
-                                          "finish_reason": finish}]}
+            chunk = {
+                **head,
+                "choices": [
+                    {"text": delta, "index": index, "logprobs": None, "finish_reason": finish}
+                ],
+            }
             yield f"data: {json.dumps(chunk)}\n\n"
     yield "data: [DONE]\n\n"
 
@@ -158,15 +189,26 @@ async def _complete(head: dict, runs, prompt_tokens: int, request):
             text += delta
             made = rest[0] if rest else made
         completion_tokens += made
-        choices.append({"text": text, "index": index, "logprobs": None,
-                        "finish_reason": finish})
-    return {**head, "choices": choices,
-            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                      "total_tokens": prompt_tokens + completion_tokens}}
+        choices.append({"text": text, "index": index, "logprobs": None, "finish_reason": finish})
+    return {
+        **head,
+        "choices": choices,
+        "usage": {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+        },
+    }
 
 
-def create_app(model, tokenizer, model_name: str, max_tokens_limit: int = 1024,
-               max_prompt_tokens: int = 4096, compile: bool = False):
+def create_app(
+    model,
+    tokenizer,
+    model_name: str,
+    max_tokens_limit: int = 1024,
+    max_prompt_tokens: int = 4096,
+    compile: bool = False,
+):
     """Build the FastAPI app serving `model` with `tokenizer` under the id `model_name`;
     compile=True decodes with `generate(..., compile=True)`.
 
@@ -187,8 +229,10 @@ def create_app(model, tokenizer, model_name: str, max_tokens_limit: int = 1024,
     @app.exception_handler(RequestValidationError)
     def invalid_request(request: Request, exc: RequestValidationError):
         # the default echoes the bad input, which cannot be JSON when it is NaN or Infinity
-        detail = [{"loc": list(e.get("loc", ())), "msg": e.get("msg", ""),
-                   "type": e.get("type", "")} for e in exc.errors()]
+        detail = [
+            {"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")}
+            for e in exc.errors()
+        ]
         return JSONResponse(status_code=422, content={"detail": detail})
 
     @app.get("/health")
@@ -197,14 +241,20 @@ def create_app(model, tokenizer, model_name: str, max_tokens_limit: int = 1024,
 
     @app.get("/v1/models")
     def models():
-        return {"object": "list", "data": [{"id": model_name, "object": "model",
-                                            "owned_by": "decoderlm"}]}
+        return {
+            "object": "list",
+            "data": [{"id": model_name, "object": "model", "owned_by": "decoderlm"}],
+        }
 
     @app.post("/v1/completions")
     async def completions(req: CompletionRequest, request: Request):
         encoded, stops = _check(req, served)
-        head = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion",
-                "created": int(time.time()), "model": model_name}
+        head = {
+            "id": f"cmpl-{uuid.uuid4().hex}",
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": model_name,
+        }
         runs = _runs(req, served, encoded, stops)
         if req.stream:
             return StreamingResponse(_events(head, runs), media_type="text/event-stream")
@@ -213,9 +263,16 @@ def create_app(model, tokenizer, model_name: str, max_tokens_limit: int = 1024,
     return app
 
 
-def serve(model, tokenizer, model_name: str, host: str = "127.0.0.1", port: int = 8000,
-          max_tokens_limit: int = 1024, max_prompt_tokens: int = 4096,
-          compile: bool = False) -> None:
+def serve(
+    model,
+    tokenizer,
+    model_name: str,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    max_tokens_limit: int = 1024,
+    max_prompt_tokens: int = 4096,
+    compile: bool = False,
+) -> None:
     """Run the API with uvicorn until interrupted; with compile=True, the decoding step is
     compiled before the server listens."""
     try:
@@ -228,8 +285,7 @@ def serve(model, tokenizer, model_name: str, host: str = "127.0.0.1", port: int 
             probe.bind(infos[0][4])
     except OSError as e:
         raise OSError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
-    app = create_app(model, tokenizer, model_name, max_tokens_limit, max_prompt_tokens,
-                     compile)
+    app = create_app(model, tokenizer, model_name, max_tokens_limit, max_prompt_tokens, compile)
     if compile:
         print("compiling the decoding step (once; 10-30 s)...", flush=True)
         device = model.device

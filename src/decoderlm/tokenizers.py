@@ -1,6 +1,6 @@
 """Tokenizers: text <-> token ids, behind one interface (`Tokenizer`).
 
-`CharTokenizer` is the character-level tokenizer of the seed experiment: the vocabulary is the sorted
+`CharTokenizer` is the seed experiment's character-level tokenizer: the vocabulary is the sorted
 set of characters of the corpus (code-point order), id i is the i-th character; optionally one
 more entry, an explicit unknown token, after them (see `CharTokenizer.from_text`).
 `ByteTokenizer` has 256 ids, the bytes of the UTF-8 encoding: every string encodes.
@@ -36,8 +36,10 @@ TOKENIZER_KINDS = ("char", "byte", "gpt2")
 DEFAULT_UNK_TOKEN = "\ufffd"  # U+FFFD REPLACEMENT CHARACTER, what decoders print for "unknown"
 GPT2_BPE_DIR = Path(__file__).parent / "bpe"
 # sha256 of OpenAI's originals, as tiktoken pins them
-_GPT2_HASHES = {"vocab.bpe": "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5",
-                "encoder.json": "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783"}
+_GPT2_HASHES = {
+    "vocab.bpe": "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5",
+    "encoder.json": "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783",
+}
 
 
 class UnknownCharacterError(ValueError):
@@ -52,8 +54,9 @@ class UnknownCharacterError(ValueError):
         shown = ", ".join(f"{c!r} at position {i}" for c, i in unknown[:10])
         more = f" and {len(unknown) - 10} more" if len(unknown) > 10 else ""
         hint = hint or "remove them from the text or train on a corpus that contains them"
-        super().__init__(f"{len(unknown)} character(s) not in the vocabulary: {shown}{more}; "
-                         f"{hint}")
+        super().__init__(
+            f"{len(unknown)} character(s) not in the vocabulary: {shown}{more}; {hint}"
+        )
 
 
 class Tokenizer:
@@ -150,8 +153,7 @@ class CharTokenizer(Tokenizer):
         self.unk_token = unk_token
 
     @classmethod
-    def from_text(cls, text: str | Iterable[str], unk_token: str | None = None
-                  ) -> "CharTokenizer":
+    def from_text(cls, text: str | Iterable[str], unk_token: str | None = None) -> CharTokenizer:
         """The vocabulary of `text` (a string, or an iterable of string chunks read in turn):
         its distinct characters in code-point order.
 
@@ -207,9 +209,13 @@ class CharTokenizer(Tokenizer):
             for i, c in enumerate(text):
                 if c not in stoi and c not in seen:
                     seen[c] = i
-            hint = ("this character vocabulary has no unknown token to map them to (it was "
-                    "built without unk_token); remove them from the text or use a model "
-                    "whose vocabulary has one" if unknown == "unk" else "")
+            hint = (
+                "this character vocabulary has no unknown token to map them to (it was "
+                "built without unk_token); remove them from the text or use a model "
+                "whose vocabulary has one"
+                if unknown == "unk"
+                else ""
+            )
             raise UnknownCharacterError(list(seen.items()), hint) from None
 
     def count_unknown(self, text: str) -> int:
@@ -225,8 +231,10 @@ class CharTokenizer(Tokenizer):
         ids = [int(i) for i in ids]
         bad = [i for i in ids if not 0 <= i < len(self.chars)]
         if bad:
-            raise ValueError(f"token ids {bad[:5]} are outside [0, {len(self.chars)}) for this "
-                             f"character tokenizer")
+            raise ValueError(
+                f"token ids {bad[:5]} are outside [0, {len(self.chars)}) for this "
+                f"character tokenizer"
+            )
         return "".join(self.chars[i] for i in ids)
 
     def _saved_fields(self) -> dict:
@@ -296,16 +304,23 @@ class GPT2Tokenizer(Tokenizer):
         bpe_dir = Path(bpe_dir) if bpe_dir is not None else GPT2_BPE_DIR
         for name in _GPT2_HASHES:
             if not (bpe_dir / name).is_file():
-                raise FileNotFoundError(f"{bpe_dir / name} not found; the GPT-2 tokenizer needs "
-                                        f"encoder.json and vocab.bpe")
+                raise FileNotFoundError(
+                    f"{bpe_dir / name} not found; the GPT-2 tokenizer needs "
+                    f"encoder.json and vocab.bpe"
+                )
         ranks = data_gym_to_mergeable_bpe_ranks(
-            str(bpe_dir / "vocab.bpe"), str(bpe_dir / "encoder.json"),
+            str(bpe_dir / "vocab.bpe"),
+            str(bpe_dir / "encoder.json"),
             vocab_bpe_hash=_GPT2_HASHES["vocab.bpe"],
-            encoder_json_hash=_GPT2_HASHES["encoder.json"])
-        self.encoding = tiktoken.Encoding(name="gpt2", pat_str=r50k_pat_str,
-                                          mergeable_ranks=ranks,
-                                          special_tokens={"<|endoftext|>": self.eot_token},
-                                          explicit_n_vocab=50257)
+            encoder_json_hash=_GPT2_HASHES["encoder.json"],
+        )
+        self.encoding = tiktoken.Encoding(
+            name="gpt2",
+            pat_str=r50k_pat_str,
+            mergeable_ranks=ranks,
+            special_tokens={"<|endoftext|>": self.eot_token},
+            explicit_n_vocab=50257,
+        )
 
     @property
     def vocab_size(self) -> int:
@@ -360,8 +375,9 @@ def load_tokenizer(directory: str | Path) -> Tokenizer:
     return tokenizer_from_dict(read_json(path), str(path))
 
 
-def make_tokenizer(kind: str, text: str | Iterable[str] | None = None,
-                   unk_token: str | None = DEFAULT_UNK_TOKEN) -> Tokenizer:
+def make_tokenizer(
+    kind: str, text: str | Iterable[str] | None = None, unk_token: str | None = DEFAULT_UNK_TOKEN
+) -> Tokenizer:
     """A new tokenizer of `kind` ("char" | "byte" | "gpt2").
 
     text: the corpus (a string or an iterable of chunks) a "char" vocabulary is built from;

@@ -21,9 +21,19 @@ from .analysis import count_parameters
 from .config import ModelConfig
 from .files import atomic_write, read_json, write_json
 
-__all__ = ["save_model", "save_weights", "read_model_dir", "load_state", "read_safetensors",
-           "normalize_state_dict", "unwrap_model", "list_checkpoints", "CONFIG_NAME",
-           "WEIGHTS_NAME", "CHECKPOINTS_DIR"]
+__all__ = [
+    "save_model",
+    "save_weights",
+    "read_model_dir",
+    "load_state",
+    "read_safetensors",
+    "normalize_state_dict",
+    "unwrap_model",
+    "list_checkpoints",
+    "CONFIG_NAME",
+    "WEIGHTS_NAME",
+    "CHECKPOINTS_DIR",
+]
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -50,8 +60,9 @@ def unwrap_model(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
-def save_model(model: torch.nn.Module, directory: str | Path,
-               extra_config: dict[str, Any] | None = None) -> None:
+def save_model(
+    model: torch.nn.Module, directory: str | Path, extra_config: dict[str, Any] | None = None
+) -> None:
     """Write `model` (a DecoderLM, possibly wrapped by DDP or torch.compile) to `directory`.
 
     Weights go to model.safetensors (float tensors as they are, keys without wrapper
@@ -62,8 +73,12 @@ def save_model(model: torch.nn.Module, directory: str | Path,
     save_weights(model.state_dict(), model.config, directory, extra_config)
 
 
-def save_weights(state: dict[str, torch.Tensor], config: ModelConfig, directory: str | Path,
-                 extra_config: dict[str, Any] | None = None) -> None:
+def save_weights(
+    state: dict[str, torch.Tensor],
+    config: ModelConfig,
+    directory: str | Path,
+    extra_config: dict[str, Any] | None = None,
+) -> None:
     """Write a model state dict (any device, wrapper prefixes allowed) and its ModelConfig to
     `directory` as model.safetensors + config.json, each atomically (see `save_model`)."""
     directory = Path(directory)
@@ -76,8 +91,9 @@ def save_weights(state: dict[str, torch.Tensor], config: ModelConfig, directory:
     write_json(directory / CONFIG_NAME, {"model": config.to_dict(), **(extra_config or {})})
 
 
-def read_model_dir(directory: str | Path, map_location: str = "cpu"
-                   ) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+def read_model_dir(
+    directory: str | Path, map_location: str = "cpu"
+) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     """The ModelConfig and the weights of a directory written by `save_model`.
 
     The number of parameters in the file is checked against the config before anything is
@@ -93,16 +109,18 @@ def read_model_dir(directory: str | Path, map_location: str = "cpu"
     """
     directory = Path(directory)
     if not directory.is_dir():
-        raise FileNotFoundError(f"checkpoint directory {directory} not found (or not a "
-                                f"directory)")
+        raise FileNotFoundError(f"checkpoint directory {directory} not found (or not a directory)")
     if not (directory / CONFIG_NAME).exists() and list_checkpoints(directory):
-        raise FileNotFoundError(f"{directory} holds checkpoints but no final model (the run "
-                                f"stopped early); use --run {list_checkpoints(directory)[-1]}, "
-                                f"or finish it with `decoderlm train --resume {directory}`")
+        raise FileNotFoundError(
+            f"{directory} holds checkpoints but no final model (the run "
+            f"stopped early); use --run {list_checkpoints(directory)[-1]}, "
+            f"or finish it with `decoderlm train --resume {directory}`"
+        )
     config = read_json(directory / CONFIG_NAME)
     if not isinstance(config, dict) or not isinstance(config.get("model"), dict):
-        raise ValueError(f"{directory / CONFIG_NAME} has no 'model' entry; is this a decoderlm "
-                         f"run directory?")
+        raise ValueError(
+            f"{directory / CONFIG_NAME} has no 'model' entry; is this a decoderlm run directory?"
+        )
     model_config = ModelConfig.from_dict(config["model"])
     weights = directory / WEIGHTS_NAME
     if not weights.is_file():
@@ -112,8 +130,10 @@ def read_model_dir(directory: str | Path, map_location: str = "cpu"
     in_file = sum(t.numel() for k, t in state.items() if not (tied and k == "lm_head.weight"))
     expected_total = count_parameters(model_config)["total"]
     if in_file != expected_total:
-        raise ValueError(f"{weights} holds {in_file:,} parameters but config.json describes a "
-                         f"model with {expected_total:,}; the two files do not belong together")
+        raise ValueError(
+            f"{weights} holds {in_file:,} parameters but config.json describes a "
+            f"model with {expected_total:,}; the two files do not belong together"
+        )
     return model_config, state
 
 
@@ -125,8 +145,7 @@ def read_safetensors(path: Path, device: str = "cpu") -> dict[str, torch.Tensor]
         raise ValueError(f"{path} is not a readable safetensors file ({e})") from None
 
 
-def load_state(model: torch.nn.Module, state: dict[str, torch.Tensor], source
-               ) -> torch.nn.Module:
+def load_state(model: torch.nn.Module, state: dict[str, torch.Tensor], source) -> torch.nn.Module:
     """Load `state` (our key names) into `model` (a DecoderLM), checked key by key and shape
     by shape first; a tied unembedding may be absent from `state`. Returns the model.
 
@@ -139,11 +158,16 @@ def load_state(model: torch.nn.Module, state: dict[str, torch.Tensor], source
     expected = model.state_dict()
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))
-    shapes = [f"{k}: file {tuple(state[k].shape)} vs model {tuple(expected[k].shape)}"
-              for k in expected if k in state and state[k].shape != expected[k].shape]
+    shapes = [
+        f"{k}: file {tuple(state[k].shape)} vs model {tuple(expected[k].shape)}"
+        for k in expected
+        if k in state and state[k].shape != expected[k].shape
+    ]
     if missing or unexpected or shapes:
-        raise ValueError(f"{source} does not match config.json: missing {missing}, "
-                         f"unexpected {unexpected}, shape mismatches {shapes}")
+        raise ValueError(
+            f"{source} does not match config.json: missing {missing}, "
+            f"unexpected {unexpected}, shape mismatches {shapes}"
+        )
     model.load_state_dict(state)
     return model
 
@@ -153,6 +177,9 @@ def list_checkpoints(run_dir: str | Path) -> list[Path]:
     root = Path(run_dir) / CHECKPOINTS_DIR
     if not root.is_dir():
         return []
-    found = [p for p in root.iterdir() if p.is_dir() and p.name.startswith(_STEP_PREFIX)
-             and p.name[len(_STEP_PREFIX):].isdigit()]
-    return sorted(found, key=lambda p: int(p.name[len(_STEP_PREFIX):]))
+    found = [
+        p
+        for p in root.iterdir()
+        if p.is_dir() and p.name.startswith(_STEP_PREFIX) and p.name[len(_STEP_PREFIX) :].isdigit()
+    ]
+    return sorted(found, key=lambda p: int(p.name[len(_STEP_PREFIX) :]))
