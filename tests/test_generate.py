@@ -1,8 +1,9 @@
 import pytest
 import torch
 
+from decoderlm.generate import filter_logits, generate, sample_next, stream_generate
+
 from conftest import tiny_model
-from decoderlm.generate import filter_logits, generate, sample_next
 
 FOUR = torch.tensor([[0.1, 3.0, 0.2, 2.9]])  # softmax ~ [0.027, 0.495, 0.030, 0.448]
 
@@ -140,3 +141,39 @@ def test_the_pad_id_never_becomes_text():
     # the text API decodes one row that never stops by token id, so no pad is ever decoded
     pieces = list(stream_text(model, chars, [1, 2], 10, temperature=0))
     assert "".join(p[0] for p in pieces) == chars.decode(free[0, 2:])
+
+
+def test_streaming_yields_the_same_tokens_as_generate():
+    model = tiny_model()
+    prompt = torch.randint(0, 65, (2, 4))
+    streamed = torch.stack(list(stream_generate(model, prompt, 12, seed=9, top_k=7)), dim=1)
+    assert torch.equal(
+        torch.cat([prompt, streamed], 1), generate(model, prompt, 12, seed=9, top_k=7)
+    )
+
+
+def test_stop_token_ids_end_rows_early():
+    model = tiny_model()
+    prompt = torch.randint(0, 65, (2, 3))
+    free = generate(model, prompt, 30, do_sample=False)
+    first = free[0, 3 + 4].item()  # stop at row 0's 5th new token
+    out = generate(model, prompt, 30, do_sample=False, stop=[first], pad_token_id=-7)
+    row0 = out[0, 3:].tolist()
+    k = row0.index(first)
+    assert row0[: k + 1] == free[0, 3 : 3 + k + 1].tolist()
+    assert all(t == -7 for t in row0[k + 1 :])
+    stop_pair = free[1, 3 + 5 : 3 + 7].tolist()
+    single = generate(model, prompt[1:], 30, do_sample=False, stop=[stop_pair])
+    assert single[0, -2:].tolist() == stop_pair and single.size(1) <= 3 + 7
+    with pytest.raises(ValueError, match="stop must hold token ids"):
+        generate(model, prompt, 3, stop=[[]])
+
+
+def test_stop_accepts_tensors_and_numpy_integers():
+    import numpy as np
+
+    model = tiny_model()
+    prompt = torch.randint(0, 65, (1, 3))
+    first = generate(model, prompt, 1, do_sample=False)[0, -1].item()
+    for stop in (torch.tensor([first]), [np.int64(first)], [torch.tensor(first)]):
+        assert generate(model, prompt, 10, do_sample=False, stop=stop).size(1) == 4

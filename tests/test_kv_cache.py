@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from decoderlm.generate import generate, stream_generate
+from decoderlm.generate import generate
 from decoderlm.kv_cache import KVCache
 
 from conftest import halved_random_model, randomize, tiny_model
@@ -124,61 +124,6 @@ def test_left_padded_batch_matches_each_prompt_alone(pos):
         generate(model, batch, 2, attention_mask=torch.tensor([[1, 1, 1, 0, 0, 0]] * 2))
 
 
-def test_streaming_yields_the_same_tokens_as_generate():
-    model = tiny_model()
-    prompt = torch.randint(0, 65, (2, 4))
-    streamed = torch.stack(list(stream_generate(model, prompt, 12, seed=9, top_k=7)), dim=1)
-    assert torch.equal(
-        torch.cat([prompt, streamed], 1), generate(model, prompt, 12, seed=9, top_k=7)
-    )
-
-
-def test_stop_token_ids_end_rows_early():
-    model = tiny_model()
-    prompt = torch.randint(0, 65, (2, 3))
-    free = generate(model, prompt, 30, do_sample=False)
-    first = free[0, 3 + 4].item()  # stop at row 0's 5th new token
-    out = generate(model, prompt, 30, do_sample=False, stop=[first], pad_token_id=-7)
-    row0 = out[0, 3:].tolist()
-    k = row0.index(first)
-    assert row0[: k + 1] == free[0, 3 : 3 + k + 1].tolist()
-    assert all(t == -7 for t in row0[k + 1 :])
-    stop_pair = free[1, 3 + 5 : 3 + 7].tolist()
-    single = generate(model, prompt[1:], 30, do_sample=False, stop=[stop_pair])
-    assert single[0, -2:].tolist() == stop_pair and single.size(1) <= 3 + 7
-    with pytest.raises(ValueError, match="stop must hold token ids"):
-        generate(model, prompt, 3, stop=[[]])
-
-
-@pytest.mark.parametrize("out,batch,bias", [(65, 1, False), (50257, 2, False), (2305, 4, True)])
-def test_rowwise_linear_is_the_same_product(out, batch, bias):
-    import torch.nn.functional as F
-
-    from decoderlm.cpu_decode import DecodeLinear, rowwise_linear
-
-    weight, x = torch.randn(out, 32), torch.randn(batch, 1, 32)
-    b = torch.randn(out) if bias else None
-    expected = F.linear(x, weight, b)
-    assert torch.allclose(rowwise_linear(x, weight, b), expected, atol=1e-4, rtol=1e-5)
-    layer = DecodeLinear(32, out, bias=bias)
-    with torch.no_grad():
-        layer.weight.copy_(weight)
-        if bias:
-            layer.bias.copy_(b)
-        assert torch.allclose(layer(x), expected, atol=1e-4, rtol=1e-5)
-    assert torch.equal(layer(x), F.linear(x, layer.weight, layer.bias))  # autograd: plain path
-
-
-def test_stop_accepts_tensors_and_numpy_integers():
-    import numpy as np
-
-    model = tiny_model()
-    prompt = torch.randint(0, 65, (1, 3))
-    first = generate(model, prompt, 1, do_sample=False)[0, -1].item()
-    for stop in (torch.tensor([first]), [np.int64(first)], [torch.tensor(first)]):
-        assert generate(model, prompt, 10, do_sample=False, stop=stop).size(1) == 4
-
-
 @pytest.mark.parametrize("pos", ["learned", "sinusoidal", "rope"])
 def test_compiled_decoding_gives_the_tokens_of_the_full_forward(pos):
     from torch._dynamo.utils import counters
@@ -219,20 +164,3 @@ def test_compiled_bfloat16_steps_give_the_logits_of_eager_steps():
     assert eager.abs().max() > 1  # logits of a sane size, so the tolerance below means something
     assert torch.allclose(compiled, eager, atol=0.05, rtol=0.02)
     assert torch.equal(compiled.argmax(-1), eager.argmax(-1))
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_reduction_linear_is_the_same_product(dtype):
-    import torch.nn.functional as F
-
-    from decoderlm.cpu_decode import reduction_linear
-
-    weight, x, bias = (
-        t.to(dtype) for t in (torch.randn(300, 64), torch.randn(2, 1, 64), torch.randn(300))
-    )
-    y = reduction_linear(x, weight, bias)
-    assert y.dtype == dtype and y.shape == (2, 1, 300)
-    exact = F.linear(x.double(), weight.double(), bias.double())  # of the rounded inputs
-    # no less exact than F.linear in the same dtype (bfloat16 keeps 8 bits of mantissa)
-    tolerance = max(1e-4, 2 * (F.linear(x, weight, bias).double() - exact).abs().max().item())
-    assert (y.double() - exact).abs().max() <= tolerance

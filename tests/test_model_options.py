@@ -2,7 +2,6 @@
 RMSNorm, GELU (exact / tanh) / SwiGLU MLPs, bias, tying."""
 
 import itertools
-import math
 
 import pytest
 import torch
@@ -10,7 +9,6 @@ import torch
 from decoderlm import DecoderLM, ModelConfig
 from decoderlm.analysis import count_parameters
 from decoderlm.model import MLP
-from decoderlm.positions import apply_rope, rope_cos_sin, sinusoidal_positions
 
 from conftest import (
     assert_matches_reference,
@@ -63,30 +61,6 @@ def test_fixed_positions_have_no_parameters(pos):
     assert model.num_parameters() == 104_256 == model.num_parameters(non_embedding=True)
     assert count_parameters(model.config)["total"] == 104_256
     assert not any("pos" in k or "rope" in k for k in model.state_dict())
-
-
-def test_sinusoidal_table_matches_the_formula():
-    pe = sinusoidal_positions(50, 64)
-    for pos, i in [(0, 0), (1, 0), (7, 3), (49, 31), (20, 10)]:
-        angle = pos / 10000 ** (2 * i / 64)
-        assert pe[pos, 2 * i].item() == pytest.approx(math.sin(angle), abs=1e-6)
-        assert pe[pos, 2 * i + 1].item() == pytest.approx(math.cos(angle), abs=1e-6)
-    assert pe[1, 0].item() == pytest.approx(0.841471, abs=1e-6)  # sin(1)
-
-
-def test_rope_is_a_rotation_that_depends_only_on_relative_position():
-    # pitfalls row 32
-    torch.manual_seed(0)
-    cos, sin = rope_cos_sin(32, 16)
-    q, k = torch.randn(2, 1, 1, 1, 16).unbind(0)  # the same q and k at every position
-    q = q.expand(1, 1, 32, 16).contiguous()
-    k = k.expand(1, 1, 32, 16).contiguous()
-    rq, rk = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-    assert torch.allclose(rq[..., 0, :], q[..., 0, :], atol=1e-7)  # identity at position 0
-    assert torch.allclose(rq.norm(dim=-1), q.norm(dim=-1), atol=1e-6)
-    score = lambda m, n: (rq[..., m, :] * rk[..., n, :]).sum().item()  # noqa: E731
-    assert score(5, 3) == pytest.approx(score(12, 10), abs=1e-5)
-    assert score(5, 3) != pytest.approx(score(5, 4), abs=1e-3)
 
 
 @pytest.mark.parametrize("pos", POS)
@@ -177,41 +151,3 @@ def test_bad_options_are_named(kwargs, match):
 
 def test_swiglu_default_width_follows_llama():
     assert ModelConfig(d_model=4096, n_heads=32, mlp="swiglu").d_ff == 11008
-
-
-def test_interleaved_rope_weights_convert_to_the_half_split_layout():
-    # pitfalls row 32: the two pairings agree once the q/k rows are permuted
-    from decoderlm.hf import rope_interleaved_to_half
-
-    torch.manual_seed(0)
-    n_heads, head_dim, d_in, T = 2, 16, 24, 12
-    Wq, Wk = torch.randn(2, n_heads * head_dim, d_in).unbind(0)
-    x = torch.randn(T, d_in)
-    cos, sin = rope_cos_sin(T, head_dim)
-
-    def interleaved(W):  # rotate pairs (2j, 2j + 1) by m * theta_j, written out
-        h = (x @ W.T).view(T, n_heads, head_dim // 2, 2)
-        a, b = h[..., 0], h[..., 1]
-        c, s = cos[:, None, :], sin[:, None, :]
-        return torch.stack([a * c - b * s, a * s + b * c], dim=-1).view(T, n_heads, head_dim)
-
-    def half(W):
-        h = (x @ rope_interleaved_to_half(W, n_heads).T).view(T, n_heads, head_dim)
-        return apply_rope(h.transpose(0, 1)[None], cos, sin)[0].transpose(0, 1)
-
-    scores_interleaved = torch.einsum("thd,shd->hts", interleaved(Wq), interleaved(Wk))
-    scores_half = torch.einsum("thd,shd->hts", half(Wq), half(Wk))
-    assert torch.allclose(scores_interleaved, scores_half, atol=1e-4)
-    assert not torch.allclose(
-        scores_interleaved,
-        torch.einsum(
-            "thd,shd->hts",
-            *(
-                apply_rope((x @ W.T).view(T, n_heads, head_dim).transpose(0, 1)[None], cos, sin)[
-                    0
-                ].transpose(0, 1)
-                for W in (Wq, Wk)
-            ),
-        ),
-        atol=1e-2,
-    )

@@ -1,0 +1,28 @@
+import numpy as np
+import pytest
+
+from decoderlm.plots import plot_attention, plot_loss
+
+
+@pytest.mark.parametrize("n_layers,n_heads", [(3, 2), (2, 3)])
+def test_attention_plot_has_one_labelled_panel_per_layer_and_head(tmp_path, n_layers, n_heads):
+    # pitfalls row 34
+    att = np.random.default_rng(0).random((n_layers, n_heads, 5, 5))
+    fig = plot_attention(att, tmp_path / "att.png")
+    assert (tmp_path / "att.png").stat().st_size > 0
+    axes = fig.axes
+    assert len(axes) == n_layers * n_heads
+    for i, ax in enumerate(axes):
+        layer, head = divmod(i, n_heads)
+        assert ax.get_title() == f"layer {layer}, head {head}"
+        assert np.array_equal(ax.get_images()[0].get_array(), att[layer, head])
+        assert ax.get_xlabel() == "key position" and ax.get_ylabel() == "query position"
+    with pytest.raises(ValueError, match="n_layers, n_heads, T, T"):
+        plot_attention(att[0], tmp_path / "bad.png")
+
+
+def test_loss_plot_is_written(tmp_path):
+    metrics = [{"step": s, "train_loss": 4.0 / s, "lr": 1e-3} for s in range(1, 20)]
+    metrics[-1]["val_loss"] = 0.5
+    plot_loss(metrics, tmp_path / "loss.png")
+    assert (tmp_path / "loss.png").read_bytes()[:4] == b"\x89PNG"
