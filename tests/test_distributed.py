@@ -21,7 +21,8 @@ from safetensors.torch import load_file
 from conftest import tiny_config
 from decoderlm import DecoderLM
 from decoderlm.config import TrainConfig
-from decoderlm.train import init_distributed, train
+from decoderlm.training.loop import train
+from decoderlm.training.parallel import init_distributed
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 TEXT = "".join(chr(33 + (i * 7919) % 60) for i in range(3000))

@@ -13,7 +13,7 @@ import pytest
 import torch
 from conftest import tiny_model
 
-import decoderlm.train as train_module
+import decoderlm.data as data_module
 from decoderlm import (
     ByteTokenizer,
     CharTokenizer,
@@ -30,10 +30,10 @@ from decoderlm.data import (
     load_token_dir,
     windows,
 )
-from decoderlm.evaluation import evaluate_run
+from decoderlm.evaluate import evaluate, evaluate_run
 from decoderlm.prepare import encode_source, prepare, token_dtype
 from decoderlm.tokenizers import DEFAULT_UNK_TOKEN, GPT2Tokenizer, make_tokenizer
-from decoderlm.train import evaluate, run_experiment
+from decoderlm.training.run import run_experiment
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
 SHAKESPEARE = SHARED / "tinyshakespeare" / "input.txt"
@@ -314,7 +314,7 @@ MEMORY_SCRIPT = textwrap.dedent("""
     import numpy as np, torch
     from decoderlm import DecoderLM, ModelConfig
     from decoderlm.data import get_batch, load_token_dir
-    from decoderlm.train import evaluate
+    from decoderlm.evaluate import evaluate
 
     directory, headroom = sys.argv[1], int(sys.argv[2])
     data_kb = next(int(line.split()[1]) for line in open("/proc/self/status")
@@ -391,7 +391,7 @@ def crop_runs(tmp_path_factory):
                               train_overrides=SMALL_TRAIN, device="cpu", progress=False,
                               log=quiet)
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(train_module, "DEFAULT_UNK_TOKEN", None)
+        patch.setattr(data_module, "DEFAULT_UNK_TOKEN", None)
         plain = run_experiment("seed-notebook", out=root / "plain", model_overrides=SMALL,
                                train_overrides=SMALL_TRAIN, device="cpu", progress=False,
                                log=quiet)

@@ -21,7 +21,7 @@ from decoderlm.training.checkpoints import load_trainer_state
 from decoderlm.weights import list_checkpoints
 from decoderlm.cli import main
 from decoderlm.config import TrainConfig
-from decoderlm.train import lr_at
+from decoderlm.training.optim import lr_at
 
 SYMBOLS = [chr(c) for c in range(33, 33 + 64)] + ["\n"]  # 65 distinct characters
 TINY = ["--n-layers", "2", "--n-heads", "4", "--d-model", "64", "--block-size", "32",

@@ -10,7 +10,8 @@ from conftest import tiny_model
 from decoderlm import DecoderLM, load_tokenizer
 from decoderlm.cli import main
 from decoderlm.config import TrainConfig
-from decoderlm.train import evaluate, lr_at
+from decoderlm.evaluate import evaluate
+from decoderlm.training.optim import lr_at
 
 TEXT = ("The quick brown fox jumps over the lazy dog. " * 12
         + "Pack my box with five dozen liquor jugs.\n" * 4)

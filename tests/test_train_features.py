@@ -1,6 +1,7 @@
 """Training settings: prepared token directories, settings files with overrides, gradient
 accumulation, activation checkpointing and torch.compile."""
 
+import copy
 import json
 import math
 
@@ -11,9 +12,11 @@ from conftest import tiny_config
 from decoderlm import DecoderLM
 from decoderlm.cli import main
 from decoderlm.config import TrainConfig
-from decoderlm.evaluation import evaluate_run
+from decoderlm.evaluate import evaluate_run
 from decoderlm.prepare import prepare
-from decoderlm.train import run_experiment, train
+from decoderlm.training.loop import train
+from decoderlm.training.parallel import apply_activation_checkpointing
+from decoderlm.training.run import run_experiment
 
 TEXT = "".join(chr(33 + (i * 7919) % 60) for i in range(3000)) + " caf\u00e9 \u6771\u4eac\n" * 20
 SMALL = dict(n_layers=1, n_heads=2, d_model=16, block_size=16)
@@ -84,12 +87,13 @@ def test_gradient_accumulation_equals_one_larger_batch():
 
 def test_activation_checkpointing_gives_the_same_gradients_and_saves_less():
     torch.manual_seed(0)
-    model = DecoderLM(tiny_config()).train()
+    plain = DecoderLM(tiny_config()).train()
+    wrapped = copy.deepcopy(plain)
+    apply_activation_checkpointing(wrapped)
+    assert list(wrapped.state_dict()) == list(plain.state_dict())  # no wrapper prefix
     idx = torch.randint(0, 65, (4, 32))
     grads, saved = [], []
-    for checkpointing in (False, True):
-        model.activation_checkpointing = checkpointing
-        model.zero_grad()
+    for model in (plain, wrapped):
         sizes = []
 
         def pack(t, sizes=sizes):
@@ -99,10 +103,11 @@ def test_activation_checkpointing_gives_the_same_gradients_and_saves_less():
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             _, loss = model(idx, idx)
         loss.backward()
-        grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
+        grads.append([p.grad.clone() for p in model.parameters()])
         saved.append(sum(sizes))
-    for name, grad in grads[0].items():
-        torch.testing.assert_close(grads[1][name], grad, atol=1e-6, rtol=1e-5)
+    names = [name for name, _ in plain.named_parameters()]
+    for name, grad, checkpointed in zip(names, grads[0], grads[1], strict=True):
+        torch.testing.assert_close(checkpointed, grad, atol=1e-6, rtol=1e-5, msg=name)
     assert saved[1] < saved[0] / 2  # only each block's input (and the head) is kept
 
 

@@ -1,25 +1,72 @@
-"""Score a trained run on a whole split or a text (`decoderlm eval`).
+"""The evaluation loss, and scoring a trained run on a whole split or a text (`decoderlm eval`).
 
-The loss is `train.evaluate`'s: the mean next-token cross-entropy over every non-overlapping
-block_size window of the ids (windows start at 0, T, 2T, ...; deterministic, no dropout), so
-the tokens scored are the n_windows * T targets 1 .. n_windows * T; the few tokens after the
-last full window are not scored, and the report says how many were.
+`evaluate` is the mean next-token cross-entropy over every non-overlapping block_size window
+of the ids (windows start at 0, T, 2T, ...; deterministic, no dropout), so the tokens scored
+are the n_windows * T targets 1 .. n_windows * T; the few tokens after the last full window
+are not scored, and `evaluate_run`'s report says how many were. Training logs the same loss
+on the validation split.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 from pathlib import Path
 
 import numpy as np
+import torch
 
-from .weights import CONFIG_NAME
+from .data import check_split, is_token_dir, load_corpus, load_token_dir, windows
 from .files import read_json
-from .data import is_token_dir, load_token_dir
+from .model import DecoderLM
 from .prepare import encode_source, source_files
 from .tokenizers import CharTokenizer, Tokenizer, load_tokenizer
+from .weights import CONFIG_NAME
 
-__all__ = ["check_vocab", "evaluate_run", "format_report"]
+__all__ = ["LN2", "evaluate", "check_vocab", "evaluate_run", "format_report"]
+
+LN2 = math.log(2.0)  # nats per bit: bits = nats / LN2
+
+
+@torch.no_grad()
+def evaluate(model: DecoderLM, data: torch.Tensor | np.ndarray, max_windows: int | None = None,
+             batch_size: int = 32, autocast=contextlib.nullcontext) -> float:
+    """Mean next-token loss (nats per token) over non-overlapping block_size windows of data.
+
+    Deterministic: the windows start at 0, T, 2T, ... (all of them, or max_windows of them
+    spread evenly over the split). The model runs in eval mode (no dropout) and its previous
+    mode is restored afterwards.
+
+    Args:
+        model: the DecoderLM.
+        data: [N] int64 token ids (or a NumPy array / np.memmap), N > block_size.
+        max_windows: evaluate at most this many windows (None: every window).
+        batch_size: windows per forward pass.
+        autocast: a context-manager factory, e.g. bfloat16 autocast.
+
+    Raises:
+        ValueError: data is too short for one window.
+    """
+    T = model.config.block_size
+    check_split("evaluation", data, T)
+    n_windows = (len(data) - 1) // T
+    starts = torch.arange(n_windows) * T
+    if max_windows is not None and n_windows > max_windows:
+        starts = starts[torch.linspace(0, n_windows - 1, max_windows).long()]
+    was_training = model.training
+    model.eval()
+    total, count = 0.0, 0
+    try:
+        device = model.device
+        for chunk in starts.split(batch_size):
+            x, y = windows(data, chunk, T)
+            with autocast():
+                _, loss = model(x.to(device), y.to(device))
+            total += float(loss) * y.numel()
+            count += y.numel()
+    finally:
+        model.train(was_training)
+    return total / count
 
 
 def check_vocab(tokenizer: Tokenizer, model, source) -> None:
@@ -53,8 +100,6 @@ def _ids_of_data_spec(run: Path, tokenizer: Tokenizer, split: str
             f"prepared token directory")
     if spec.get("token_dir"):
         return _ids_of_token_dir(Path(spec["token_dir"]), tokenizer, split)
-    from .train import load_corpus
-
     _, train_ids, val_ids, source, _ = load_corpus(spec, tokenizer)
     return (val_ids if split == "val" else train_ids), 0, source
 
@@ -93,9 +138,6 @@ def evaluate_run(run: str | Path, data: str | Path | None = None, split: str | N
             no `data`; a text with unknown characters and a char vocabulary without an unknown
             token; ids shorter than block_size + 1.
     """
-    from .model import DecoderLM
-    from .train import LN2, evaluate
-
     run = Path(run)
     if split not in (None, "val", "train"):
         raise ValueError(f"unknown split {split!r}; use 'val' or 'train'")
