@@ -3,7 +3,7 @@
 The package ships the first 300,000 characters of the WikiText-2 (raw) validation split
 (`EMBEDDED_CORPUS`, CC BY-SA 3.0; see corpora/README.md) so the default run needs no network.
 Text becomes token ids, the ids are split into train (first 90%) and validation (last 10%)
-as the seed notebook does, and batches are random contiguous windows of block_size + 1 tokens.
+(the seed experiment's split), and batches are random contiguous windows of block_size + 1 tokens.
 
 Token ids are either a torch tensor or a NumPy array; a prepared token directory
 (`decoderlm prepare`, see prepare.py) is read with `load_token_dir` as read-only np.memmap

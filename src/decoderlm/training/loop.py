@@ -20,7 +20,6 @@ import json
 import math
 import signal
 import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path

@@ -22,11 +22,12 @@ from ..config import ModelConfig, TrainConfig
 from ..data import check_split, data_spec, load_corpus
 from ..evaluate import LN2
 from ..files import atomic_write, read_json
+from ..generate import generate
 from ..model import DecoderLM
 from ..plots import plot_attention, plot_loss
 from ..presets import get_preset
 from ..tokenizers import CharTokenizer, Tokenizer, load_tokenizer
-from ..weights import list_checkpoints, load_model
+from ..weights import list_checkpoints
 from .checkpoints import latest_checkpoint, load_trainer_state
 from .loop import TrainResult, train
 from .parallel import DistInfo, barrier, init_distributed
@@ -220,8 +221,8 @@ def _resume_point(run_dir: Path, info: DistInfo, log):
     latest_checkpoint(run_dir)  # raises a clear error when there is none
     for candidate in reversed(list_checkpoints(run_dir)):
         try:
-            return (candidate, load_trainer_state(candidate), load_model(candidate),
-                    load_tokenizer(candidate))
+            return (candidate, load_trainer_state(candidate),
+                    DecoderLM.from_pretrained(candidate), load_tokenizer(candidate))
         except (ValueError, FileNotFoundError) as e:
             log(f"warning: skipping checkpoint {candidate}: {e}")
             if info.is_main:
@@ -321,7 +322,7 @@ def _save_run(model: DecoderLM, result: TrainResult, plan: RunPlan, info: DistIn
               device: torch.device, log) -> None:
     """Write the trained model, its tokenizer and the artifacts into the run directory (rank
     0). Under torchrun the full weights are read back from the last checkpoint."""
-    final = load_model(result.checkpoint, map_location=str(device)) \
+    final = DecoderLM.from_pretrained(result.checkpoint, map_location=str(device)) \
         if info.world_size > 1 else model
     final.save_pretrained(plan.out_dir, plan.extra)
     plan.tokenizer.save_pretrained(plan.out_dir)
@@ -369,5 +370,5 @@ def _write_artifacts(model: DecoderLM, tokenizer, cfg: TrainConfig, metrics: lis
         log(f"note: sample_prompt {cfg.sample_prompt!r} has characters outside the vocabulary; "
             f"samples.txt starts from the first validation token instead")
     idx = torch.tensor([prompt or window[0, :1].tolist()], dtype=torch.long)
-    out = model.generate(idx.to(model.device), cfg.sample_chars, seed=cfg.seed)
+    out = generate(model, idx.to(model.device), cfg.sample_chars, seed=cfg.seed)
     (out_dir / "samples.txt").write_text(tokenizer.decode(out[0]), encoding="utf-8")
