@@ -1,6 +1,7 @@
-"""Checkpoints and exact resume: pitfalls rows 19, 28 and 29, SIGKILL / SIGTERM, torn writes.
+"""Checkpoints and exact resume (TrainState): stop and resume, SIGKILL / SIGTERM / SIGINT, the
+float16 loss scaler, weights-only loading, torn writes.
 
-Every run here is the pitfalls table's TINY model (vocab 65, block 32, 2 layers, 4 heads,
+Every run here is the TINY model (vocab 65, block 32, 2 layers, 4 heads,
 d_model 64) on a fixed 2,000-character corpus of 65 symbols, float32 on the CPU, with dropout
 so that the torch RNG state matters too. The oracle is an uninterrupted run of the same
 settings: a resumed run must log the same losses and end with the same weights, bit for bit.
@@ -79,7 +80,7 @@ def assert_same_run(a, b):
 
 @pytest.fixture(scope="module")
 def uninterrupted(corpus, tmp_path_factory):
-    """Run A of pitfalls row 19: 20 steps, cosine to 1e-4 by step 20."""
+    """Run A: 20 steps, cosine to 1e-4 by step 20."""
     out = tmp_path_factory.mktemp("a") / "run"
     assert main(["train", "--data", str(corpus), "--out", str(out), *TINY,
                  "--max-steps", "20", "--decay-steps", "20"]) == 0
@@ -88,7 +89,7 @@ def uninterrupted(corpus, tmp_path_factory):
 
 def test_stop_after_10_steps_and_resume_in_a_new_process_is_exact(corpus, uninterrupted,
                                                                    tmp_path):
-    # pitfalls row 19: run B trains 10 steps, saves, and resumes in a new process
+    # run B trains 10 steps, saves, and resumes in a new process
     out = tmp_path / "run"
     first = cli("train", "--data", corpus, "--out", out, *TINY, "--max-steps", "10",
                 "--decay-steps", "20")
@@ -198,7 +199,6 @@ def test_damaged_and_missing_checkpoints_give_clear_errors(corpus, tmp_path, cap
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
 def test_loss_scaler_only_for_float16_and_saved_with_the_checkpoint(corpus, tmp_path, dtype):
-    # pitfalls row 28
     out = tmp_path / "run"
     args = ["train", "--data", str(corpus), "--out", str(out), *TINY, "--dtype", dtype]
     assert main([*args, "--max-steps", "5", "--decay-steps", "7"]) == 0
@@ -215,7 +215,6 @@ def test_loss_scaler_only_for_float16_and_saved_with_the_checkpoint(corpus, tmp_
 
 
 def test_checkpoints_load_with_weights_only_and_unsafe_pickles_are_refused(corpus, tmp_path):
-    # pitfalls row 29
     out = tmp_path / "run"
     assert main(["train", "--data", str(corpus), "--out", str(out), *TINY,
                  "--max-steps", "2"]) == 0
