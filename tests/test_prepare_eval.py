@@ -11,14 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import tiny_model
 
-from decoderlm import (
-    ByteTokenizer,
-    CharTokenizer,
-    UnknownCharacterError,
-    load_tokenizer,
-)
+from decoderlm import ByteTokenizer, CharTokenizer, UnknownCharacterError, load_tokenizer
 from decoderlm.cli import main
 from decoderlm.data import (
     EMBEDDED_CORPUS,
@@ -31,6 +25,8 @@ from decoderlm.data import (
 from decoderlm.evaluate import evaluate
 from decoderlm.prepare import encode_source, prepare, token_dtype
 from decoderlm.tokenizers import DEFAULT_UNK_TOKEN, GPT2Tokenizer, make_tokenizer
+
+from conftest import tiny_model
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
 SHAKESPEARE = SHARED / "tinyshakespeare" / "input.txt"

@@ -5,9 +5,10 @@ import sys
 
 import pytest
 
-from conftest import tiny_model
 from decoderlm import DecoderLM, load_tokenizer
 from decoderlm.cli import main
+
+from conftest import tiny_model
 
 TEXT = ("The quick brown fox jumps over the lazy dog. " * 12
         + "Pack my box with five dozen liquor jugs.\n" * 4)

@@ -3,10 +3,11 @@
 import pytest
 import torch
 
-from conftest import tiny_config
 from decoderlm import DecoderLM
 from decoderlm.config import TrainConfig
 from decoderlm.training.loop import train
+
+from conftest import tiny_config
 
 
 def test_gradient_accumulation_equals_one_larger_batch():
@@ -15,8 +16,15 @@ def test_gradient_accumulation_equals_one_larger_batch():
     for batch_size, accumulation in ((8, 1), (4, 2), (2, 4)):
         torch.manual_seed(0)
         model = DecoderLM(tiny_config())
-        cfg = TrainConfig(batch_size=batch_size, grad_accum_steps=accumulation, max_steps=4,
-                          lr=1e-3, log_interval=1, eval_interval=100, eval_batches=1)
+        cfg = TrainConfig(
+            batch_size=batch_size,
+            grad_accum_steps=accumulation,
+            max_steps=4,
+            lr=1e-3,
+            log_interval=1,
+            eval_interval=100,
+            eval_batches=1,
+        )
         result = train(model, cfg, data[:2700], data[2700:], progress=False)
         runs.append(([r["train_loss"] for r in result.metrics], model.state_dict()))
     for losses, state in runs[1:]:

@@ -15,6 +15,7 @@ def test_cosine_schedule_matches_the_formula():
     assert lr_at(10, cfg) == pytest.approx(1e-3)
     mid = 10 + 99 / 2
     assert lr_at(int(mid), cfg) == pytest.approx(
-        1e-4 + 0.5 * 9e-4 * (1 + math.cos(math.pi * (int(mid) - 10) / 99)))
+        1e-4 + 0.5 * 9e-4 * (1 + math.cos(math.pi * (int(mid) - 10) / 99))
+    )
     assert lr_at(109, cfg) == pytest.approx(1e-4)
     assert lr_at(50, TrainConfig(lr=2e-4, min_lr=2e-4, schedule="constant")) == 2e-4

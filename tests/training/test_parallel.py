@@ -22,19 +22,48 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from safetensors.torch import load_file
 
-from conftest import tiny_config
 from decoderlm import DecoderLM
 from decoderlm.config import TrainConfig
 from decoderlm.training.loop import train
-from decoderlm.training.parallel import (apply_activation_checkpointing, choose_attention,
-                                        init_distributed)
+from decoderlm.training.parallel import (
+    apply_activation_checkpointing,
+    choose_attention,
+    init_distributed,
+)
+
+from conftest import tiny_config
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 TEXT = "".join(chr(33 + (i * 7919) % 60) for i in range(3000))
-SMALL = ["--n-layers", "2", "--n-heads", "2", "--d-model", "32", "--block-size", "16",
-         "--dropout", "0", "--dtype", "float32", "--max-steps", "6", "--eval-interval", "3",
-         "--log-interval", "1", "--no-progress", "--sample-chars", "5", "--lr", "3e-3",
-         "--warmup-steps", "2", "--schedule", "cosine"]
+SMALL = [
+    "--n-layers",
+    "2",
+    "--n-heads",
+    "2",
+    "--d-model",
+    "32",
+    "--block-size",
+    "16",
+    "--dropout",
+    "0",
+    "--dtype",
+    "float32",
+    "--max-steps",
+    "6",
+    "--eval-interval",
+    "3",
+    "--log-interval",
+    "1",
+    "--no-progress",
+    "--sample-chars",
+    "5",
+    "--lr",
+    "3e-3",
+    "--warmup-steps",
+    "2",
+    "--schedule",
+    "cosine",
+]
 
 
 def losses(run_dir):
@@ -48,15 +77,52 @@ def test_two_processes_with_batch_b_equal_one_process_with_batch_2b(tmp_path, sh
     data = tmp_path / "text.txt"
     data.write_text(TEXT, encoding="utf-8")
     one, two = tmp_path / "one", tmp_path / "two"
-    single = subprocess.run([sys.executable, "-m", "decoderlm", "train", "--data", str(data),
-                             "--out", str(one), *SMALL, "--batch-size", "4"],
-                            env=ENV, capture_output=True, text=True, timeout=300)
+    single = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "decoderlm",
+            "train",
+            "--data",
+            str(data),
+            "--out",
+            str(one),
+            *SMALL,
+            "--batch-size",
+            "4",
+        ],
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert single.returncode == 0, single.stderr
     extra = ["--fsdp"] if sharding == "fsdp" else []
-    pair = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                           "--nproc_per_node", "2", "-m", "decoderlm", "train", "--data",
-                           str(data), "--out", str(two), *SMALL, "--batch-size", "2", *extra],
-                          env=ENV, capture_output=True, text=True, timeout=300)
+    pair = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            "-m",
+            "decoderlm",
+            "train",
+            "--data",
+            str(data),
+            "--out",
+            str(two),
+            *SMALL,
+            "--batch-size",
+            "2",
+            *extra,
+        ],
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert pair.returncode == 0, pair.stderr
     assert "x 2 processes" in pair.stdout and pair.stdout.count("final validation loss") == 1
     assert losses(one) == pytest.approx(losses(two), abs=1e-5)
@@ -71,9 +137,19 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-CFG = dict(batch_size=2, grad_accum_steps=4, max_steps=3, lr=1e-3, warmup_steps=0,
-           schedule="constant", log_interval=1, eval_interval=100, eval_batches=1,
-           dtype="float32", seed=3)
+CFG = dict(
+    batch_size=2,
+    grad_accum_steps=4,
+    max_steps=3,
+    lr=1e-3,
+    warmup_steps=0,
+    schedule="constant",
+    log_interval=1,
+    eval_interval=100,
+    eval_batches=1,
+    dtype="float32",
+    seed=3,
+)
 
 
 def _accumulating_rank(rank, world, port, out_dir, data):
@@ -82,24 +158,36 @@ def _accumulating_rank(rank, world, port, out_dir, data):
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
     torch.set_num_threads(1)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                      LOCAL_RANK=str(rank), WORLD_SIZE=str(world))
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(world),
+    )
     calls = []
     plain_ddp = torch.nn.parallel.DistributedDataParallel
 
     class CountingDDP(plain_ddp):  # counts gradient all-reduces
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
-            self.register_comm_hook(None, lambda state, bucket: (calls.append(1),
-                                                                 allreduce_hook(state, bucket))[1])
+            self.register_comm_hook(
+                None, lambda state, bucket: (calls.append(1), allreduce_hook(state, bucket))[1]
+            )
 
     torch.nn.parallel.DistributedDataParallel = CountingDDP
     info, _ = init_distributed("cpu")
     torch.manual_seed(0)
     model = DecoderLM(tiny_config())
     result = train(model, TrainConfig(**CFG), data[:1800], data[1800:], progress=False, info=info)
-    torch.save({"params": model.state_dict(), "losses": [r["train_loss"] for r in result.metrics],
-                "all_reduces": len(calls)}, out_dir / f"rank{rank}.pt")
+    torch.save(
+        {
+            "params": model.state_dict(),
+            "losses": [r["train_loss"] for r in result.metrics],
+            "all_reduces": len(calls),
+        },
+        out_dir / f"rank{rank}.pt",
+    )
     dist.destroy_process_group()
 
 
@@ -110,8 +198,9 @@ def test_gradient_accumulation_syncs_once_per_step_and_matches_one_process(tmp_p
     ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(2)]
     torch.manual_seed(0)
     reference = DecoderLM(tiny_config())  # one process, the same 16 sequences per step
-    result = train(reference, TrainConfig(**{**CFG, "batch_size": 4}), data[:1800],
-                   data[1800:], progress=False)
+    result = train(
+        reference, TrainConfig(**{**CFG, "batch_size": 4}), data[:1800], data[1800:], progress=False
+    )
     expected = [r["train_loss"] for r in result.metrics]
     assert ranks[0]["losses"] == ranks[1]["losses"]  # the logged loss is the global mean
     assert ranks[0]["losses"] == pytest.approx(expected, abs=1e-6)
@@ -157,8 +246,15 @@ def test_compiled_training_matches_eager(tmp_path):
     for compiled in (False, True):
         torch.manual_seed(0)
         model = DecoderLM(tiny_config(n_layers=1))
-        cfg = TrainConfig(batch_size=4, max_steps=3, lr=1e-3, log_interval=1,
-                          eval_interval=100, eval_batches=1, compile=compiled)
+        cfg = TrainConfig(
+            batch_size=4,
+            max_steps=3,
+            lr=1e-3,
+            log_interval=1,
+            eval_interval=100,
+            eval_batches=1,
+            compile=compiled,
+        )
         result = train(model, cfg, data[:1800], data[1800:], progress=False)
         losses.append([r["train_loss"] for r in result.metrics])
     assert all(math.isfinite(v) for v in losses[1])

@@ -22,9 +22,16 @@ def test_training_reads_a_prepared_token_directory(tmp_path, kind):
     source = tmp_path / "text.txt"
     source.write_text(TEXT * (3 if kind == "gpt2" else 1), encoding="utf-8")
     prepare([source], kind, tmp_path / "tokens", log=quiet)
-    summary = run_experiment("seed-notebook", data=tmp_path / "tokens", out=tmp_path / "run",
-                             model_overrides=SMALL, train_overrides=FAST, device="cpu",
-                             progress=False, log=quiet)
+    summary = run_experiment(
+        "seed-notebook",
+        data=tmp_path / "tokens",
+        out=tmp_path / "run",
+        model_overrides=SMALL,
+        train_overrides=FAST,
+        device="cpu",
+        progress=False,
+        log=quiet,
+    )
     config = json.loads((tmp_path / "run" / "config.json").read_text())
     assert config["data_spec"]["token_dir"] == str((tmp_path / "tokens").resolve())
     assert config["model"]["vocab_size"] == {"byte": 256, "gpt2": 50257}[kind]

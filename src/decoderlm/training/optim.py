@@ -58,5 +58,4 @@ def configure_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim
         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
     ]
     fused = not cfg.fsdp and all(p.device.type in ("cpu", "cuda") for p in params)
-    return torch.optim.AdamW(groups, lr=lr_at(0, cfg), betas=(cfg.beta1, cfg.beta2),
-                             fused=fused)
+    return torch.optim.AdamW(groups, lr=lr_at(0, cfg), betas=(cfg.beta1, cfg.beta2), fused=fused)

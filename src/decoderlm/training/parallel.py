@@ -23,9 +23,18 @@ from torch.distributed.fsdp import fully_shard
 from ..config import TrainConfig
 from ..model import DecoderLM
 
-__all__ = ["DistInfo", "init_distributed", "Parallelized", "parallelize", "choose_attention",
-           "apply_activation_checkpointing", "gradient_sync", "agree_across_ranks",
-           "gather_across_ranks", "barrier"]
+__all__ = [
+    "DistInfo",
+    "init_distributed",
+    "Parallelized",
+    "parallelize",
+    "choose_attention",
+    "apply_activation_checkpointing",
+    "gradient_sync",
+    "agree_across_ranks",
+    "gather_across_ranks",
+    "barrier",
+]
 
 
 @dataclass(frozen=True)
@@ -104,8 +113,9 @@ class Parallelized:
     fsdp: bool = False
 
 
-def parallelize(model: DecoderLM, cfg: TrainConfig, info: DistInfo,
-                device: torch.device) -> Parallelized:
+def parallelize(
+    model: DecoderLM, cfg: TrainConfig, info: DistInfo, device: torch.device
+) -> Parallelized:
     """Apply cfg's speed and scale settings to `model` (in place) for training on `device`:
     the attention choice, activation checkpointing, FSDP2 or DDP (several processes), then
     torch.compile outside them.
@@ -119,15 +129,15 @@ def parallelize(model: DecoderLM, cfg: TrainConfig, info: DistInfo,
     ddp = None
     if cfg.fsdp:
         if info.world_size == 1 and not dist.is_initialized():
-            raise ValueError("fsdp needs several processes: run under torchrun, or set "
-                             "fsdp false")
+            raise ValueError("fsdp needs several processes: run under torchrun, or set fsdp false")
         for block in model.blocks:
             fully_shard(block)
         fully_shard(model)
         step_module = model
     elif info.world_size > 1:
         ddp = torch.nn.parallel.DistributedDataParallel(
-            model, device_ids=[device.index] if device.type == "cuda" else None)
+            model, device_ids=[device.index] if device.type == "cuda" else None
+        )
         step_module = ddp
     else:
         step_module = model

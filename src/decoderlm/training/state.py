@@ -18,9 +18,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_state_dict,
-                                                     set_model_state_dict,
-                                                     set_optimizer_state_dict)
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
 
 from ..config import TrainConfig
 from ..model import DecoderLM
@@ -36,20 +39,33 @@ _FULL = StateDictOptions(full_state_dict=True)
 def rng_state() -> dict:
     """Every RNG this process draws from: Python, NumPy, torch CPU and CUDA."""
     np_state = np.random.get_state(legacy=False)
-    return {"python": random.getstate(),
-            "numpy": {**np_state, "state": {"key": torch.from_numpy(
-                np_state["state"]["key"].astype(np.int64)), "pos": np_state["state"]["pos"]}},
-            "torch": torch.get_rng_state(),
-            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
+    return {
+        "python": random.getstate(),
+        "numpy": {
+            **np_state,
+            "state": {
+                "key": torch.from_numpy(np_state["state"]["key"].astype(np.int64)),
+                "pos": np_state["state"]["pos"],
+            },
+        },
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+    }
 
 
 def set_rng_state(state: dict) -> None:
     """Restore the RNG states saved by `rng_state`."""
     random.setstate(state["python"])
     np_state = state["numpy"]
-    np.random.set_state({**np_state, "state": {
-        "key": np_state["state"]["key"].numpy().astype(np.uint32),
-        "pos": np_state["state"]["pos"]}})
+    np.random.set_state(
+        {
+            **np_state,
+            "state": {
+                "key": np_state["state"]["key"].numpy().astype(np.uint32),
+                "pos": np_state["state"]["pos"],
+            },
+        }
+    )
     torch.set_rng_state(state["torch"])
     if state["cuda"] and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
@@ -67,14 +83,26 @@ class TrainState:
         tokens_per_step: training tokens per optimizer step, all ranks together.
     """
 
-    def __init__(self, model: DecoderLM, optimizer: torch.optim.Optimizer,
-                 scaler: torch.amp.GradScaler, generator: torch.Generator, cfg: TrainConfig,
-                 info: DistInfo, log=print):
-        self.model, self.optimizer, self.scaler, self.generator = (model, optimizer, scaler,
-                                                                   generator)
+    def __init__(
+        self,
+        model: DecoderLM,
+        optimizer: torch.optim.Optimizer,
+        scaler: torch.amp.GradScaler,
+        generator: torch.Generator,
+        cfg: TrainConfig,
+        info: DistInfo,
+        log=print,
+    ):
+        self.model, self.optimizer, self.scaler, self.generator = (
+            model,
+            optimizer,
+            scaler,
+            generator,
+        )
         self.cfg, self.info, self.log = cfg, info, log
-        self.tokens_per_step = (cfg.batch_size * cfg.grad_accum_steps * info.world_size
-                                * model.config.block_size)
+        self.tokens_per_step = (
+            cfg.batch_size * cfg.grad_accum_steps * info.world_size * model.config.block_size
+        )
         self.step, self.loss_sum, self.loss_n = 0, 0.0, 0
         self._elapsed_before, self._start = 0.0, time.perf_counter()
 
@@ -111,15 +139,24 @@ class TrainState:
         the model's full state dict on the CPU. Every rank must call it (it gathers FSDP's
         shards and every rank's RNG state)."""
         model_state, optim_state = get_state_dict(
-            self.model, self.optimizer,
-            options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-        return {"step": self.step, "tokens": self.tokens, "elapsed_s": self.elapsed(),
-                "loss_sum": self.loss_sum, "loss_n": self.loss_n, "optimizer": optim_state,
-                "data_sampler": self.generator.get_state(),
-                "rng": gather_across_ranks(rng_state(), self.info),
-                "scaler": self.scaler.state_dict() if self.scaler.is_enabled() else {},
-                "world_size": self.info.world_size, "train": self.cfg.to_dict(),
-                "model": model_state}
+            self.model,
+            self.optimizer,
+            options=StateDictOptions(full_state_dict=True, cpu_offload=True),
+        )
+        return {
+            "step": self.step,
+            "tokens": self.tokens,
+            "elapsed_s": self.elapsed(),
+            "loss_sum": self.loss_sum,
+            "loss_n": self.loss_n,
+            "optimizer": optim_state,
+            "data_sampler": self.generator.get_state(),
+            "rng": gather_across_ranks(rng_state(), self.info),
+            "scaler": self.scaler.state_dict() if self.scaler.is_enabled() else {},
+            "world_size": self.info.world_size,
+            "train": self.cfg.to_dict(),
+            "model": model_state,
+        }
 
     def load_state_dict(self, state: dict) -> None:
         """Restore a state written by `state_dict` (or a checkpoint's trainer_state.pt, whose
@@ -136,9 +173,11 @@ class TrainState:
             self.scaler.load_state_dict(state["scaler"])
         rngs = state["rng"]
         if len(rngs) != self.info.world_size:
-            self.log(f"warning: the checkpoint was written by {len(rngs)} process(es) and this "
-                     f"run has {self.info.world_size}; dropout draws differ from an "
-                     f"uninterrupted run")
+            self.log(
+                f"warning: the checkpoint was written by {len(rngs)} process(es) and this "
+                f"run has {self.info.world_size}; dropout draws differ from an "
+                f"uninterrupted run"
+            )
         set_rng_state(rngs[self.info.rank % len(rngs)])
 
     def save(self, run_dir: Path, files: dict | None = None) -> Path | None:
@@ -158,14 +197,21 @@ class TrainState:
             files = files or {}
             model_state = state.pop("model")
             try:
-                path = save_checkpoint(run_dir, self.step, {
-                    "model": (model_state, self.model.config, files.get("extra")),
-                    "tokenizer": files.get("tokenizer"), "trainer_state": state},
-                    self.cfg.keep_checkpoints)
+                path = save_checkpoint(
+                    run_dir,
+                    self.step,
+                    {
+                        "model": (model_state, self.model.config, files.get("extra")),
+                        "tokenizer": files.get("tokenizer"),
+                        "trainer_state": state,
+                    },
+                    self.cfg.keep_checkpoints,
+                )
             except OSError as e:
                 last_good = list_checkpoints(run_dir)[-1:]
-                raise OSError(f"saving the checkpoint of step {self.step} failed: {e}"
-                              + (f"; the last good checkpoint is {last_good[0]}"
-                                 if last_good else "")) from None
+                raise OSError(
+                    f"saving the checkpoint of step {self.step} failed: {e}"
+                    + (f"; the last good checkpoint is {last_good[0]}" if last_good else "")
+                ) from None
         barrier(self.info)
         return path
