@@ -7,6 +7,7 @@ so that the torch RNG state matters too. The oracle is an uninterrupted run of t
 settings: a resumed run must log the same losses and end with the same weights, bit for bit.
 """
 
+import copy
 import json
 import os
 import signal
@@ -18,11 +19,17 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from decoderlm import DecoderLM
 from decoderlm.cli import main
 from decoderlm.config import TrainConfig
 from decoderlm.training.checkpoints import load_trainer_state
-from decoderlm.training.optim import lr_at
+from decoderlm.training.loop import micro_batches, train_step
+from decoderlm.training.optim import configure_optimizer, lr_at
+from decoderlm.training.parallel import DistInfo, Parallelized
+from decoderlm.training.state import TrainState
 from decoderlm.weights import list_checkpoints
+
+from conftest import tiny_config
 
 SYMBOLS = [chr(c) for c in range(33, 33 + 64)] + ["\n"]  # 65 distinct characters
 TINY = [
@@ -421,3 +428,38 @@ def test_resume_finishes_a_run_stopped_after_its_last_step_and_survives_damage(
     # the damaged one is kept aside, out of the rotation; the two newest good ones remain
     assert [p.name for p in list_checkpoints(out)] == ["step-00000005", "step-00000006"]
     assert (out / "checkpoints" / "damaged-step-00000004").is_dir()
+
+
+def test_train_state_round_trip_continues_exactly():
+    """state_dict() after two steps, loaded into another model's TrainState, continues with
+    the same losses and weights as the original: model, optimizer, window generator and
+    dropout RNG all come back."""
+    cfg = TrainConfig(batch_size=2, max_steps=4, lr=1e-3, dtype="float32")
+    data = torch.randint(0, 65, (500,), generator=torch.Generator().manual_seed(0))
+
+    def new_state(seed):
+        torch.manual_seed(seed)
+        model = DecoderLM(tiny_config(dropout=0.1)).train()
+        scaler = torch.amp.GradScaler("cpu", enabled=False)
+        generator = torch.Generator().manual_seed(cfg.seed)
+        optimizer = configure_optimizer(model, cfg)
+        return TrainState(model, optimizer, scaler, generator, cfg, DistInfo())
+
+    def steps(state, n):
+        par = Parallelized(state.model, state.model.device, state.model)
+        losses = []
+        for _ in range(n):
+            batches = micro_batches(data, state.generator, cfg, state.info, 32)
+            losses.append(train_step(par, state.optimizer, state.scaler, batches, cfg).item())
+            state.add_loss(losses[-1])
+        return losses
+
+    a = new_state(0)
+    steps(a, 2)
+    saved = copy.deepcopy(a.state_dict())
+    expected = steps(a, 2)
+    b = new_state(1)
+    b.load_state_dict(saved)
+    assert b.step == 2 and steps(b, 2) == expected
+    for name, value in a.model.state_dict().items():
+        assert torch.equal(b.model.state_dict()[name], value), name

@@ -93,12 +93,8 @@ class TrainState:
         info: DistInfo,
         log=print,
     ):
-        self.model, self.optimizer, self.scaler, self.generator = (
-            model,
-            optimizer,
-            scaler,
-            generator,
-        )
+        self.model, self.optimizer = model, optimizer
+        self.scaler, self.generator = scaler, generator
         self.cfg, self.info, self.log = cfg, info, log
         self.tokens_per_step = (
             cfg.batch_size * cfg.grad_accum_steps * info.world_size * model.config.block_size
