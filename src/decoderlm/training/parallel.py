@@ -1,11 +1,12 @@
 """Speed and scale, applied to the model from outside: the attention kernel for bfloat16 on
 the CPU, activation checkpointing, torch.compile, and DDP / FSDP2 under torchrun.
 
-`parallelize` applies them in one place, in this order (as torchtitan does): activation
-checkpointing wraps each block, FSDP2 shards each block then the root in place (or DDP wraps
-the model), and torch.compile goes outside all of them. The model's state dict keeps its
-plain keys throughout: the checkpoint wrapper strips its own prefix, and DDP's and compile's
-are stripped by `weights.normalize_state_dict`.
+`parallelize` applies them in one place, as torchtitan's parallelize function does, in this
+order: the attention choice, activation checkpointing (each block wrapped), then FSDP2 (each
+block, then the root, sharded in place) or DDP (the model wrapped), and torch.compile last,
+around the DDP / FSDP2 module (torchtitan compiles each block before sharding instead).
+The model's state dict keeps its plain keys throughout: the checkpoint wrapper strips its own
+prefix, and DDP's and compile's are stripped by `weights.normalize_state_dict`.
 """
 
 from __future__ import annotations
