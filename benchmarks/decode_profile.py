@@ -16,6 +16,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from decoderlm import DecoderLM, ModelConfig
+from decoderlm.generate import generate
 
 
 def main() -> None:
@@ -34,12 +35,12 @@ def main() -> None:
     model = DecoderLM(config).eval().to(getattr(torch, args.dtype))
     prompt = torch.randint(0, 50257, (1, 32))
     for _ in range(2):
-        model.generate(prompt, 64, do_sample=False)
+        generate(model, prompt, 64, do_sample=False)
     start = time.perf_counter()
-    model.generate(prompt, 256, do_sample=False)
+    generate(model, prompt, 256, do_sample=False)
     print(f"{args.dtype}: {256 / (time.perf_counter() - start):.1f} tokens/s")
     with profile(activities=[ProfilerActivity.CPU]) as prof:
-        model.generate(prompt, 128, do_sample=False)
+        generate(model, prompt, 128, do_sample=False)
     print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12))
 
 

@@ -23,7 +23,7 @@ from train_speed import RECIPE, SHAKESPEARE
 def main() -> None:
     from decoderlm import DecoderLM
     from decoderlm.data import get_batch, load_token_dir
-    from decoderlm.evaluation import evaluate_run
+    from decoderlm.evaluate import evaluate_run
 
     with tempfile.TemporaryDirectory() as work:
         tokens = Path(work) / "shakespeare_char"

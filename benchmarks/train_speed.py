@@ -68,7 +68,7 @@ def recipe(data: Path, work: Path) -> None:
 
 
 def _final_val_loss(run: Path) -> float:
-    from decoderlm.evaluation import evaluate_run
+    from decoderlm.evaluate import evaluate_run
 
     return evaluate_run(run, split="val")["nats_per_token"]
 
@@ -93,7 +93,7 @@ def _steps_per_s(model, cfg_dtype: str, compiled: bool, batch: int, steps: int, 
     import torch
 
     from decoderlm.config import TrainConfig
-    from decoderlm.train import configure_optimizer
+    from decoderlm.training.optim import configure_optimizer
 
     optimizer = configure_optimizer(model, TrainConfig(lr=1e-4))
     step_model = torch.compile(model) if compiled else model
@@ -143,7 +143,7 @@ import json, sys, time
 import torch
 from decoderlm import DecoderLM, ModelConfig
 from decoderlm.config import TrainConfig
-from decoderlm.train import configure_optimizer
+from decoderlm.training.optim import configure_optimizer
 def status(key):  # bytes, from /proc/self/status
     for line in open("/proc/self/status"):
         if line.startswith(key + ":"):

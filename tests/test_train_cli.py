@@ -4,13 +4,11 @@ import subprocess
 import sys
 
 import pytest
-import torch
 
-from conftest import tiny_model
 from decoderlm import DecoderLM, load_tokenizer
 from decoderlm.cli import main
-from decoderlm.config import TrainConfig
-from decoderlm.train import evaluate, lr_at
+
+from conftest import tiny_model
 
 TEXT = ("The quick brown fox jumps over the lazy dog. " * 12
         + "Pack my box with five dozen liquor jugs.\n" * 4)
@@ -25,33 +23,6 @@ def train_small(tmp_path, *extra, expect: int = 0) -> tuple:
     out = tmp_path / "run"
     assert main(["train", "--data", str(data), "--out", str(out), *SMALL, *extra]) == expect
     return data, out
-
-
-def test_cosine_schedule_matches_the_formula():
-    cfg = TrainConfig(lr=1e-3, min_lr=1e-4, warmup_steps=10, max_steps=110, schedule="cosine")
-    assert lr_at(0, cfg) == pytest.approx(1e-4)
-    assert lr_at(9, cfg) == pytest.approx(1e-3)
-    assert lr_at(10, cfg) == pytest.approx(1e-3)
-    mid = 10 + 99 / 2
-    assert lr_at(int(mid), cfg) == pytest.approx(
-        1e-4 + 0.5 * 9e-4 * (1 + math.cos(math.pi * (int(mid) - 10) / 99)))
-    assert lr_at(109, cfg) == pytest.approx(1e-4)
-    assert lr_at(50, TrainConfig(lr=2e-4, min_lr=2e-4, schedule="constant")) == 2e-4
-
-
-def test_evaluate_is_deterministic_and_restores_train_mode():
-    # pitfalls row 17 (c)
-    model = tiny_model(dropout=0.2).train()
-    data = torch.randint(0, 65, (500,))
-    a, b = evaluate(model, data), evaluate(model, data)
-    assert a == b and model.training
-    T = model.config.block_size
-    n = (len(data) - 1) // T
-    windows = data[: n * T + 1]
-    x = torch.stack([windows[i * T:(i + 1) * T] for i in range(n)])
-    y = torch.stack([windows[i * T + 1:(i + 1) * T + 1] for i in range(n)])
-    model.eval()
-    assert a == pytest.approx(model(x, y)[1].item(), rel=1e-6)
 
 
 def test_train_writes_a_complete_run_and_sample_is_reproducible(tmp_path, capsys):

@@ -239,7 +239,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _cmd_train(args) -> int:
     from .config import load_settings_file
-    from .train import run_experiment
+    from .training.run import run_experiment
 
     settings = load_settings_file(args.config) if args.config else {}
     overrides = {"model": dict(settings.get("model", {})), "train": dict(settings.get("train", {}))}
@@ -275,7 +275,7 @@ def _cmd_prepare(args) -> int:
 def _cmd_eval(args) -> int:
     import json
 
-    from .evaluation import evaluate_run, format_report
+    from .evaluate import evaluate_run, format_report
 
     report = evaluate_run(args.run, args.data, args.split, args.device, args.batch_size)
     print(json.dumps(report, indent=2, ensure_ascii=False) if args.json
@@ -285,7 +285,7 @@ def _cmd_eval(args) -> int:
 
 def _load_model_and_tokenizer(args):
     """The model and tokenizer of --run DIR or --hf DIR, checked to belong together."""
-    from .evaluation import check_vocab
+    from .evaluate import check_vocab
     from .model import DecoderLM
     from .tokenizers import GPT2Tokenizer, load_tokenizer
 

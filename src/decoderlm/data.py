@@ -14,6 +14,7 @@ they return.
 from __future__ import annotations
 
 import codecs
+import hashlib
 import io
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -24,10 +25,11 @@ import numpy as np
 import torch
 
 from .files import read_json
+from .tokenizers import DEFAULT_UNK_TOKEN, CharTokenizer, tokenizer_from_dict
 
 __all__ = ["EMBEDDED_CORPUS", "load_text", "split_ids", "get_batch", "windows", "check_split",
            "SEED_CROP_CHARS", "iter_text_chunks", "TokenDir", "load_token_dir", "is_token_dir",
-           "META_NAME", "TOKEN_DTYPES"]
+           "META_NAME", "TOKEN_DTYPES", "data_spec", "load_corpus"]
 
 EMBEDDED_CORPUS = files("decoderlm") / "corpora" / "wikitext2_valid_300k.txt"
 SEED_CROP_CHARS = 300_000
@@ -207,7 +209,7 @@ class TokenDir:
         path: the directory.
         train, val: [N_train], [N_val] token ids as read-only np.memmap arrays of meta's dtype
             (np.uint16 or np.uint32; an empty split is an empty array), for get_batch /
-            windows / train.evaluate, which read only the windows they need.
+            windows / `decoderlm.evaluate.evaluate`, which read only the windows they need.
         meta: meta.json: tokenizer, vocab_size, dtype, tokens {"train", "val"}, val_fraction,
             sources, unknown_characters, ...
         tokenizer: the tokenizer the ids were made with (rebuilt from meta["tokenizer"]).
@@ -242,8 +244,6 @@ def load_token_dir(path: str | Path) -> TokenDir:
             .bin file's size is not its token count times the dtype's size (a truncated file,
             or one written with another dtype).
     """
-    from .tokenizers import tokenizer_from_dict
-
     path = Path(path)
     if not path.is_dir():
         raise FileNotFoundError(f"token directory {path} not found (or not a directory)")
@@ -279,3 +279,58 @@ def load_token_dir(path: str | Path) -> TokenDir:
             arrays[name] = np.empty(0, dtype=dtype)
             arrays[name].flags.writeable = False
     return TokenDir(path, arrays["train"], arrays["val"], meta, tokenizer)
+
+
+def data_spec(data: str | Path | None, dataset: str | None, max_chars: int | None,
+              val_fraction: float) -> dict:
+    """Where a run's corpus comes from, as stored in config.json["data_spec"] and read back by
+    `load_corpus` (`decoderlm train --resume`, `decoderlm eval`).
+
+    Returns:
+        {"path": the resolved data path or None (the embedded corpus), "dataset",
+        "max_chars" (300,000 by default for a WikiText directory or dataset, else None: all),
+        "token_dir": the path when it is a prepared token directory, else None,
+        "val_fraction"}.
+    """
+    if max_chars is None and (dataset is not None or (data is not None and Path(data).is_dir()
+                                                      and not is_token_dir(data))):
+        max_chars = SEED_CROP_CHARS
+    path = None if data is None else str(Path(data).resolve())
+    token_dir = path if data is not None and is_token_dir(data) else None
+    return {"path": path, "dataset": dataset,
+            "max_chars": max_chars or None, "token_dir": token_dir, "val_fraction": val_fraction}
+
+
+def load_corpus(spec: dict, tokenizer=None):
+    """The corpus of a data_spec (see `data_spec`): (tokenizer, train ids, validation ids,
+    description, fingerprint).
+
+    A prepared token directory (`decoderlm prepare`) is memory-mapped and brings its own
+    tokenizer and split; text is encoded with `tokenizer` (a new CharTokenizer of the text,
+    with an unknown-character id, when None) and split by spec["val_fraction"] (the last part
+    is validation). The fingerprint is the sha256 of the text, or of the token directory's
+    meta.json (which holds its sources' sha256 and counts): `--resume` compares it with the
+    checkpoint's to notice a corpus that changed.
+
+    Raises:
+        ValueError: a token directory without validation tokens (and see `load_text`,
+            `load_token_dir`).
+    """
+    if spec.get("token_dir"):
+        tokens = load_token_dir(spec["token_dir"])
+        if len(tokens.val) == 0:
+            raise ValueError(f"token directory {spec['token_dir']} has no validation tokens (it "
+                             f"was prepared with --val-fraction 0); training scores a "
+                             f"validation split: run `decoderlm prepare` again with "
+                             f"--val-fraction 0.1")
+        fingerprint = hashlib.sha256((Path(spec["token_dir"]) / META_NAME).read_bytes())
+        return (tokens.tokenizer, tokens.train, tokens.val,
+                f"{spec['token_dir']} (prepared {type(tokens.tokenizer).__name__} tokens)",
+                fingerprint.hexdigest())
+    text, source = load_text(spec["path"], spec["max_chars"], spec["dataset"])
+    if tokenizer is None:
+        tokenizer = CharTokenizer.from_text(text, unk_token=DEFAULT_UNK_TOKEN)
+    ids = torch.tensor(tokenizer.encode(text), dtype=torch.long)
+    train_ids, val_ids = split_ids(ids, spec["val_fraction"])
+    return (tokenizer, train_ids, val_ids, f"{source}: {len(text):,} characters",
+            hashlib.sha256(text.encode("utf-8")).hexdigest())

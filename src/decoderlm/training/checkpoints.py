@@ -25,8 +25,7 @@ __all__ = ["save_checkpoint", "latest_checkpoint", "load_trainer_state", "TRAINE
 TRAINER_STATE_NAME = "trainer_state.pt"
 
 
-def save_checkpoint(run_dir: str | Path, step: int, files: dict[str, Any],
-                    keep: int) -> Path:
+def save_checkpoint(run_dir: str | Path, step: int, files: dict[str, Any], keep: int) -> Path:
     """Write a complete checkpoint of optimizer step `step` atomically, then delete the
     oldest ones so that `keep` remain.
 
@@ -49,8 +48,9 @@ def save_checkpoint(run_dir: str | Path, step: int, files: dict[str, Any],
         save_weights(state, config, tmp, extra)
         if files.get("tokenizer") is not None:
             files["tokenizer"].save_pretrained(tmp)
-        atomic_write(tmp / TRAINER_STATE_NAME,
-                     lambda path: torch_save(files["trainer_state"], path))
+        atomic_write(
+            tmp / TRAINER_STATE_NAME, lambda path: torch_save(files["trainer_state"], path)
+        )
         if final.exists():  # the same step saved twice (e.g. interrupted right at the end)
             shutil.rmtree(final)
         os.replace(tmp, final)
@@ -77,9 +77,11 @@ def latest_checkpoint(run_dir: str | Path) -> Path:
         raise FileNotFoundError(f"resume directory {run_dir} not found")
     found = list_checkpoints(run_dir)
     if not found:
-        raise FileNotFoundError(f"{run_dir} holds no checkpoint (no {CHECKPOINTS_DIR}/"
-                                f"{_STEP_PREFIX}*/); nothing to resume; start a new run "
-                                f"without --resume")
+        raise FileNotFoundError(
+            f"{run_dir} holds no checkpoint (no {CHECKPOINTS_DIR}/"
+            f"{_STEP_PREFIX}*/); nothing to resume; start a new run "
+            f"without --resume"
+        )
     return found[-1]
 
 
@@ -98,10 +100,12 @@ def load_trainer_state(checkpoint: str | Path) -> dict[str, Any]:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # truncated zip, unsafe pickle, ...: all are "cannot use this file"
-        raise ValueError(f"{path} cannot be loaded safely ({type(e).__name__}: "
-                         f"{str(e).splitlines()[0] if str(e) else ''}); the checkpoint is "
-                         f"damaged or was not written by decoderlm; resume from an earlier "
-                         f"one by deleting {path.parent}") from None
+        raise ValueError(
+            f"{path} cannot be loaded safely ({type(e).__name__}: "
+            f"{str(e).splitlines()[0] if str(e) else ''}); the checkpoint is "
+            f"damaged or was not written by decoderlm; resume from an earlier "
+            f"one by deleting {path.parent}"
+        ) from None
     if not isinstance(state, dict) or "step" not in state:
         raise ValueError(f"{path} is not a decoderlm trainer state (no 'step')")
     return state

@@ -1,32 +1,86 @@
-"""Score a trained run on a whole split or a text (`decoderlm eval`).
+"""The evaluation loss, and scoring a trained run on a whole split or a text (`decoderlm eval`).
 
-The loss is `train.evaluate`'s: the mean next-token cross-entropy over every non-overlapping
-block_size window of the ids (windows start at 0, T, 2T, ...; deterministic, no dropout), so
-the tokens scored are the n_windows * T targets 1 .. n_windows * T; the few tokens after the
-last full window are not scored, and the report says how many were.
+`evaluate` is the mean next-token cross-entropy over every non-overlapping block_size window
+of the ids (windows start at 0, T, 2T, ...; deterministic, no dropout), so the tokens scored
+are the n_windows * T targets 1 .. n_windows * T; the few tokens after the last full window
+are not scored, and `evaluate_run`'s report says how many were. Training logs the same loss
+on the validation split.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 from pathlib import Path
 
 import numpy as np
+import torch
 
-from .weights import CONFIG_NAME
+from .data import check_split, is_token_dir, load_corpus, load_token_dir, windows
 from .files import read_json
-from .data import is_token_dir, load_token_dir
+from .model import DecoderLM
 from .prepare import encode_source, source_files
 from .tokenizers import CharTokenizer, Tokenizer, load_tokenizer
+from .weights import CONFIG_NAME
 
-__all__ = ["check_vocab", "evaluate_run", "format_report"]
+__all__ = ["LN2", "evaluate", "check_vocab", "evaluate_run", "format_report"]
+
+LN2 = math.log(2.0)  # nats per bit: bits = nats / LN2
+
+
+@torch.no_grad()
+def evaluate(
+    model: DecoderLM,
+    data: torch.Tensor | np.ndarray,
+    max_windows: int | None = None,
+    batch_size: int = 32,
+    autocast=contextlib.nullcontext,
+) -> float:
+    """Mean next-token loss (nats per token) over non-overlapping block_size windows of data.
+
+    Deterministic: the windows start at 0, T, 2T, ... (all of them, or max_windows of them
+    spread evenly over the split). The model runs in eval mode (no dropout) and its previous
+    mode is restored afterwards.
+
+    Args:
+        model: the DecoderLM.
+        data: [N] int64 token ids (or a NumPy array / np.memmap), N > block_size.
+        max_windows: evaluate at most this many windows (None: every window).
+        batch_size: windows per forward pass.
+        autocast: a context-manager factory, e.g. bfloat16 autocast.
+
+    Raises:
+        ValueError: data is too short for one window.
+    """
+    T = model.config.block_size
+    check_split("evaluation", data, T)
+    n_windows = (len(data) - 1) // T
+    starts = torch.arange(n_windows) * T
+    if max_windows is not None and n_windows > max_windows:
+        starts = starts[torch.linspace(0, n_windows - 1, max_windows).long()]
+    was_training = model.training
+    model.eval()
+    total, count = 0.0, 0
+    try:
+        device = model.device
+        for chunk in starts.split(batch_size):
+            x, y = windows(data, chunk, T)
+            with autocast():
+                _, loss = model(x.to(device), y.to(device))
+            total += float(loss) * y.numel()
+            count += y.numel()
+    finally:
+        model.train(was_training)
+    return total / count
 
 
 def check_vocab(tokenizer: Tokenizer, model, source) -> None:
     """ValueError unless the tokenizer has the model's vocab_size ids (they belong together)."""
     if tokenizer.vocab_size != model.config.vocab_size:
-        raise ValueError(f"the tokenizer of {source} has {tokenizer.vocab_size} tokens but the "
-                         f"model expects vocab_size={model.config.vocab_size}")
+        raise ValueError(
+            f"the tokenizer of {source} has {tokenizer.vocab_size} tokens but the "
+            f"model expects vocab_size={model.config.vocab_size}"
+        )
 
 
 def _encode_text_files(tokenizer: Tokenizer, data: Path) -> tuple[np.ndarray, int]:
@@ -42,35 +96,39 @@ def _encode_text_files(tokenizer: Tokenizer, data: Path) -> tuple[np.ndarray, in
     return np.concatenate(parts), n_unknown
 
 
-def _ids_of_data_spec(run: Path, tokenizer: Tokenizer, split: str
-                      ) -> tuple[np.ndarray, int, str]:
+def _ids_of_data_spec(run: Path, tokenizer: Tokenizer, split: str) -> tuple[np.ndarray, int, str]:
     config = read_json(run / CONFIG_NAME)
     spec = config.get("data_spec") if isinstance(config, dict) else None
     if not isinstance(spec, dict):  # a user-facing file problem: ValueError, as elsewhere
         raise ValueError(  # noqa: TRY004
             f"{run / CONFIG_NAME} does not record the run's data (no 'data_spec', written by "
             f"runs of this version on); pass --data PATH to evaluate on a text file or a "
-            f"prepared token directory")
+            f"prepared token directory"
+        )
     if spec.get("token_dir"):
         return _ids_of_token_dir(Path(spec["token_dir"]), tokenizer, split)
-    from .train import load_corpus
-
     _, train_ids, val_ids, source, _ = load_corpus(spec, tokenizer)
     return (val_ids if split == "val" else train_ids), 0, source
 
 
-def _ids_of_token_dir(path: Path, tokenizer: Tokenizer, split: str
-                      ) -> tuple[np.ndarray, int, str]:
+def _ids_of_token_dir(path: Path, tokenizer: Tokenizer, split: str) -> tuple[np.ndarray, int, str]:
     tokens = load_token_dir(path)
     if tokens.tokenizer.to_dict() != tokenizer.to_dict():
-        raise ValueError(f"{path} was prepared with another tokenizer ({tokens.tokenizer!r}) "
-                         f"than the run's ({tokenizer!r}); its ids mean other tokens. Pass the "
-                         f"text file to encode it with the run's tokenizer")
+        raise ValueError(
+            f"{path} was prepared with another tokenizer ({tokens.tokenizer!r}) "
+            f"than the run's ({tokenizer!r}); its ids mean other tokens. Pass the "
+            f"text file to encode it with the run's tokenizer"
+        )
     return tokens.split(split), int(tokens.meta.get("unknown_characters", 0)), str(path)
 
 
-def evaluate_run(run: str | Path, data: str | Path | None = None, split: str | None = None,
-                 device: str = "cpu", batch_size: int = 32) -> dict:
+def evaluate_run(
+    run: str | Path,
+    data: str | Path | None = None,
+    split: str | None = None,
+    device: str = "cpu",
+    batch_size: int = 32,
+) -> dict:
     """Loss of the model in run directory `run` on a whole split or text.
 
     Args:
@@ -93,9 +151,6 @@ def evaluate_run(run: str | Path, data: str | Path | None = None, split: str | N
             no `data`; a text with unknown characters and a char vocabulary without an unknown
             token; ids shorter than block_size + 1.
     """
-    from .model import DecoderLM
-    from .train import LN2, evaluate
-
     run = Path(run)
     if split not in (None, "val", "train"):
         raise ValueError(f"unknown split {split!r}; use 'val' or 'train'")
@@ -109,18 +164,29 @@ def evaluate_run(run: str | Path, data: str | Path | None = None, split: str | N
         split = split or "val"
         ids, n_unknown, source = _ids_of_token_dir(Path(data), tokenizer, split)
     elif split is not None:
-        raise ValueError(f"--split chooses a split of the run's data or of a prepared token "
-                         f"directory; {data} is text, which is scored whole")
+        raise ValueError(
+            f"--split chooses a split of the run's data or of a prepared token "
+            f"directory; {data} is text, which is scored whole"
+        )
     else:
         (ids, n_unknown), source = _encode_text_files(tokenizer, Path(data)), str(data)
     T = model.config.block_size
     nats = evaluate(model, ids, None, batch_size)  # checks len(ids) > block_size
     n_windows = (len(ids) - 1) // T
-    report = {"run": str(run), "data": source, "split": split, "tokenizer": tokenizer.kind,
-              "nats_per_token": nats, "bits_per_token": nats / LN2,
-              "perplexity": math.exp(nats), "tokens": len(ids),
-              "tokens_scored": n_windows * T, "windows": n_windows, "block_size": T,
-              "unknown_characters": n_unknown}
+    report = {
+        "run": str(run),
+        "data": source,
+        "split": split,
+        "tokenizer": tokenizer.kind,
+        "nats_per_token": nats,
+        "bits_per_token": nats / LN2,
+        "perplexity": math.exp(nats),
+        "tokens": len(ids),
+        "tokens_scored": n_windows * T,
+        "windows": n_windows,
+        "block_size": T,
+        "unknown_characters": n_unknown,
+    }
     if tokenizer.kind in ("char", "byte"):
         report[f"bits_per_{tokenizer.kind}"] = nats / LN2
     if isinstance(tokenizer, CharTokenizer):
@@ -134,13 +200,17 @@ def format_report(report: dict) -> str:
     unit = {"char": "bits/char", "byte": "bits/byte"}.get(report["tokenizer"], "bits/token")
     lines = [
         f"data: {where}",
-        (f"scored {report['tokens_scored']:,} tokens of {report['tokens']:,} "
-         f"({report['windows']:,} non-overlapping windows of block_size "
-         f"{report['block_size']}; the first token and the "
-         f"{report['tokens'] - 1 - report['tokens_scored']:,} after the last full window are "
-         f"not predicted)"),
-        (f"loss {report['nats_per_token']:.4f} nats/token = {report['bits_per_token']:.4f} "
-         f"{unit}, perplexity {report['perplexity']:.3f}"),
+        (
+            f"scored {report['tokens_scored']:,} tokens of {report['tokens']:,} "
+            f"({report['windows']:,} non-overlapping windows of block_size "
+            f"{report['block_size']}; the first token and the "
+            f"{report['tokens'] - 1 - report['tokens_scored']:,} after the last full window are "
+            f"not predicted)"
+        ),
+        (
+            f"loss {report['nats_per_token']:.4f} nats/token = {report['bits_per_token']:.4f} "
+            f"{unit}, perplexity {report['perplexity']:.3f}"
+        ),
     ]
     if report["tokenizer"] == "char":
         unk = report.get("unk_token")

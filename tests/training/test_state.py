@@ -1,11 +1,13 @@
-"""Checkpoints and exact resume: pitfalls rows 19, 28 and 29, SIGKILL / SIGTERM, torn writes.
+"""Checkpoints and exact resume (TrainState): stop and resume, SIGKILL / SIGTERM / SIGINT, the
+float16 loss scaler, weights-only loading, torn writes.
 
-Every run here is the pitfalls table's TINY model (vocab 65, block 32, 2 layers, 4 heads,
+Every run here is the TINY model (vocab 65, block 32, 2 layers, 4 heads,
 d_model 64) on a fixed 2,000-character corpus of 65 symbols, float32 on the CPU, with dropout
 so that the torch RNG state matters too. The oracle is an uninterrupted run of the same
 settings: a resumed run must log the same losses and end with the same weights, bit for bit.
 """
 
+import copy
 import json
 import os
 import signal
@@ -17,18 +19,54 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from decoderlm.training.checkpoints import load_trainer_state
-from decoderlm.weights import list_checkpoints
+from decoderlm import DecoderLM
 from decoderlm.cli import main
 from decoderlm.config import TrainConfig
-from decoderlm.train import lr_at
+from decoderlm.training.checkpoints import load_trainer_state
+from decoderlm.training.loop import micro_batches, train_step
+from decoderlm.training.optim import configure_optimizer, lr_at
+from decoderlm.training.parallel import DistInfo, Parallelized
+from decoderlm.training.state import TrainState
+from decoderlm.weights import list_checkpoints
+
+from conftest import tiny_config
 
 SYMBOLS = [chr(c) for c in range(33, 33 + 64)] + ["\n"]  # 65 distinct characters
-TINY = ["--n-layers", "2", "--n-heads", "4", "--d-model", "64", "--block-size", "32",
-        "--dropout", "0.1", "--batch-size", "4", "--lr", "1e-3", "--min-lr", "1e-4",
-        "--warmup-steps", "5", "--schedule", "cosine", "--dtype", "float32", "--seed", "0",
-        "--log-interval", "1", "--eval-interval", "5", "--eval-batches", "2", "--no-progress",
-        "--sample-chars", "10"]
+TINY = [
+    "--n-layers",
+    "2",
+    "--n-heads",
+    "4",
+    "--d-model",
+    "64",
+    "--block-size",
+    "32",
+    "--dropout",
+    "0.1",
+    "--batch-size",
+    "4",
+    "--lr",
+    "1e-3",
+    "--min-lr",
+    "1e-4",
+    "--warmup-steps",
+    "5",
+    "--schedule",
+    "cosine",
+    "--dtype",
+    "float32",
+    "--seed",
+    "0",
+    "--log-interval",
+    "1",
+    "--eval-interval",
+    "5",
+    "--eval-batches",
+    "2",
+    "--no-progress",
+    "--sample-chars",
+    "10",
+]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
@@ -55,16 +93,19 @@ def cli(*args, background=False):
     """Run `python -m decoderlm ...` in a new process (one thread)."""
     command = [sys.executable, "-m", "decoderlm", *map(str, args)]
     if background:
-        return subprocess.Popen(command, env=ENV, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)
+        return subprocess.Popen(
+            command, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
     return subprocess.run(command, env=ENV, capture_output=True, text=True, timeout=300)
 
 
 def records(run_dir):
     """metrics.jsonl without the wall-clock fields."""
     lines = (run_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
-    return [{k: v for k, v in json.loads(line).items() if k not in ("elapsed_s", "tokens_per_s")}
-            for line in lines]
+    return [
+        {k: v for k, v in json.loads(line).items() if k not in ("elapsed_s", "tokens_per_s")}
+        for line in lines
+    ]
 
 
 def weights(run_dir):
@@ -79,19 +120,34 @@ def assert_same_run(a, b):
 
 @pytest.fixture(scope="module")
 def uninterrupted(corpus, tmp_path_factory):
-    """Run A of pitfalls row 19: 20 steps, cosine to 1e-4 by step 20."""
+    """Run A: 20 steps, cosine to 1e-4 by step 20."""
     out = tmp_path_factory.mktemp("a") / "run"
-    assert main(["train", "--data", str(corpus), "--out", str(out), *TINY,
-                 "--max-steps", "20", "--decay-steps", "20"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--data",
+                str(corpus),
+                "--out",
+                str(out),
+                *TINY,
+                "--max-steps",
+                "20",
+                "--decay-steps",
+                "20",
+            ]
+        )
+        == 0
+    )
     return out
 
 
-def test_stop_after_10_steps_and_resume_in_a_new_process_is_exact(corpus, uninterrupted,
-                                                                   tmp_path):
-    # pitfalls row 19: run B trains 10 steps, saves, and resumes in a new process
+def test_stop_after_10_steps_and_resume_in_a_new_process_is_exact(corpus, uninterrupted, tmp_path):
+    # run B trains 10 steps, saves, and resumes in a new process
     out = tmp_path / "run"
-    first = cli("train", "--data", corpus, "--out", out, *TINY, "--max-steps", "10",
-                "--decay-steps", "20")
+    first = cli(
+        "train", "--data", corpus, "--out", out, *TINY, "--max-steps", "10", "--decay-steps", "20"
+    )
     assert first.returncode == 0, first.stderr
     state = load_trainer_state(list_checkpoints(out)[-1])
     assert state["step"] == 10
@@ -132,8 +188,9 @@ def test_a_killed_or_terminated_run_resumes_exactly(corpus, tmp_path, how):
     assert_same_run(reference, out)
 
 
-def test_a_crash_while_writing_a_checkpoint_leaves_the_previous_one(corpus, tmp_path,
-                                                                   monkeypatch, capsys):
+def test_a_crash_while_writing_a_checkpoint_leaves_the_previous_one(
+    corpus, tmp_path, monkeypatch, capsys
+):
     import decoderlm.files as ckpt
 
     real_save, calls = torch.save, []
@@ -148,8 +205,18 @@ def test_a_crash_while_writing_a_checkpoint_leaves_the_previous_one(corpus, tmp_
 
     monkeypatch.setattr(ckpt.torch, "save", torn_save)
     out = tmp_path / "run"
-    args = ["train", "--data", str(corpus), "--out", str(out), *TINY, "--max-steps", "4",
-            "--checkpoint-interval", "1"]
+    args = [
+        "train",
+        "--data",
+        str(corpus),
+        "--out",
+        str(out),
+        *TINY,
+        "--max-steps",
+        "4",
+        "--checkpoint-interval",
+        "1",
+    ]
     assert main(args) == 2
     assert "No space left on device" in capsys.readouterr().err
     monkeypatch.undo()
@@ -158,15 +225,40 @@ def test_a_crash_while_writing_a_checkpoint_leaves_the_previous_one(corpus, tmp_
     assert load_trainer_state(list_checkpoints(out)[0])["step"] == 1
     assert main(["train", "--resume", str(out)]) == 0
     reference = tmp_path / "reference"
-    assert main(["train", "--data", str(corpus), "--out", str(reference), *TINY,
-                 "--max-steps", "4", "--checkpoint-interval", "1"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--data",
+                str(corpus),
+                "--out",
+                str(reference),
+                *TINY,
+                "--max-steps",
+                "4",
+                "--checkpoint-interval",
+                "1",
+            ]
+        )
+        == 0
+    )
     assert_same_run(reference, out)
 
 
 def test_damaged_and_missing_checkpoints_give_clear_errors(corpus, tmp_path, capsys):
     out = tmp_path / "run"
-    base = ["train", "--data", str(corpus), "--out", str(out), *TINY, "--checkpoint-interval",
-            "2", "--keep-checkpoints", "3"]
+    base = [
+        "train",
+        "--data",
+        str(corpus),
+        "--out",
+        str(out),
+        *TINY,
+        "--checkpoint-interval",
+        "2",
+        "--keep-checkpoints",
+        "3",
+    ]
     assert main([*base, "--max-steps", "4"]) == 0
     capsys.readouterr()
     newest = list_checkpoints(out)[-1] / "trainer_state.pt"
@@ -198,7 +290,6 @@ def test_damaged_and_missing_checkpoints_give_clear_errors(corpus, tmp_path, cap
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
 def test_loss_scaler_only_for_float16_and_saved_with_the_checkpoint(corpus, tmp_path, dtype):
-    # pitfalls row 28
     out = tmp_path / "run"
     args = ["train", "--data", str(corpus), "--out", str(out), *TINY, "--dtype", dtype]
     assert main([*args, "--max-steps", "5", "--decay-steps", "7"]) == 0
@@ -215,10 +306,8 @@ def test_loss_scaler_only_for_float16_and_saved_with_the_checkpoint(corpus, tmp_
 
 
 def test_checkpoints_load_with_weights_only_and_unsafe_pickles_are_refused(corpus, tmp_path):
-    # pitfalls row 29
     out = tmp_path / "run"
-    assert main(["train", "--data", str(corpus), "--out", str(out), *TINY,
-                 "--max-steps", "2"]) == 0
+    assert main(["train", "--data", str(corpus), "--out", str(out), *TINY, "--max-steps", "2"]) == 0
     checkpoint = list_checkpoints(out)[-1]
     plain = torch.load(checkpoint / "trainer_state.pt", weights_only=True)  # (a)
     assert isinstance(plain["train"], dict) and isinstance(plain["loss_sum"], float)
@@ -236,9 +325,9 @@ def test_checkpoints_load_with_weights_only_and_unsafe_pickles_are_refused(corpu
     assert not marker.exists()
 
 
-def test_overwrite_deletes_only_the_earlier_run_and_only_once_settings_are_valid(corpus,
-                                                                                tmp_path,
-                                                                                capsys):
+def test_overwrite_deletes_only_the_earlier_run_and_only_once_settings_are_valid(
+    corpus, tmp_path, capsys
+):
     out = tmp_path / "run"
     base = ["train", "--data", str(corpus), "--out", str(out), *TINY, "--max-steps", "2"]
     assert main(base) == 0
@@ -259,8 +348,23 @@ def test_resume_notices_changed_data_and_accepts_moved_data(corpus, tmp_path, ca
     text = tmp_path / "text.txt"
     text.write_bytes(corpus.read_bytes())
     out = tmp_path / "run"
-    assert main(["train", "--data", str(text), "--out", str(out), *TINY, "--max-steps", "2",
-                 "--decay-steps", "4"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--data",
+                str(text),
+                "--out",
+                str(out),
+                *TINY,
+                "--max-steps",
+                "2",
+                "--decay-steps",
+                "4",
+            ]
+        )
+        == 0
+    )
     text.write_text(text.read_text()[:1500])
     assert main(["train", "--resume", str(out), "--max-steps", "3"]) == 2
     assert "is not the one the checkpoint was trained on" in capsys.readouterr().err
@@ -268,29 +372,55 @@ def test_resume_notices_changed_data_and_accepts_moved_data(corpus, tmp_path, ca
     moved.write_bytes(corpus.read_bytes())
     assert main(["train", "--resume", str(out), "--max-steps", "3", "--data", str(moved)]) == 0
     assert "note: the cosine schedule" not in capsys.readouterr().out
-    assert main(["train", "--resume", str(out), "--max-steps", "4", "--data", str(moved),
-                 "--val-fraction", "0.5"]) == 2
+    assert (
+        main(
+            [
+                "train",
+                "--resume",
+                str(out),
+                "--max-steps",
+                "4",
+                "--data",
+                str(moved),
+                "--val-fraction",
+                "0.5",
+            ]
+        )
+        == 2
+    )
     assert "val_fraction is 0.1 in the checkpoint" in capsys.readouterr().err
 
 
-def test_resume_finishes_a_run_stopped_after_its_last_step_and_survives_damage(corpus,
-                                                                               tmp_path,
-                                                                               capsys):
+def test_resume_finishes_a_run_stopped_after_its_last_step_and_survives_damage(
+    corpus, tmp_path, capsys
+):
     out = tmp_path / "run"
-    args = ["train", "--data", str(corpus), "--out", str(out), *TINY, "--max-steps", "4",
-            "--checkpoint-interval", "1", "--keep-checkpoints", "2"]
+    args = [
+        "train",
+        "--data",
+        str(corpus),
+        "--out",
+        str(out),
+        *TINY,
+        "--max-steps",
+        "4",
+        "--checkpoint-interval",
+        "1",
+        "--keep-checkpoints",
+        "2",
+    ]
     assert main(args) == 0
-    complete = {name: (out / name).read_bytes() for name in ("model.safetensors",
-                                                             "metrics.jsonl")}
+    complete = {name: (out / name).read_bytes() for name in ("model.safetensors", "metrics.jsonl")}
     for name in ("model.safetensors", "config.json", "samples.txt"):
         (out / name).unlink()  # as if killed during the final evaluation
     with (out / "metrics.jsonl").open("a") as f:
         f.write('{"step": 5, "train_lo')  # and a line torn by the crash
     assert main(["train", "--resume", str(out)]) == 0
     assert (out / "model.safetensors").read_bytes() == complete["model.safetensors"]
-    assert records(out) == [{k: v for k, v in json.loads(line).items()
-                             if k not in ("elapsed_s", "tokens_per_s")}
-                            for line in complete["metrics.jsonl"].decode().splitlines()]
+    assert records(out) == [
+        {k: v for k, v in json.loads(line).items() if k not in ("elapsed_s", "tokens_per_s")}
+        for line in complete["metrics.jsonl"].decode().splitlines()
+    ]
     capsys.readouterr()
     (list_checkpoints(out)[-1] / "tokenizer.json").write_text("{")  # step 4 damaged
     assert main(["train", "--resume", str(out), "--max-steps", "6"]) == 0
@@ -298,3 +428,38 @@ def test_resume_finishes_a_run_stopped_after_its_last_step_and_survives_damage(c
     # the damaged one is kept aside, out of the rotation; the two newest good ones remain
     assert [p.name for p in list_checkpoints(out)] == ["step-00000005", "step-00000006"]
     assert (out / "checkpoints" / "damaged-step-00000004").is_dir()
+
+
+def test_train_state_round_trip_continues_exactly():
+    """state_dict() after two steps, loaded into another model's TrainState, continues with
+    the same losses and weights as the original: model, optimizer, window generator and
+    dropout RNG all come back."""
+    cfg = TrainConfig(batch_size=2, max_steps=4, lr=1e-3, dtype="float32")
+    data = torch.randint(0, 65, (500,), generator=torch.Generator().manual_seed(0))
+
+    def new_state(seed):
+        torch.manual_seed(seed)
+        model = DecoderLM(tiny_config(dropout=0.1)).train()
+        scaler = torch.amp.GradScaler("cpu", enabled=False)
+        generator = torch.Generator().manual_seed(cfg.seed)
+        optimizer = configure_optimizer(model, cfg)
+        return TrainState(model, optimizer, scaler, generator, cfg, DistInfo())
+
+    def steps(state, n):
+        par = Parallelized(state.model, state.model.device, state.model)
+        losses = []
+        for _ in range(n):
+            batches = micro_batches(data, state.generator, cfg, state.info, 32)
+            losses.append(train_step(par, state.optimizer, state.scaler, batches, cfg).item())
+            state.add_loss(losses[-1])
+        return losses
+
+    a = new_state(0)
+    steps(a, 2)
+    saved = copy.deepcopy(a.state_dict())
+    expected = steps(a, 2)
+    b = new_state(1)
+    b.load_state_dict(saved)
+    assert b.step == 2 and steps(b, 2) == expected
+    for name, value in a.model.state_dict().items():
+        assert torch.equal(b.model.state_dict()[name], value), name

@@ -1,0 +1,333 @@
+"""The training loop: `train` calls `train_step` once per optimizer step, and around it the
+evaluation, the metrics log, checkpoints and stop requests.
+
+Each optimizer step draws grad_accum_steps micro-batches; every micro-step draws
+batch_size * world_size window starts from one generator seeded identically on every rank,
+and rank r trains on the r-th slice. So N processes with batch_size b see exactly the windows
+of one process with batch_size N * b, and the union of their (averaged) gradients is that
+process's gradient.
+
+metrics.jsonl gets one JSON object per logged step: step (optimizer steps done), train_loss
+(mean over the steps since the last record and over all ranks, nats), lr, tokens (seen so
+far, all ranks), elapsed_s, tokens_per_s, and on evaluation steps val_loss (nats) and val_bpc
+(val_loss / ln 2, bits per token).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import math
+import signal
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from ..config import TrainConfig
+from ..data import check_split, windows
+from ..evaluate import LN2, evaluate
+from ..model import DecoderLM
+from ..weights import list_checkpoints
+from .optim import configure_optimizer, lr_at, set_lr
+from .parallel import DistInfo, Parallelized, agree_across_ranks, gradient_sync, parallelize
+from .state import TrainState
+
+__all__ = ["train", "train_step", "TrainResult", "autocast_for", "stop_requests"]
+
+
+@dataclass
+class TrainResult:
+    """What `train` returns: the validation loss over the whole validation split at the end
+    (None when the run was interrupted), the records logged by this call, and throughput."""
+
+    val_loss: float | None
+    metrics: list[dict]
+    elapsed_s: float
+    tokens_per_s: float
+    step: int
+    interrupted: bool = False
+    checkpoint: Path | None = None
+
+
+def autocast_for(cfg: TrainConfig, device: torch.device):
+    """A factory of the mixed-precision context of cfg.dtype (bfloat16 / float16 autocast;
+    nothing for float32)."""
+    if cfg.dtype in ("bfloat16", "float16"):
+        return lambda: torch.autocast(device_type=device.type, dtype=getattr(torch, cfg.dtype))
+    return contextlib.nullcontext
+
+
+@contextlib.contextmanager
+def stop_requests():
+    """While active, SIGINT and SIGTERM only append to the yielded list (read by the training
+    loop, which then saves a checkpoint and stops). Outside the main thread signals cannot be
+    caught."""
+    requested: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield requested
+        return
+    previous = {
+        sig: signal.signal(sig, lambda signum, frame: requested.append(signum))
+        for sig in (signal.SIGINT, signal.SIGTERM)
+    }
+    try:
+        yield requested
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def micro_batches(
+    train_ids, generator: torch.Generator, cfg: TrainConfig, info: DistInfo, block_size: int
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """This rank's (x, y) [batch_size, block_size] windows of each micro-step of one optimizer
+    step (see the module docstring)."""
+    for _ in range(cfg.grad_accum_steps):
+        starts = torch.randint(
+            len(train_ids) - block_size, (cfg.batch_size * info.world_size,), generator=generator
+        )
+        mine = starts[info.rank * cfg.batch_size : (info.rank + 1) * cfg.batch_size]
+        yield windows(train_ids, mine, block_size)
+
+
+def train_step(
+    par: Parallelized,
+    optimizer: torch.optim.Optimizer,
+    scaler: torch.amp.GradScaler,
+    batches,
+    cfg: TrainConfig,
+    autocast=contextlib.nullcontext,
+) -> torch.Tensor:
+    """One optimizer step: forward and backward over the micro-batches (gradients synchronised
+    across ranks on the last one only), gradient-norm clipping, the (scaled) optimizer step.
+
+    Returns:
+        This rank's mean loss over the micro-batches, a detached scalar tensor.
+    """
+    step_loss = torch.zeros((), device=par.device)
+    for micro, (x, y) in enumerate(batches):
+        with gradient_sync(par, last=micro == cfg.grad_accum_steps - 1):
+            with autocast():
+                _, loss = par.step_module(x.to(par.device), y.to(par.device))
+            scaler.scale(loss / cfg.grad_accum_steps).backward()
+        step_loss += loss.detach()
+    if cfg.grad_clip is not None:
+        scaler.unscale_(optimizer)
+        torch.nn.utils.clip_grad_norm_(par.model.parameters(), cfg.grad_clip)
+    scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad(set_to_none=True)
+    step_loss /= cfg.grad_accum_steps
+    return step_loss
+
+
+class MetricsLog:
+    """The records of logged steps: kept in `records`, appended to metrics.jsonl (rank 0 with
+    a run directory), shown on a tqdm progress bar, and evaluation lines printed (rank 0)."""
+
+    def __init__(
+        self,
+        run_dir: Path | None,
+        cfg: TrainConfig,
+        info: DistInfo,
+        progress: bool,
+        first_step: int,
+    ):
+        self.cfg, self.info, self.records, self.sink = cfg, info, [], None
+        if info.is_main and run_dir is not None:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            self.sink = open(run_dir / "metrics.jsonl", "a", encoding="utf-8")
+        self.bar = tqdm(
+            total=cfg.max_steps,
+            initial=first_step,
+            disable=not (progress and info.is_main),
+            unit="step",
+            mininterval=0.5,
+            dynamic_ncols=True,
+        )
+
+    def log_step(self, state: TrainState, lr: float, loss: float, evaluate_val) -> None:
+        """After an optimizer step: advance the bar and, on logging steps, write a record
+        (with evaluate_val()'s validation loss on evaluation steps)."""
+        done, tokens, cfg = state.step, state.tokens, self.cfg
+        self.bar.update(1)
+        self.bar.set_postfix(
+            loss=f"{loss:.3f}", tok_s=f"{tokens / max(state.elapsed(), 1e-9):,.0f}", refresh=False
+        )
+        is_eval = done % cfg.eval_interval == 0 or done == cfg.max_steps
+        if not (done % cfg.log_interval == 0 or is_eval):
+            return
+        record = {
+            "step": done,
+            "train_loss": state.take_mean_loss(),
+            "lr": lr,
+            "tokens": tokens,
+            "elapsed_s": round(state.elapsed(), 3),
+            "tokens_per_s": round(tokens / state.elapsed(), 1),
+        }
+        if is_eval:
+            val = evaluate_val()
+            record.update(val_loss=val, val_bpc=val / LN2)
+            if self.info.is_main:
+                self.bar.write(
+                    f"step {done:>6}: train {record['train_loss']:.4f}, "
+                    f"val {val:.4f} nats ({val / LN2:.3f} bits/token)"
+                )
+        self.records.append(record)
+        if self.sink:
+            self.sink.write(json.dumps(record) + "\n")
+            self.sink.flush()
+
+    def close(self) -> None:
+        self.bar.close()
+        if self.sink:
+            self.sink.close()
+
+
+def _silent(*args, **kwargs) -> None:
+    pass
+
+
+def _initial_state(
+    model: DecoderLM,
+    cfg: TrainConfig,
+    info: DistInfo,
+    log,
+    resume: dict | None,
+    run_dir: Path | None,
+) -> TrainState:
+    """A new TrainState (AdamW, a loss scaler for float16, the window generator seeded with
+    cfg.seed), or the checkpoint's when resuming."""
+    state = TrainState(
+        model,
+        configure_optimizer(model, cfg),
+        torch.amp.GradScaler(model.device.type, enabled=cfg.dtype == "float16"),
+        torch.Generator().manual_seed(cfg.seed),
+        cfg,
+        info,
+        log,
+    )
+    if resume is not None:
+        state.load_state_dict(resume)
+        _check_can_continue(state.step, cfg, run_dir)
+    return state
+
+
+def _check_can_continue(step: int, cfg: TrainConfig, run_dir: Path | None) -> None:
+    """A resumed run must have steps left (or a final model still to write)."""
+    if step > cfg.max_steps or (
+        step == cfg.max_steps and run_dir is not None and (run_dir / "model.safetensors").exists()
+    ):
+        raise ValueError(
+            f"the checkpoint is at step {step} and max_steps is {cfg.max_steps}; "
+            f"pass a larger --max-steps to train further"
+        )
+
+
+def _check_finite(loss: float, step: int, lr: float, run_dir: Path | None) -> float:
+    """loss, unless it is NaN or inf: then ValueError naming the last good checkpoint."""
+    if not math.isfinite(loss):
+        last_good = list_checkpoints(run_dir)[-1:] if run_dir else []
+        raise ValueError(
+            f"the training loss became {loss} at step {step + 1} (lr {lr:.3g}); "
+            f"try a lower learning rate, weight decay or float32"
+            + (f"; the last good checkpoint is {last_good[0]}" if last_good else "")
+        )
+    return loss
+
+
+def _checkpoint_due(step: int, cfg: TrainConfig, run_dir: Path | None) -> bool:
+    """A periodic checkpoint after `step` (the last step's is written after the loop)."""
+    return (
+        run_dir is not None
+        and bool(cfg.checkpoint_interval)
+        and step % cfg.checkpoint_interval == 0
+        and step < cfg.max_steps
+    )
+
+
+def train(
+    model: DecoderLM,
+    cfg: TrainConfig,
+    train_ids,
+    val_ids,
+    run_dir: str | Path | None = None,
+    progress: bool = True,
+    info: DistInfo | None = None,
+    resume: dict | None = None,
+    checkpoint_files: dict | None = None,
+    log=print,
+) -> TrainResult:
+    """Train `model` in place: AdamW, warm-up + cosine schedule, clipping, mixed precision,
+    gradient accumulation, checkpoints, and DDP / FSDP2 under torchrun (see the module
+    docstring for the batches and metrics.jsonl).
+
+    Args:
+        model: the DecoderLM, already on this process's device.
+        cfg: the TrainConfig.
+        train_ids, val_ids: [N] token ids (int64 tensors, or numpy / memmapped arrays).
+        run_dir: where metrics.jsonl and checkpoints/ go (rank 0 writes); None keeps nothing.
+        progress: show a tqdm progress bar on stderr (rank 0).
+        info: this process's DistInfo (see `parallel.init_distributed`); None: one process.
+        resume: a checkpoint's trainer state to continue from (`load_trainer_state`; the
+            model weights must already be the checkpoint's); see `TrainState`.
+        checkpoint_files: stored in each checkpoint besides the trainer state:
+            {"extra": config.json entries, "tokenizer": a tokenizer}.
+        log: print function for messages (rank 0).
+
+    SIGINT / SIGTERM: the current step finishes, a checkpoint is saved, interrupted=True.
+
+    Returns:
+        TrainResult; val_loss covers the whole validation split (None if interrupted).
+
+    Raises:
+        ValueError: a split is shorter than block_size + 1 tokens, or the loss becomes NaN or
+            inf (the last good checkpoint is left in place).
+    """
+    T, info = model.config.block_size, info or DistInfo()
+    check_split("train", train_ids, T)
+    check_split("validation", val_ids, T)
+    device, run_dir = model.device, Path(run_dir) if run_dir is not None else None
+    log = log if info.is_main else _silent
+    par = parallelize(model, cfg, info, device)
+    state = _initial_state(model, cfg, info, log, resume, run_dir)
+    autocast, first_step = autocast_for(cfg, device), state.step
+    eval_windows = cfg.eval_batches * cfg.batch_size * info.world_size  # as one process
+    validate = functools.partial(evaluate, model, val_ids, eval_windows, cfg.batch_size, autocast)
+    metrics = MetricsLog(run_dir, cfg, info, progress, first_step)
+    checkpoint, interrupted = None, False
+    state.start_clock()
+    model.train()
+    try:
+        with stop_requests() as stop:
+            for step in range(first_step, cfg.max_steps):
+                lr = set_lr(state.optimizer, lr_at(step, cfg))
+                batches = micro_batches(train_ids, state.generator, cfg, info, T)
+                loss = train_step(par, state.optimizer, state.scaler, batches, cfg, autocast)
+                agree_across_ranks(loss, stop, info)
+                value = _check_finite(loss.item(), step, lr, run_dir)
+                state.add_loss(value)
+                metrics.log_step(state, lr, value, validate)
+                if stop:
+                    interrupted = True
+                    break
+                if _checkpoint_due(state.step, cfg, run_dir):
+                    checkpoint = state.save(run_dir, checkpoint_files)
+            if run_dir is not None:
+                checkpoint = state.save(run_dir, checkpoint_files)
+    finally:
+        metrics.close()
+    rate = (state.step - first_step) * state.tokens_per_step / max(state.run_seconds(), 1e-9)
+    if interrupted:
+        saved = f"; checkpoint saved to {checkpoint}" if checkpoint else ""
+        log(f"stopped by signal after step {state.step}{saved}")
+    val_loss = None if interrupted else evaluate(model, val_ids, None, cfg.batch_size, autocast)
+    elapsed = state.elapsed()
+    return TrainResult(
+        val_loss, metrics.records, elapsed, rate, state.step, interrupted, checkpoint
+    )

@@ -1,0 +1,185 @@
+"""Speed and scale, applied to the model from outside: the attention kernel for bfloat16 on
+the CPU, activation checkpointing, torch.compile, and DDP / FSDP2 under torchrun.
+
+`parallelize` applies them in one place, as torchtitan's parallelize function does, in this
+order: the attention choice, activation checkpointing (each block wrapped), then FSDP2 (each
+block, then the root, sharded in place) or DDP (the model wrapped), and torch.compile last,
+around the DDP / FSDP2 module (torchtitan compiles each block before sharding instead).
+The model's state dict keeps its plain keys throughout: the checkpoint wrapper strips its own
+prefix, and DDP's and compile's are stripped by `weights.normalize_state_dict`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+from torch.distributed.fsdp import fully_shard
+
+from ..config import TrainConfig
+from ..model import DecoderLM
+
+__all__ = [
+    "DistInfo",
+    "init_distributed",
+    "Parallelized",
+    "parallelize",
+    "choose_attention",
+    "apply_activation_checkpointing",
+    "gradient_sync",
+    "agree_across_ranks",
+    "gather_across_ranks",
+    "barrier",
+]
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    """This process's place in a torchrun job; rank 0 of 1 without torchrun."""
+
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+
+    @property
+    def is_main(self) -> bool:
+        """Only rank 0 writes files and prints."""
+        return self.rank == 0
+
+
+def init_distributed(device: str | None = None) -> tuple[DistInfo, torch.device]:
+    """Join the torchrun job described by the RANK / LOCAL_RANK / WORLD_SIZE environment
+    variables (process group backend: nccl on CUDA, gloo on CPU), or run alone without them.
+
+    Returns:
+        (DistInfo, the torch.device of this process: cuda:LOCAL_RANK on CUDA).
+    """
+    kind = (device or ("cuda" if torch.cuda.is_available() else "cpu")).split(":")[0]
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world == 1:
+        return DistInfo(), torch.device(device or kind)
+    info = DistInfo(int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0")), world)
+    target = torch.device(kind, info.local_rank) if kind == "cuda" else torch.device(kind)
+    if kind == "cuda":
+        torch.cuda.set_device(target)
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if kind == "cuda" else "gloo")
+    return info, target
+
+
+def choose_attention(model: DecoderLM, cfg: TrainConfig, device: torch.device) -> None:
+    """Use the written-out attention (`attn.impl = "explicit"`) in every block when training
+    in bfloat16 on the CPU with block_size <= 128.
+
+    PyTorch's CPU flash-attention kernel is much slower in bfloat16 than in float32 (see
+    benchmarks/attention_backward.py), so the written-out attention wins there, and its T x T
+    probabilities are small for T <= 128. Everywhere else the fused kernel ("sdpa") keeps
+    memory linear in T.
+    """
+    if device.type == "cpu" and cfg.dtype == "bfloat16" and model.config.block_size <= 128:
+        for block in model.blocks:
+            block.attn.impl = "explicit"
+
+
+def apply_activation_checkpointing(model: DecoderLM) -> None:
+    """Wrap every block so that only its input is kept in the forward pass and its activations
+    are recomputed in the backward pass (less memory, about one more forward pass of compute).
+    The state dict keys do not change."""
+    for i, block in enumerate(model.blocks):
+        model.blocks[i] = checkpoint_wrapper(block)
+
+
+@dataclass
+class Parallelized:
+    """A model prepared for training steps.
+
+    Attributes:
+        model: the DecoderLM itself (sharded in place under FSDP2): its parameters, state
+            dict and evaluation.
+        device: this process's device.
+        step_module: what training steps call (compiled, DDP-wrapped, or the model).
+        ddp: the DistributedDataParallel wrapper, or None.
+        fsdp: whether the model is sharded with FSDP2.
+    """
+
+    model: DecoderLM
+    device: torch.device
+    step_module: torch.nn.Module
+    ddp: torch.nn.parallel.DistributedDataParallel | None = None
+    fsdp: bool = False
+
+
+def parallelize(
+    model: DecoderLM, cfg: TrainConfig, info: DistInfo, device: torch.device
+) -> Parallelized:
+    """Apply cfg's speed and scale settings to `model` (in place) for training on `device`:
+    the attention choice, activation checkpointing, FSDP2 or DDP (several processes), then
+    torch.compile outside them.
+
+    Raises:
+        ValueError: fsdp in a single process.
+    """
+    choose_attention(model, cfg, device)
+    if cfg.activation_checkpointing:
+        apply_activation_checkpointing(model)
+    ddp = None
+    if cfg.fsdp:
+        if info.world_size == 1 and not dist.is_initialized():
+            raise ValueError("fsdp needs several processes: run under torchrun, or set fsdp false")
+        for block in model.blocks:
+            fully_shard(block)
+        fully_shard(model)
+        step_module = model
+    elif info.world_size > 1:
+        ddp = torch.nn.parallel.DistributedDataParallel(
+            model, device_ids=[device.index] if device.type == "cuda" else None
+        )
+        step_module = ddp
+    else:
+        step_module = model
+    if cfg.compile:
+        step_module = torch.compile(step_module)
+    return Parallelized(model, device, step_module, ddp, cfg.fsdp)
+
+
+def gradient_sync(par: Parallelized, last: bool):
+    """The context of one micro-step's forward and backward: gradients are synchronised across
+    ranks only on the last micro-step of an optimizer step. DDP decides in forward whether
+    its backward all-reduces, so the context must cover forward and backward."""
+    if par.fsdp:
+        par.model.set_requires_gradient_sync(last)
+    if par.ddp is not None and not last:
+        return par.ddp.no_sync()
+    return contextlib.nullcontext()
+
+
+def agree_across_ranks(loss: torch.Tensor, stop: list[int], info: DistInfo) -> None:
+    """Average this step's `loss` over all ranks (in place), and when any rank has a stop
+    request, add one to `stop` on every rank, so that all of them stop after the same step."""
+    if info.world_size == 1:
+        return
+    flags = torch.tensor([float(bool(stop))], device=loss.device)
+    dist.all_reduce(loss, op=dist.ReduceOp.AVG)
+    dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+    if flags.item() and not stop:
+        stop.append(signal.SIGTERM)
+
+
+def gather_across_ranks(value, info: DistInfo) -> list:
+    """[value of rank 0, value of rank 1, ...] on every rank (a picklable object)."""
+    if info.world_size == 1:
+        return [value]
+    values = [None] * info.world_size
+    dist.all_gather_object(values, value)
+    return values
+
+
+def barrier(info: DistInfo) -> None:
+    """Wait until every rank gets here (nothing to wait for in one process)."""
+    if info.world_size > 1:
+        dist.barrier()

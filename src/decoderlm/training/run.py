@@ -1,0 +1,512 @@
+"""A whole training run (`decoderlm train`): settings -> corpus -> model -> train -> artifacts.
+
+`run_experiment` decides what to train (a new run from a preset and overrides, or a resumed
+one from its newest checkpoint), checks and prepares the run directory, builds the model,
+calls `loop.train`, then writes the run's files: model.safetensors, config.json,
+tokenizer.json, loss.png, attention.png and samples.txt (metrics.jsonl and checkpoints/ are
+written while training).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..config import ModelConfig, TrainConfig
+from ..data import check_split, data_spec, load_corpus
+from ..evaluate import LN2
+from ..files import atomic_write, read_json
+from ..generate import generate
+from ..hooks import run_with_cache
+from ..model import DecoderLM
+from ..plots import plot_attention, plot_loss
+from ..presets import get_preset
+from ..tokenizers import CharTokenizer, Tokenizer, load_tokenizer
+from ..weights import list_checkpoints
+from .checkpoints import latest_checkpoint, load_trainer_state
+from .loop import TrainResult, train
+from .parallel import DistInfo, barrier, init_distributed
+
+__all__ = ["run_experiment", "RunSummary"]
+
+_RUN_FILES = (
+    "config.json",
+    "model.safetensors",
+    "tokenizer.json",
+    "metrics.jsonl",
+    "loss.png",
+    "attention.png",
+    "samples.txt",
+    "checkpoints",
+)
+
+
+@dataclass
+class RunSummary:
+    """What `run_experiment` returns; val_loss and val_bpc are None for an interrupted run."""
+
+    out_dir: Path
+    val_loss: float | None
+    val_bpc: float | None
+    elapsed_s: float
+    tokens_per_s: float
+    data_source: str
+    step: int = 0
+    interrupted: bool = False
+
+
+@dataclass
+class RunPlan:
+    """What a run trains, on what and where, decided before any file is touched."""
+
+    out_dir: Path
+    preset: str
+    spec: dict  # config.json["data_spec"], see `decoderlm.data.data_spec`
+    model_cfg: ModelConfig
+    train_cfg: TrainConfig
+    tokenizer: Tokenizer
+    train_ids: object
+    val_ids: object
+    source: str
+    checkpoint: Path | None = None  # resuming: the checkpoint, its trainer state and model
+    resume_state: dict | None = None
+    resumed: DecoderLM | None = None
+
+    @property
+    def resumed_step(self) -> int | None:
+        """The checkpoint's step when resuming, else None."""
+        return None if self.resume_state is None else self.resume_state["step"]
+
+    @property
+    def extra(self) -> dict:
+        """The config.json entries besides the model config."""
+        return {
+            "train": self.train_cfg.to_dict(),
+            "preset": self.preset,
+            "data": self.source,
+            "data_spec": self.spec,
+        }
+
+
+def run_experiment(
+    preset: str | None = None,
+    data: str | Path | None = None,
+    out: str | Path | None = None,
+    overwrite: bool = False,
+    max_chars: int | None = None,
+    dataset: str | None = None,
+    model_overrides: dict | None = None,
+    train_overrides: dict | None = None,
+    device: str | None = None,
+    progress: bool = True,
+    log=print,
+    resume: str | Path | None = None,
+) -> RunSummary:
+    """Train a DecoderLM end to end (the seed experiment by default), then sample and plot.
+
+    Reads the corpus (the embedded WikiText-2 crop by default, a text file, or a directory
+    prepared by `decoderlm prepare`), builds the character vocabulary of text corpora,
+    splits 90/10, trains with the preset's settings plus overrides, and writes into the run
+    directory: metrics.jsonl and checkpoints/ while training, then model.safetensors,
+    config.json, tokenizer.json, loss.png, attention.png (every layer and head on the first 64
+    validation tokens) and samples.txt (sample_chars tokens from sample_prompt).
+
+    Under torchrun every process calls this; rank 0 alone writes files and prints.
+
+    Args:
+        preset: a name from `decoderlm.presets.PRESETS` (default "default").
+        data, dataset, max_chars: see `decoderlm.data.load_text`; max_chars defaults to
+            300,000 for a WikiText directory or dataset, all of a plain file.
+        out: the run directory; None picks runs/<preset> (or -2, -3, ... if taken).
+        overwrite: allow `out` to hold an earlier run, whose files (only those) are deleted
+            after every check, just before training.
+        model_overrides, train_overrides: ModelConfig / TrainConfig fields to change.
+        device: "cpu", "cuda", ...; None picks CUDA when available.
+        resume: a run directory to continue from its newest complete checkpoint; its model
+            config, preset and data are reused (contradicting overrides are refused), training
+            settings may be overridden (e.g. max_steps), and metrics.jsonl is appended to.
+
+    Raises:
+        ValueError / FileNotFoundError: bad settings, data or checkpoints (messages say what
+            to change).
+    """
+    model_overrides, train_overrides = dict(model_overrides or {}), dict(train_overrides or {})
+    info, device = init_distributed(device)
+    log = log if info.is_main else _silent
+    request = dict(preset=preset, data=data, out=out, dataset=dataset, max_chars=max_chars)
+    request.update(model_overrides=model_overrides, train_overrides=train_overrides)
+    if resume is not None:
+        plan = _resume_plan(Path(resume), info, log, **request)
+    else:
+        plan = _new_plan(**request)
+    _check_plan(plan, info, overwrite)  # on every rank: all fail alike
+    if info.is_main:
+        _prepare_run_dir(plan.out_dir, plan.resumed_step, log)
+    barrier(info)
+    model = _build_model(plan, info, device)
+    _log_start(plan, model, info, device, log)
+    files = {"extra": plan.extra, "tokenizer": plan.tokenizer}
+    result = train(
+        model,
+        plan.train_cfg,
+        plan.train_ids,
+        plan.val_ids,
+        plan.out_dir,
+        progress,
+        info,
+        resume=plan.resume_state,
+        checkpoint_files=files,
+        log=log,
+    )
+    if info.is_main and not result.interrupted:
+        _save_run(model, result, plan, info, device, log)
+    return _summarize(plan, result, log)
+
+
+def _silent(*args, **kwargs) -> None:
+    pass
+
+
+def _new_plan(
+    *, preset, data, out, dataset, max_chars, model_overrides: dict, train_overrides: dict
+) -> RunPlan:
+    """A new run: the preset's settings plus the overrides, on a freshly read corpus."""
+    preset = preset or "default"
+    preset_spec = get_preset(preset)
+    train_cfg = TrainConfig.from_dict({**preset_spec.train, **train_overrides})
+    spec = data_spec(data, dataset, max_chars, train_cfg.val_fraction)
+    if spec["token_dir"] and (max_chars or "val_fraction" in train_overrides):
+        raise ValueError(
+            "--max-chars and --val-fraction do not apply to a prepared token "
+            "directory: its split was fixed by `decoderlm prepare` (run it "
+            "again with --val-fraction)"
+        )
+    tokenizer, train_ids, val_ids, source, fingerprint = load_corpus(spec)
+    spec["fingerprint"] = fingerprint
+    model_cfg = ModelConfig.from_dict(
+        {**preset_spec.model, **model_overrides, "vocab_size": tokenizer.vocab_size}
+    )
+    out_dir = Path(out) if out is not None else _free_run_dir(preset)
+    return RunPlan(
+        out_dir, preset, spec, model_cfg, train_cfg, tokenizer, train_ids, val_ids, source
+    )
+
+
+def _resume_plan(
+    out_dir: Path,
+    info: DistInfo,
+    log,
+    *,
+    out,
+    preset,
+    data,
+    dataset,
+    max_chars,
+    model_overrides: dict,
+    train_overrides: dict,
+) -> RunPlan:
+    """A resumed run: the checkpoint's settings (training ones may be overridden) and data,
+    each override that contradicts them refused."""
+    if out is not None and Path(out).resolve() != out_dir.resolve():
+        raise ValueError(
+            f"--resume continues the run in {out_dir} itself; drop --out "
+            f"{out} (copy the run directory first to branch it)"
+        )
+    checkpoint, resume_state, resumed, tokenizer = _resume_point(out_dir, info, log)
+    saved = read_json(checkpoint / "config.json")
+    if preset is not None and preset != saved.get("preset"):
+        raise ValueError(
+            f"the checkpoint was trained with preset {saved.get('preset')!r}, "
+            f"not {preset!r}; drop --preset to resume"
+        )
+    given = {"dataset": dataset, "max_chars": max_chars}
+    given["val_fraction"] = train_overrides.get("val_fraction")
+    spec = _resumed_data_spec(saved, checkpoint / "config.json", data, given)
+    _check_same("model config", saved["model"], model_overrides)
+    model_cfg = ModelConfig.from_dict(saved["model"])
+    train_cfg = TrainConfig.from_dict({**saved["train"], **train_overrides})
+    tokenizer, train_ids, val_ids, source, fingerprint = load_corpus(spec, tokenizer)
+    if spec.get("fingerprint") not in (None, fingerprint):
+        raise ValueError(
+            f"the corpus at {spec['token_dir'] or spec['path']} is not the one "
+            f"the checkpoint was trained on (its sha256 differs); restore it, "
+            f"pass --data with the original, or start a new run"
+        )
+    _note_schedule_change(saved["train"], train_cfg, log)
+    return RunPlan(
+        out_dir,
+        saved.get("preset"),
+        spec,
+        model_cfg,
+        train_cfg,
+        tokenizer,
+        train_ids,
+        val_ids,
+        source,
+        checkpoint,
+        resume_state,
+        resumed,
+    )
+
+
+def _resumed_data_spec(saved: dict, config_path: Path, data, given: dict) -> dict:
+    """The checkpoint's data_spec, with the data path moved to `data` when given (the corpus
+    is then checked by its fingerprint); ValueError if a given data setting contradicts it."""
+    spec = saved.get("data_spec")
+    if not isinstance(spec, dict):
+        raise ValueError(f"{config_path} has no data_spec entry")
+    _check_same("data", spec, {k: v for k, v in given.items() if v is not None})
+    if data is not None:
+        moved = str(Path(data).resolve())
+        spec = {**spec, "path": moved, "token_dir": moved if spec.get("token_dir") else None}
+    return spec
+
+
+def _note_schedule_change(saved_train: dict, train_cfg: TrainConfig, log) -> None:
+    """Say so when a resumed cosine schedule now decays over another number of steps."""
+    old_decay = saved_train.get("decay_steps") or saved_train["max_steps"]
+    new_decay = train_cfg.decay_steps or train_cfg.max_steps
+    if train_cfg.schedule == "cosine" and new_decay != old_decay:
+        log(
+            f"note: the cosine schedule now decays over {new_decay} steps instead of "
+            f"{old_decay}; pass --decay-steps {old_decay} to keep the original schedule"
+        )
+
+
+def _check_same(kind: str, saved: dict, overrides: dict) -> None:
+    """Raise ValueError naming each command-line value that contradicts the checkpoint."""
+    clashes = [
+        f"{k} is {saved.get(k)!r} in the checkpoint but {v!r} here"
+        for k, v in overrides.items()
+        if saved.get(k) != v
+    ]
+    if clashes:
+        raise ValueError(
+            f"the checkpoint's {kind} does not match the command line: "
+            f"{'; '.join(clashes)}; drop those options to resume, or start a new "
+            f"run with --out"
+        )
+
+
+def _resume_point(run_dir: Path, info: DistInfo, log):
+    """(checkpoint, its trainer state, model and tokenizer) for the newest checkpoint of
+    run_dir that loads whole. A damaged newer one is skipped with a warning and renamed
+    damaged-step-N (by rank 0), so it stays on disk for inspection but out of the
+    keep_checkpoints rotation."""
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ValueError(f"--resume {run_dir} is a file; give the run directory")
+    latest_checkpoint(run_dir)  # raises a clear error when there is none
+    for candidate in reversed(list_checkpoints(run_dir)):
+        try:
+            return (
+                candidate,
+                load_trainer_state(candidate),
+                DecoderLM.from_pretrained(candidate),
+                load_tokenizer(candidate),
+            )
+        except (ValueError, FileNotFoundError) as e:
+            log(f"warning: skipping checkpoint {candidate}: {e}")
+            if info.is_main:
+                os.replace(candidate, candidate.with_name("damaged-" + candidate.name))
+    raise ValueError(
+        f"no checkpoint in {run_dir / 'checkpoints'} can be loaded; see the warnings above"
+    )
+
+
+def _free_run_dir(name: str, root: Path = Path("runs")) -> Path:
+    """runs/<name>, or runs/<name>-2, -3, ... if it is taken: never overwrite a run."""
+    candidate, n = root / name, 1
+    while candidate.exists():
+        n += 1
+        candidate = root / f"{name}-{n}"
+    return candidate
+
+
+def _check_plan(plan: RunPlan, info: DistInfo, overwrite: bool) -> None:
+    """Refuse what cannot train: fsdp in one process, splits shorter than one window, a run
+    directory that cannot be used."""
+    if plan.train_cfg.fsdp and info.world_size == 1:
+        raise ValueError(
+            "fsdp needs several processes: run under torchrun (`torchrun "
+            "--nproc_per_node N -m decoderlm train ...`), or pass --fsdp false to "
+            "train (or resume) in one process"
+        )
+    check_split("train", plan.train_ids, plan.model_cfg.block_size)
+    check_split("validation", plan.val_ids, plan.model_cfg.block_size)
+    _check_run_dir(plan.out_dir, overwrite, plan.checkpoint)
+
+
+def _check_run_dir(out_dir: Path, overwrite: bool, checkpoint: Path | None) -> None:
+    """Refuse an --out that is a file, is not writable, or holds an earlier run (unless
+    --overwrite or resuming it)."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ValueError(f"--out {out_dir} is a file, not a directory")
+    held = [name for name in _RUN_FILES if (out_dir / name).exists()]
+    if checkpoint is None and held and not overwrite:
+        raise ValueError(
+            f"{out_dir} already holds a run ({', '.join(held)}); pass --resume "
+            f"{out_dir} to continue it, --overwrite to replace it, or choose "
+            f"another --out"
+        )
+    existing = next(p for p in (out_dir / "checkpoints", out_dir, *out_dir.parents) if p.exists())
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(
+            f"cannot write into {existing} (permission denied); choose another "
+            f"--out or fix its permissions"
+        )
+
+
+def _prepare_run_dir(out_dir: Path, resumed_step: int | None, log) -> None:
+    """Make out_dir ready (rank 0). A new run deletes the files of an earlier run there (only
+    those: other files in the directory stay); a resumed run keeps metrics.jsonl up to the
+    checkpoint's step, dropping later records and a line torn by a crash."""
+    if resumed_step is None:
+        for name in _RUN_FILES:
+            path = out_dir / name
+            if path.is_dir():
+                shutil.rmtree(path)
+            elif path.exists():
+                path.unlink()
+        out_dir.mkdir(parents=True, exist_ok=True)
+        return
+    metrics = out_dir / "metrics.jsonl"
+    if metrics.is_file():
+        kept = []
+        for line in metrics.read_bytes().decode("utf-8", errors="replace").splitlines(True):
+            try:
+                if json.loads(line).get("step", 0) <= resumed_step:
+                    kept.append(line)
+            except (ValueError, AttributeError):  # torn or damaged: left out, said once
+                log(f"warning: dropping an unreadable line of {metrics}: {line[:60]!r}")
+        atomic_write(metrics, lambda tmp: Path(tmp).write_text("".join(kept), encoding="utf-8"))
+
+
+def _build_model(plan: RunPlan, info: DistInfo, device: torch.device) -> DecoderLM:
+    """The model to train on `device`: new (seeded with the training seed) or the checkpoint's.
+    Every rank starts from the same weights and then draws its own dropout."""
+    torch.manual_seed(plan.train_cfg.seed)
+    model = plan.resumed if plan.checkpoint is not None else DecoderLM(plan.model_cfg)
+    model = model.to(device)
+    if info.world_size > 1:
+        torch.manual_seed(plan.train_cfg.seed + info.rank)
+    return model
+
+
+def _log_start(plan: RunPlan, model: DecoderLM, info: DistInfo, device: torch.device, log) -> None:
+    cfg, train_cfg = plan.model_cfg, plan.train_cfg
+    log(
+        f"data: {plan.source}, vocabulary {plan.tokenizer.vocab_size}, train "
+        f"{len(plan.train_ids):,} / validation {len(plan.val_ids):,} tokens"
+    )
+    log(
+        f"model: {model.num_parameters():,} parameters (n_layers {cfg.n_layers}, "
+        f"d_model {cfg.d_model}, n_heads {cfg.n_heads}, block_size "
+        f"{cfg.block_size}); preset {plan.preset!r}, {train_cfg.max_steps} steps, "
+        f"{train_cfg.dtype} on {device}"
+        + (f" x {info.world_size} processes" if info.world_size > 1 else "")
+        + (f"; resuming from {plan.checkpoint}" if plan.checkpoint else "")
+    )
+
+
+def _save_run(
+    model: DecoderLM, result: TrainResult, plan: RunPlan, info: DistInfo, device: torch.device, log
+) -> None:
+    """Write the trained model, its tokenizer and the artifacts into the run directory (rank
+    0). Under torchrun the full weights are read back from the last checkpoint."""
+    final = (
+        DecoderLM.from_pretrained(result.checkpoint, map_location=str(device))
+        if info.world_size > 1
+        else model
+    )
+    final.save_pretrained(plan.out_dir, plan.extra)
+    plan.tokenizer.save_pretrained(plan.out_dir)
+    metrics = [
+        json.loads(line)
+        for line in (plan.out_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
+    ]
+    _write_artifacts(
+        final, plan.tokenizer, plan.train_cfg, metrics, plan.val_ids, plan.out_dir, log
+    )
+
+
+def _summarize(plan: RunPlan, result: TrainResult, log) -> RunSummary:
+    """The RunSummary, and the closing lines (how to resume, or the final loss and files)."""
+    if result.interrupted:
+        log(f"resume with: decoderlm train --resume {plan.out_dir}")
+        return RunSummary(
+            plan.out_dir,
+            None,
+            None,
+            result.elapsed_s,
+            result.tokens_per_s,
+            plan.source,
+            result.step,
+            True,
+        )
+    summary = RunSummary(
+        plan.out_dir,
+        result.val_loss,
+        result.val_loss / LN2,
+        result.elapsed_s,
+        result.tokens_per_s,
+        plan.source,
+        result.step,
+    )
+    unit = "char" if isinstance(plan.tokenizer, CharTokenizer) else "token"
+    log(
+        f"final validation loss {summary.val_loss:.4f} nats/{unit} = {summary.val_bpc:.4f} "
+        f"bits/{unit} (whole validation split), {result.elapsed_s:.1f} s of training at "
+        f"{result.tokens_per_s:,.0f} tokens/s"
+    )
+    log(
+        f"wrote {plan.out_dir}/: model.safetensors config.json tokenizer.json metrics.jsonl "
+        f"loss.png attention.png samples.txt checkpoints/"
+    )
+    return summary
+
+
+@torch.no_grad()
+def attention_maps(model: DecoderLM, idx: torch.Tensor) -> torch.Tensor:
+    """Every layer's attention probabilities for idx [1, T] in eval mode: [n_layers, n_heads,
+    T, T] float32 on the CPU."""
+    model.eval()
+    _, cache = run_with_cache(model, idx.to(model.device), ["hook_pattern"])
+    return torch.stack(list(cache.values()))[:, 0].cpu()  # hook order is layer order
+
+
+def _write_artifacts(
+    model: DecoderLM,
+    tokenizer,
+    cfg: TrainConfig,
+    metrics: list[dict],
+    val_ids,
+    out_dir: Path,
+    log=print,
+) -> None:
+    """loss.png, attention.png (every layer and head on the first 64 validation tokens) and
+    samples.txt (sample_chars tokens from sample_prompt) in out_dir."""
+    plot_loss(metrics, out_dir / "loss.png")
+    n = min(64, model.config.block_size, len(val_ids))
+    window = torch.tensor(np.asarray(val_ids[:n], dtype=np.int64))[None, :]
+    plot_attention(
+        attention_maps(model, window).numpy(),
+        out_dir / "attention.png",
+        title=f"attention on validation tokens 0-{n - 1}: {tokenizer.decode(window[0])!r}",
+    )
+    try:
+        prompt = tokenizer.encode(cfg.sample_prompt)
+    except ValueError:  # the prompt has characters outside a character vocabulary
+        prompt = []
+        log(
+            f"note: sample_prompt {cfg.sample_prompt!r} has characters outside the vocabulary; "
+            f"samples.txt starts from the first validation token instead"
+        )
+    idx = torch.tensor([prompt or window[0, :1].tolist()], dtype=torch.long)
+    out = generate(model, idx.to(model.device), cfg.sample_chars, seed=cfg.seed)
+    (out_dir / "samples.txt").write_text(tokenizer.decode(out[0]), encoding="utf-8")

@@ -1,0 +1,213 @@
+"""The resumable state of a training run, as one object (`TrainState`).
+
+`TrainState.state_dict()` is what a checkpoint stores: the model's weights (written to
+model.safetensors) and the trainer state (written to trainer_state.pt, see
+`decoderlm.training.checkpoints`): step, tokens, elapsed_s, loss_sum / loss_n (the train
+losses since the last metrics record), optimizer, data_sampler (the window generator's
+state), rng (the RNG states of every rank), scaler (the float16 loss scaler, {} otherwise),
+world_size and train (the TrainConfig). Only tensors and plain Python values, so the file
+loads with torch.load(weights_only=True). `load_state_dict` restores all of it; a resumed
+run then computes exactly what an uninterrupted one would have.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+
+from ..config import TrainConfig
+from ..model import DecoderLM
+from ..weights import list_checkpoints
+from .checkpoints import save_checkpoint
+from .parallel import DistInfo, barrier, gather_across_ranks
+
+__all__ = ["TrainState", "rng_state", "set_rng_state"]
+
+_FULL = StateDictOptions(full_state_dict=True)
+
+
+def rng_state() -> dict:
+    """Every RNG this process draws from: Python, NumPy, torch CPU and CUDA."""
+    np_state = np.random.get_state(legacy=False)
+    return {
+        "python": random.getstate(),
+        "numpy": {
+            **np_state,
+            "state": {
+                "key": torch.from_numpy(np_state["state"]["key"].astype(np.int64)),
+                "pos": np_state["state"]["pos"],
+            },
+        },
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+    }
+
+
+def set_rng_state(state: dict) -> None:
+    """Restore the RNG states saved by `rng_state`."""
+    random.setstate(state["python"])
+    np_state = state["numpy"]
+    np.random.set_state(
+        {
+            **np_state,
+            "state": {
+                "key": np_state["state"]["key"].numpy().astype(np.uint32),
+                "pos": np_state["state"]["pos"],
+            },
+        }
+    )
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+class TrainState:
+    """Everything a training run needs to continue exactly where it stopped.
+
+    Attributes:
+        model, optimizer, scaler: what is trained and how (the GradScaler is disabled unless
+            float16).
+        generator: the torch.Generator that draws the training windows.
+        step: optimizer steps done. loss_sum, loss_n: the sum and count of the train losses
+            not yet logged in a metrics record.
+        tokens_per_step: training tokens per optimizer step, all ranks together.
+    """
+
+    def __init__(
+        self,
+        model: DecoderLM,
+        optimizer: torch.optim.Optimizer,
+        scaler: torch.amp.GradScaler,
+        generator: torch.Generator,
+        cfg: TrainConfig,
+        info: DistInfo,
+        log=print,
+    ):
+        self.model, self.optimizer = model, optimizer
+        self.scaler, self.generator = scaler, generator
+        self.cfg, self.info, self.log = cfg, info, log
+        self.tokens_per_step = (
+            cfg.batch_size * cfg.grad_accum_steps * info.world_size * model.config.block_size
+        )
+        self.step, self.loss_sum, self.loss_n = 0, 0.0, 0
+        self._elapsed_before, self._start = 0.0, time.perf_counter()
+
+    @property
+    def tokens(self) -> int:
+        """Training tokens seen so far, all ranks together."""
+        return self.step * self.tokens_per_step
+
+    def start_clock(self) -> None:
+        """Count elapsed time from now on (on top of the time before a resume)."""
+        self._start = time.perf_counter()
+
+    def run_seconds(self) -> float:
+        """Seconds since `start_clock` (this run alone)."""
+        return time.perf_counter() - self._start
+
+    def elapsed(self) -> float:
+        """Seconds of training, over every run that led to this state."""
+        return self._elapsed_before + time.perf_counter() - self._start
+
+    def add_loss(self, loss: float) -> None:
+        """Count one more optimizer step, whose train loss was `loss`."""
+        self.loss_sum, self.loss_n = self.loss_sum + loss, self.loss_n + 1
+        self.step += 1
+
+    def take_mean_loss(self) -> float:
+        """The mean train loss since the last call (or the start), and start a new mean."""
+        mean = self.loss_sum / self.loss_n
+        self.loss_sum, self.loss_n = 0.0, 0
+        return mean
+
+    def state_dict(self) -> dict:
+        """The whole state: the trainer state (see the module docstring) and, under "model",
+        the model's full state dict on the CPU. Every rank must call it (it gathers FSDP's
+        shards and every rank's RNG state)."""
+        model_state, optim_state = get_state_dict(
+            self.model,
+            self.optimizer,
+            options=StateDictOptions(full_state_dict=True, cpu_offload=True),
+        )
+        return {
+            "step": self.step,
+            "tokens": self.tokens,
+            "elapsed_s": self.elapsed(),
+            "loss_sum": self.loss_sum,
+            "loss_n": self.loss_n,
+            "optimizer": optim_state,
+            "data_sampler": self.generator.get_state(),
+            "rng": gather_across_ranks(rng_state(), self.info),
+            "scaler": self.scaler.state_dict() if self.scaler.is_enabled() else {},
+            "world_size": self.info.world_size,
+            "train": self.cfg.to_dict(),
+            "model": model_state,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore a state written by `state_dict` (or a checkpoint's trainer_state.pt, whose
+        model weights are then already in the model). A checkpoint written by another number
+        of processes resumes too, with a warning: this rank takes the RNG state of rank
+        (rank mod their count), so dropout draws differ from an uninterrupted run."""
+        if "model" in state:
+            set_model_state_dict(self.model, state["model"], options=_FULL)
+        self.step, self._elapsed_before = state["step"], state["elapsed_s"]
+        self.loss_sum, self.loss_n = state["loss_sum"], state["loss_n"]
+        set_optimizer_state_dict(self.model, self.optimizer, state["optimizer"], options=_FULL)
+        self.generator.set_state(state["data_sampler"])
+        if state["scaler"]:
+            self.scaler.load_state_dict(state["scaler"])
+        rngs = state["rng"]
+        if len(rngs) != self.info.world_size:
+            self.log(
+                f"warning: the checkpoint was written by {len(rngs)} process(es) and this "
+                f"run has {self.info.world_size}; dropout draws differ from an "
+                f"uninterrupted run"
+            )
+        set_rng_state(rngs[self.info.rank % len(rngs)])
+
+    def save(self, run_dir: Path, files: dict | None = None) -> Path | None:
+        """Write a checkpoint of this state into run_dir/checkpoints/ (rank 0 writes; every
+        rank must call this). files: {"extra": more config.json entries, "tokenizer": a
+        tokenizer} stored with it.
+
+        Returns:
+            The checkpoint directory on rank 0, None on the other ranks.
+
+        Raises:
+            OSError: the checkpoint could not be written (the message names the last good
+                one; earlier checkpoints are left untouched).
+        """
+        state, path = self.state_dict(), None
+        if self.info.is_main:
+            files = files or {}
+            model_state = state.pop("model")
+            try:
+                path = save_checkpoint(
+                    run_dir,
+                    self.step,
+                    {
+                        "model": (model_state, self.model.config, files.get("extra")),
+                        "tokenizer": files.get("tokenizer"),
+                        "trainer_state": state,
+                    },
+                    self.cfg.keep_checkpoints,
+                )
+            except OSError as e:
+                last_good = list_checkpoints(run_dir)[-1:]
+                raise OSError(
+                    f"saving the checkpoint of step {self.step} failed: {e}"
+                    + (f"; the last good checkpoint is {last_good[0]}" if last_good else "")
+                ) from None
+        barrier(self.info)
+        return path

@@ -1,0 +1,220 @@
+"""The evaluation loss and `decoderlm eval` (decoderlm.evaluate)."""
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+import decoderlm.data as data_module
+from decoderlm import DecoderLM, load_tokenizer
+from decoderlm.cli import main
+from decoderlm.data import EMBEDDED_CORPUS, load_token_dir
+from decoderlm.evaluate import evaluate, evaluate_run
+from decoderlm.prepare import prepare
+from decoderlm.tokenizers import DEFAULT_UNK_TOKEN
+from decoderlm.training.run import run_experiment
+
+from conftest import tiny_model
+
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
+SHAKESPEARE = SHARED / "tinyshakespeare" / "input.txt"
+WIKI = SHARED / "wikitext-2-raw"
+needs_shared = pytest.mark.skipif(
+    not SHAKESPEARE.is_file() or not (WIKI / "test.txt").is_file(),
+    reason=f"the real data files are not in {SHARED}",
+)
+SMALL = {"n_layers": 1, "n_heads": 2, "d_model": 16, "block_size": 32, "dropout": 0.0}
+SMALL_TRAIN = {"max_steps": 4, "batch_size": 8, "eval_interval": 4}
+
+
+def quiet(*args, **kwargs):
+    pass
+
+
+def one_line_error(capsys, argv, *fragments):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("decoderlm: error:") and err.count("\n") == 1, err
+    assert "Traceback" not in err
+    for fragment in fragments:
+        assert fragment in err, err
+    return err
+
+
+def test_evaluate_is_deterministic_and_restores_train_mode():
+    model = tiny_model(dropout=0.2).train()
+    data = torch.randint(0, 65, (500,))
+    a, b = evaluate(model, data), evaluate(model, data)
+    assert a == b and model.training
+    T = model.config.block_size
+    n = (len(data) - 1) // T
+    windows = data[: n * T + 1]
+    x = torch.stack([windows[i * T : (i + 1) * T] for i in range(n)])
+    y = torch.stack([windows[i * T + 1 : (i + 1) * T + 1] for i in range(n)])
+    model.eval()
+    assert a == pytest.approx(model(x, y)[1].item(), rel=1e-6)
+
+
+@pytest.fixture(scope="module")
+def crop_runs(tmp_path_factory):
+    """Two tiny character models trained briefly on the shipped crop: with an unknown token in
+    the vocabulary (what `decoderlm train` builds) and without one (older runs)."""
+    root = tmp_path_factory.mktemp("runs")
+    with_unk = run_experiment(
+        "seed-notebook",
+        out=root / "unk",
+        model_overrides=SMALL,
+        train_overrides=SMALL_TRAIN,
+        device="cpu",
+        progress=False,
+        log=quiet,
+    )
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(data_module, "DEFAULT_UNK_TOKEN", None)
+        plain = run_experiment(
+            "seed-notebook",
+            out=root / "plain",
+            model_overrides=SMALL,
+            train_overrides=SMALL_TRAIN,
+            device="cpu",
+            progress=False,
+            log=quiet,
+        )
+    assert load_tokenizer(with_unk.out_dir).unk_token == DEFAULT_UNK_TOKEN
+    assert load_tokenizer(plain.out_dir).unk_token is None
+    return with_unk, plain
+
+
+def test_eval_val_split_is_the_runs_final_validation_loss(crop_runs, capsys):
+    _, plain = crop_runs
+    report = evaluate_run(plain.out_dir)
+    assert report["nats_per_token"] == pytest.approx(plain.val_loss, rel=1e-6)
+    n_val = 300_000 - int(0.9 * 300_000)
+    assert report["tokens"] == n_val and report["windows"] == (n_val - 1) // 32
+    assert report["tokens_scored"] == report["windows"] * 32
+    assert report["bits_per_char"] == pytest.approx(plain.val_loss / math.log(2))
+    assert report["perplexity"] == pytest.approx(math.exp(plain.val_loss))
+    assert main(["eval", "--run", str(plain.out_dir), "--split", "train", "--json"]) == 0
+    train_report = json.loads(capsys.readouterr().out)
+    assert train_report["split"] == "train" and train_report["tokens"] == 270_000
+
+
+@needs_shared
+def test_eval_on_wikitext_test_maps_unknown_characters_to_the_unknown_token(crop_runs, capsys):
+    with_unk, plain = crop_runs
+    test_text = (WIKI / "test.txt").read_text(encoding="utf-8")
+    crop = set(EMBEDDED_CORPUS.read_text(encoding="utf-8"))
+    expected_unknown = sum(1 for c in test_text if c not in crop)  # the oracle
+    assert expected_unknown > 0
+    assert (
+        main(
+            [
+                "eval",
+                "--run",
+                str(with_unk.out_dir),
+                "--data",
+                str(WIKI / "test.txt"),
+                "--batch-size",
+                "512",
+            ]
+        )
+        == 0
+    )
+    out = capsys.readouterr().out
+    assert f"unknown characters: {expected_unknown:,} (mapped to the unknown token '\ufffd')" in out
+    assert (
+        main(
+            [
+                "eval",
+                "--run",
+                str(with_unk.out_dir),
+                "--data",
+                str(WIKI / "test.txt"),
+                "--batch-size",
+                "512",
+                "--json",
+            ]
+        )
+        == 0
+    )
+    report = json.loads(capsys.readouterr().out)
+    assert report["unknown_characters"] == expected_unknown
+    assert report["tokens"] == len(test_text) and math.isfinite(report["nats_per_token"])
+    # the oracle: ids made without the tokenizer's encode, scored by the same windows
+    tok = load_tokenizer(with_unk.out_dir)
+    ids = torch.tensor([tok.stoi.get(c, tok.chars.index("\ufffd")) for c in test_text])
+    model = DecoderLM.from_pretrained(with_unk.out_dir)
+    assert report["nats_per_token"] == pytest.approx(evaluate(model, ids, batch_size=512), rel=1e-6)
+    # the run without an unknown token says so instead of crashing
+    one_line_error(
+        capsys,
+        ["eval", "--run", str(plain.out_dir), "--data", str(WIKI / "test.txt")],
+        "no unknown token",
+        "'杜' at position",
+    )
+
+
+def test_eval_errors_are_clear(crop_runs, tmp_path, capsys):
+    _, plain = crop_runs
+    run = tmp_path / "run"
+    run.mkdir()
+    for path in plain.out_dir.iterdir():
+        if path.is_file():
+            (run / path.name).write_bytes(path.read_bytes())
+    short = tmp_path / "short.txt"
+    short.write_text("The cat", encoding="utf-8")
+    one_line_error(
+        capsys, ["eval", "--run", str(run), "--data", str(short)], "needs block_size + 1 = 33"
+    )
+    one_line_error(
+        capsys, ["eval", "--run", str(run), "--data", str(short), "--split", "val"], "scored whole"
+    )
+    prepare([short], "byte", tmp_path / "bytes", log=quiet)
+    one_line_error(
+        capsys,
+        ["eval", "--run", str(run), "--data", str(tmp_path / "bytes")],
+        "prepared with another tokenizer",
+    )
+    config = json.loads((run / "config.json").read_text())
+    del config["data_spec"]
+    (run / "config.json").write_text(json.dumps(config))
+    one_line_error(capsys, ["eval", "--run", str(run)], "no 'data_spec'", "--data PATH")
+    one_line_error(capsys, ["eval", "--run", str(tmp_path / "nowhere")], "not found")
+
+
+def test_eval_a_byte_model_on_a_prepared_token_directory(tmp_path, capsys):
+    text = EMBEDDED_CORPUS.read_text(encoding="utf-8")[:5_000]
+    (tmp_path / "c.txt").write_text(text, encoding="utf-8")
+    prepare([tmp_path / "c.txt"], "byte", tmp_path / "tok", log=quiet)
+    tokens = load_token_dir(tmp_path / "tok")
+    model = tiny_model(vocab_size=256)
+    model.save_pretrained(tmp_path / "run")
+    tokens.tokenizer.save_pretrained(tmp_path / "run")
+    assert (
+        main(["eval", "--run", str(tmp_path / "run"), "--data", str(tmp_path / "tok"), "--json"])
+        == 0
+    )
+    report = json.loads(capsys.readouterr().out)
+    data = text.encode("utf-8")
+    val = torch.tensor(list(data[int(0.9 * len(data)) :]))
+    assert report["split"] == "val" and report["tokens"] == len(val)
+    assert report["nats_per_token"] == pytest.approx(evaluate(model, val), rel=1e-6)
+    assert report["bits_per_byte"] == pytest.approx(report["nats_per_token"] / math.log(2))
+    assert "bits_per_char" not in report
+    # a run whose data_spec names the token directory: --split reads it
+    config = json.loads((tmp_path / "run" / "config.json").read_text())
+    config["data_spec"] = {
+        "path": None,
+        "dataset": None,
+        "max_chars": None,
+        "token_dir": str(tmp_path / "tok"),
+        "val_fraction": 0.1,
+    }
+    (tmp_path / "run" / "config.json").write_text(json.dumps(config))
+    train_report = evaluate_run(tmp_path / "run", split="train")
+    assert train_report["tokens"] == int(0.9 * len(data))
+    assert train_report["nats_per_token"] == pytest.approx(
+        evaluate(model, torch.tensor(list(data[: int(0.9 * len(data))]))), rel=1e-6
+    )
