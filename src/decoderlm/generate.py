@@ -153,6 +153,44 @@ def _check_generate_args(idx, max_new_tokens, attention_mask):
             )
 
 
+def _prefill(model, ids: torch.Tensor, n: int, mask: torch.Tensor | None, dtype):
+    """A new KVCache filled from the last max_positions of ids[:, :n]: (cache, positions
+    [B, T] of those tokens, logits [B, 1, vocab_size] of the last one). Positions count real
+    tokens only when `mask` marks padding."""
+    B, lo = ids.size(0), max(0, n - model.config.max_positions)
+    window_mask = None if mask is None else mask[:, lo:n]
+    if window_mask is None:
+        positions = torch.arange(n - lo, device=ids.device).expand(B, -1)
+    else:
+        positions = (window_mask.long().cumsum(1) - 1).clamp(min=0)
+    cache = KVCache(model.config, B, ids.device, dtype)
+    logits = model.forward_cached(ids[:, lo:n], cache, positions, window_mask, last_only=True)
+    return cache, positions, logits
+
+
+def _sample_checked(logits: torch.Tensor, step: int, temperature, top_k, top_p, generator):
+    """`sample_next` of logits [B, vocab_size], with errors naming the step."""
+    try:
+        nxt = sample_next(logits, temperature, top_k, top_p, generator)
+    except ValueError as e:
+        raise ValueError(f"step {step}: {e}") from None
+    chosen = nxt.tolist()
+    if min(chosen) < 0 or max(chosen) >= logits.size(-1):
+        raise ValueError(
+            f"step {step}: sampled token id {chosen} is outside [0, {logits.size(-1)})"
+        )
+    return nxt
+
+
+def _ends_with_stop(generated: torch.Tensor, stops: list[torch.Tensor]) -> torch.Tensor:
+    """[B] bool: whether each row of generated [B, n] ends with one of the stop sequences."""
+    done = torch.zeros(generated.size(0), dtype=torch.bool, device=generated.device)
+    for seq in stops:
+        if generated.size(1) >= len(seq):
+            done |= (generated[:, -len(seq) :] == seq.to(generated.device)).all(1)
+    return done
+
+
 @torch.no_grad()
 def stream_generate(
     model,
@@ -178,7 +216,7 @@ def stream_generate(
         temperature = 0.0
     if seed is not None:
         generator = torch.Generator(device=idx.device).manual_seed(seed)
-    limit, vocab_size = model.config.max_positions, model.config.vocab_size
+    limit = model.config.max_positions
     (B, T0), n = idx.shape, idx.size(1)  # n: tokens so far
     ids = idx.new_empty(B, T0 + max_new_tokens)  # filled as we go: no concatenation per token
     ids[:, :T0] = idx
@@ -198,44 +236,18 @@ def stream_generate(
         for step in range(max_new_tokens):
             if cache is not None and cache.length < limit:  # one new token
                 positions = positions[:, -1:] + 1
-                logits = one_token(
-                    model,
-                    ids[:, n - 1 : n],
-                    cache,
-                    positions,
-                    None if mask is None else mask[:, n - cache.length - 1 : n],
-                )
+                key_mask = None if mask is None else mask[:, n - cache.length - 1 : n]
+                logits = one_token(model, ids[:, n - 1 : n], cache, positions, key_mask)
             else:  # prefill: the prompt, or a rebuild of the last max_positions tokens
-                lo = max(0, n - limit)
-                window_mask = None if mask is None else mask[:, lo:n]
-                positions = (
-                    torch.arange(n - lo, device=idx.device).expand(B, -1)
-                    if mask is None
-                    else (window_mask.long().cumsum(1) - 1).clamp(min=0)
-                )
-                cache = KVCache(model.config, B, idx.device, dtype)
-                logits = model.forward_cached(
-                    ids[:, lo:n], cache, positions, window_mask, last_only=True
-                )
+                cache, positions, logits = _prefill(model, ids, n, mask, dtype)
                 if not use_cache:
                     cache = None
-            try:
-                nxt = sample_next(logits[:, -1, :], temperature, top_k, top_p, generator)
-            except ValueError as e:
-                raise ValueError(f"step {step}: {e}") from None
-            chosen = nxt.tolist()
-            if min(chosen) < 0 or max(chosen) >= vocab_size:
-                raise ValueError(
-                    f"step {step}: sampled token id {chosen} is outside [0, {vocab_size})"
-                )
+            nxt = _sample_checked(logits[:, -1, :], step, temperature, top_k, top_p, generator)
             ids[:, n] = nxt
             n += 1
             yield torch.where(finished, torch.full_like(nxt, pad_token_id), nxt) if stops else nxt
             if stops:
-                generated = ids[:, T0:n]
-                for seq in stops:
-                    if generated.size(1) >= len(seq):
-                        finished |= (generated[:, -len(seq) :] == seq.to(ids.device)).all(1)
+                finished |= _ends_with_stop(ids[:, T0:n], stops)
                 if finished.all():
                     return
     finally:
