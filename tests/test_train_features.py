@@ -59,7 +59,8 @@ def test_settings_file_then_command_line_overrides(tmp_path, capsys):
     for text, message in (("[train]\nmax_step = 3\n", "unknown setting 'train.max_step'"),
                           ("max_steps = 3\n", "unknown setting 'max_steps'"),
                           ("[model\n", "does not parse"),
-                          ("[train]\ndtype = 'float8'\n", "dtype must be")):
+                          ("[train]\ndtype = 'float8'\n",
+                           "--dtype: expected one of float32, bfloat16, float16")):
         settings.write_text(text, encoding="utf-8")
         assert main(["train", "--config", str(settings), "--out", str(tmp_path / "x")]) == 2
         err = capsys.readouterr().err

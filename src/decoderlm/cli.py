@@ -36,7 +36,7 @@ from jsonargparse.typing import NonNegativeInt, NotEmptyStr, PositiveInt
 from .config import ModelConfig, TrainConfig
 from .presets import PRESETS
 
-__all__ = ["main", "build_parser"]
+__all__ = ["COMMANDS", "build_parser", "main"]
 
 PresetName = Literal[tuple(sorted(PRESETS))]
 
@@ -174,6 +174,7 @@ def sample(run: NotEmptyStr | None = None, hf: NotEmptyStr | None = None, device
         compile: decode with torch.compile: faster per token after a 10-30 s compile (needs
             a C++ compiler on the CPU).
     """
+    from .generate import stream_text
     from .tokenizers import CharTokenizer
 
     model, tokenizer = _model_and_tokenizer(run, hf, device)
@@ -192,9 +193,9 @@ def sample(run: NotEmptyStr | None = None, hf: NotEmptyStr | None = None, device
             if not first:
                 print("\n---")
             first = False
-            _print_stream(model, tokenizer, ids, None if seed is None else seed + i,
-                          dict(max_new_tokens=max_new_tokens, temperature=temperature,
-                               top_k=top_k, top_p=top_p, stop=stop, compile=compile))
+            _print_stream(stream_text(model, tokenizer, ids, max_new_tokens, temperature,
+                                      top_k, top_p, None if seed is None else seed + i, stop,
+                                      compile))
     return 0
 
 
@@ -294,8 +295,8 @@ def _params_table(report: dict) -> str:
     """The report of `params` as text."""
     counts, built, T = report["parameters"], report["parameters_of_modules"], report["seq_len"]
     gib = 2 ** 30
-    lines = [f"parameters: {counts['total']:,} (modules on the meta device: {built:,}); "
-             f"non-embedding (total minus the position table) {counts['non_embedding']:,}"]
+    lines = [(f"parameters: {counts['total']:,} (modules on the meta device: {built:,}); "
+              f"non-embedding (total minus the position table) {counts['non_embedding']:,}")]
     lines += [f"  {part:<11} {counts[part]:>15,}"
               for part in ("embeddings", "attention", "mlp", "norms", "head")]
     k, p = report["flops_per_token"]["kaplan"], report["flops_per_token"]["palm"]
@@ -380,13 +381,9 @@ def _read_prompts(path: str) -> list[str]:
     return lines
 
 
-def _print_stream(model, tokenizer, ids, seed, settings) -> None:
-    """Print a sample's text as its tokens are produced, up to the first stop text."""
-    from .generate import stream_text
-
-    s = settings
-    for delta, *_ in stream_text(model, tokenizer, ids, s["max_new_tokens"], s["temperature"],
-                                 s["top_k"], s["top_p"], seed, s["stop"], s["compile"]):
+def _print_stream(pieces) -> None:
+    """Print a sample's text as stream_text produces it, then a newline."""
+    for delta, *_ in pieces:
         sys.stdout.write(delta)
         sys.stdout.flush()
     sys.stdout.write("\n")
@@ -403,8 +400,8 @@ _KINDS = {NonNegativeInt: "an integer >= 0", PositiveInt: "an integer > 0",
 
 
 _FILE_ERRORS = [  # jsonargparse's words for a bad settings file -> ours
-    (r"^Subcommand '\w+' does not accept option '(.*)'$", r"unknown setting '\1' in the "
-     "settings file (its keys are the flags' names with underscores)"),
+    (r"^Subcommand '\w+' does not accept option '(.*)'$",
+     r"unknown setting '\1' in the settings file (keys: the flags' names, with underscores)"),
     (r"^Problems parsing config: ", "the settings file does not parse: "),
     (r"^Unexpected config: .*", "a settings file must map settings to values"),
 ]
@@ -511,7 +508,8 @@ def _one_line(parser: ArgumentParser, command: str | None, error: Exception) -> 
     """A jsonargparse error as one line that names the flag, what it takes and what it got."""
     text = str(error)
     key = re.match(r'Parser key "([^"]+)":', text)
-    given = re.search(r"(?:Given value|Got value): ?(.*)|Not of type \w+: (.*) does not", text)
+    given = re.search(r"(?:Given value|Got value): ?(.*)|Not of type \w+: (.*) does not|"
+                      r"invalid literal for \w+\(\) with base 10: '(.*)'", text)
     sub = parser._subcommands_action._name_parser_map.get(command) if command else None
     action = next((a for a in (sub or parser)._actions if key and a.dest == key[1]), None)
     if key and action is not None and given and hasattr(action, "_typehint"):
@@ -539,10 +537,10 @@ def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns the exit status (0 ok, also when the reader of stdout closes it
     early; 2 user error, 130 interrupted)."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    command = next((a for a in argv if a in COMMANDS), None)
+    command = argv[0] if argv and argv[0] in COMMANDS else None
     parser = build_parser()
     try:
-        settings = parser.parse_args(argv, defaults=False)
+        settings = parser.parse_args(_settings_file_first(argv), defaults=False)
     except SystemExit as exit_:  # --help
         return exit_.code
     except argparse.ArgumentError as e:
@@ -553,6 +551,19 @@ def main(argv: list[str] | None = None) -> int:
     kwargs = settings.get(settings.command, Namespace()).as_dict()
     kwargs.pop("config", None)
     return _run(settings.command, kwargs)
+
+
+def _settings_file_first(argv: list[str]) -> list[str]:
+    """argv with `--config FILE` moved just after the command, so that the flags override the
+    settings file wherever they stand (jsonargparse applies both in the order given)."""
+    if not argv or argv[0] not in COMMANDS:
+        return argv
+    files, rest, i = [], [], 1
+    while i < len(argv):
+        take = 2 if argv[i] == "--config" else 1 if argv[i].startswith("--config=") else 0
+        (files if take else rest).extend(argv[i:i + (take or 1)])
+        i += take or 1
+    return argv[:1] + files + rest
 
 
 def _run(command: str, kwargs: dict[str, Any]) -> int:
