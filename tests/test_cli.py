@@ -2,11 +2,12 @@
 command, one-line errors for bad flags, values and settings files."""
 
 import json
+from pathlib import Path
 
 import pytest
 from conftest import tiny_model
 
-from decoderlm.cli import COMMANDS, build_parser, main
+from decoderlm.cli import COMMANDS, _settings_file_first, build_parser, main
 
 
 def one_line_error(capsys, argv, *fragments):
@@ -99,3 +100,16 @@ def test_prepare_takes_several_data_flags(tmp_path, capsys):
                  "--tokenizer", "byte", "--out", str(out)]) == 0
     meta = json.loads((out / "meta.json").read_text())
     assert len(meta["sources"]) == 2, meta
+
+
+def test_the_readme_settings_file_for_train(tmp_path):
+    text = (Path(__file__).parents[1] / "README.md").read_text(encoding="utf-8")
+    example = text.split("# run.yaml:")[1].split("```")[0].split("\n", 1)[1]
+    (tmp_path / "run.yaml").write_text(example)
+    args = ["train", "--lr", "3e-4", "--config", str(tmp_path / "run.yaml")]
+    settings = build_parser().parse_args(_settings_file_first(args), defaults=False).train
+    assert settings.preset == "default" and settings.out == "runs/shakespeare"
+    assert settings.model.as_dict() == {"n_layers": 6, "d_model": 384, "n_heads": 6,
+                                        "block_size": 256}
+    assert settings.train.lr == 3e-4 and settings.train.min_lr == 1e-4  # the flag wins
+    assert settings.train.compile is True and settings.train.dtype == "bfloat16"

@@ -5,9 +5,9 @@ and docstring are the command's flags and --help, read by jsonargparse; `train` 
 every ModelConfig field but vocab_size and every TrainConfig field as a flag. Flags are written
 with dashes (`--max-steps`), booleans as `--flag`, `--flag true` or `--flag false`, an unset
 optional value as `none`, and a list flag is repeated for each value.
-`--config FILE` reads the flags of a command from a YAML, JSON or (for its name) TOML file
+`--config FILE` reads the flags of a command from a YAML, JSON or TOML (a .toml name) file
 whose keys are the flags' names with underscores; `train`'s model and training settings sit
-under `model:` and `train:`. Flags after `--config` override the file.
+under `model:` and `train:`. The flags on the command line override the file.
 
 User mistakes (bad flags, missing files, unknown characters, ...) print one line
 `decoderlm: error: ...` and exit with status 2, never a traceback.
@@ -394,6 +394,7 @@ def _print_stream(pieces) -> None:
 
 COMMANDS = {"train": train, "prepare": prepare, "eval": evaluate, "sample": sample,
             "serve": serve, "presets": presets, "params": params}
+_UNIONS = (typing.Union, types.UnionType)
 _KINDS = {NonNegativeInt: "an integer >= 0", PositiveInt: "an integer > 0",
           NotEmptyStr: "a non-empty string", bool: "true or false", int: "an integer",
           float: "a number", str: "text", type(None): "none"}
@@ -443,12 +444,13 @@ def build_parser() -> ArgumentParser:
     subcommands = root.add_subcommands(dest="command", metavar="COMMAND")
     for name, function in COMMANDS.items():
         summary, _, details = typing.cast(str, function.__doc__).partition("\n\n")
-        parser = _parser(description=details.split("\n\n    Args:")[0].strip() or None)
+        parser = _parser(description=details.split("\n\n    Args:")[0].strip() or summary)
         if function is not presets:
-            parser.add_argument("--config", action=ActionConfigFile, help=(
-                "a YAML or JSON file of this command's settings, named as the flags with "
-                "underscores" + ("; TOML too; ModelConfig fields under `model`, TrainConfig "
-                                 "fields under `train`" if function is train else "")))
+            parser.add_argument("--config", action=ActionConfigFile, metavar="FILE", help=(
+                "a YAML, JSON or TOML (.toml) file of this command's settings, named as the "
+                "flags with underscores; the flags override it" + (
+                    "; ModelConfig fields under `model`, TrainConfig fields under `train`"
+                    if function is train else "")))
         parser.add_function_arguments(function, as_group=False, skip={"model", "train"})
         if function is train:
             _add_settings(parser)
@@ -489,9 +491,12 @@ def _flat_flags(parser: ArgumentParser) -> None:
         for option in action.option_strings:
             parser._option_string_actions[option] = action
         hint = getattr(action, "_typehint", None)
+        options = typing.get_args(hint) if typing.get_origin(hint) in _UNIONS else (hint,)
         if hint is bool:
             action.nargs, action.const, action.metavar = "?", True, "true|false"
-        elif list in {typing.get_origin(t) for t in (hint, *typing.get_args(hint))}:
+        elif typing.get_origin(options[0]) is Literal:  # also when None is allowed
+            action.metavar = "{" + ",".join(typing.get_args(options[0])) + "}"
+        elif typing.get_origin(options[0]) is list:
             action.__class__ = _repeatable(type(action))
 
 
@@ -528,7 +533,7 @@ def _kind(hint) -> str:
         return "one of " + ", ".join(map(str, typing.get_args(hint)))
     if typing.get_origin(hint) is list:
         return "a list of " + _kind(typing.get_args(hint)[0])
-    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+    if typing.get_origin(hint) in _UNIONS:
         return " or ".join(map(_kind, typing.get_args(hint)))
     return _KINDS.get(hint, getattr(hint, "__name__", str(hint)))
 
