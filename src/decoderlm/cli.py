@@ -171,8 +171,8 @@ def sample(run: NotEmptyStr | None = None, hf: NotEmptyStr | None = None, device
         top_k: sample among the K likeliest tokens.
         top_p: sample among the likeliest tokens whose probabilities sum to P.
         seed: the same seed gives the same text.
-        compile: decode with torch.compile: faster per token after a 10-30 s compile (needs
-            a C++ compiler on the CPU).
+        compile: decode with torch.compile: faster per token after a one-time compile
+            (needs a C++ compiler on the CPU).
     """
     from .generate import stream_text
     from .tokenizers import CharTokenizer
@@ -216,8 +216,8 @@ def serve(run: NotEmptyStr | None = None, hf: NotEmptyStr | None = None, device:
         port: the TCP port to listen on, in [1, 65536).
         max_tokens_limit: the largest max_tokens a request may ask for.
         max_prompt_tokens: the longest prompt accepted, in tokens.
-        compile: decode with torch.compile: faster per token after a 10-30 s compile (needs
-            a C++ compiler on the CPU); compiled at start.
+        compile: decode with torch.compile: faster per token after a one-time compile
+            at start (needs a C++ compiler on the CPU).
     """
     from .serve import serve as serve_http
 
