@@ -394,6 +394,8 @@ def _print_stream(pieces) -> None:
 
 COMMANDS = {"train": train, "prepare": prepare, "eval": evaluate, "sample": sample,
             "serve": serve, "presets": presets, "params": params}
+_METAVARS = {"run": "DIR", "hf": "DIR", "out": "DIR", "resume": "DIR", "data": "PATH",
+             "dataset": "NAME", "prompt_file": "FILE", "model_config": "FILE", "stop": "TEXT"}
 _UNIONS = (typing.Union, types.UnionType)
 _KINDS = {NonNegativeInt: "an integer >= 0", PositiveInt: "an integer > 0",
           NotEmptyStr: "a non-empty string", bool: "true or false", int: "an integer",
@@ -490,6 +492,7 @@ def _flat_flags(parser: ArgumentParser) -> None:
                                  for o in action.option_strings if not o.endswith("+")]
         for option in action.option_strings:
             parser._option_string_actions[option] = action
+        action.metavar = _METAVARS.get(action.dest, action.metavar)
         hint = getattr(action, "_typehint", None)
         options = typing.get_args(hint) if typing.get_origin(hint) in _UNIONS else (hint,)
         if hint is bool:
