@@ -84,7 +84,8 @@ def test_bad_flags_and_values_are_one_line(tmp_path, capsys):
     one_line_error(capsys, ["params"], "give one of --preset")
     one_line_error(capsys, ["params", "--model-config", str(tmp_path / "no.json")], "no.json")
     one_line_error(capsys, ["sample"], "give one of --run or --hf")
-    one_line_error(capsys, ["prepare", "--data", "x"], "--out DIR is required")
+    one_line_error(capsys, ["prepare", "--data", "x"], "missing --out")
+    one_line_error(capsys, ["eval"], "missing --run")
     one_line_error(capsys, ["train", "--n-layers"], "--n-layers: expected one argument")
     one_line_error(capsys, ["train", "--norm", "batchnorm"],
                    "--norm: expected one of layernorm, rmsnorm, got 'batchnorm'")

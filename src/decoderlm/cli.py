@@ -86,8 +86,8 @@ def train(preset: PresetName | None = None, data: NotEmptyStr | None = None,
     return 0
 
 
-def prepare(data: list[NotEmptyStr] | None = None, dataset: str | None = None,
-            tokenizer: Literal["char", "byte", "gpt2"] = "char", out: NotEmptyStr | None = None,
+def prepare(out: NotEmptyStr, data: list[NotEmptyStr] | None = None,
+            dataset: str | None = None, tokenizer: Literal["char", "byte", "gpt2"] = "char",
             val_fraction: float = 0.1, overwrite: bool = False) -> int:
     """Tokenize text files into train.bin / val.bin.
 
@@ -96,6 +96,7 @@ def prepare(data: list[NotEmptyStr] | None = None, dataset: str | None = None,
     decoderlm.prepare.
 
     Args:
+        out: the token directory to write.
         data: UTF-8 text files, or directories (their *.txt files, or the wiki.train.raw of
             a WikiText directory), encoded in this order; repeat --data for each (give --data
             or --dataset).
@@ -103,15 +104,12 @@ def prepare(data: list[NotEmptyStr] | None = None, dataset: str | None = None,
             package (needs the network).
         tokenizer: char: the corpus's characters plus an unknown token U+FFFD; byte: the 256
             UTF-8 bytes (any file); gpt2: GPT-2's BPE.
-        out: the token directory to write (required).
         val_fraction: the last F of the tokens form val.bin, in [0, 1).
         overwrite: replace a token directory already in --out.
     """
     from .prepare import prepare as prepare_tokens
 
     _one_of(data=data, dataset=dataset)
-    if out is None:
-        raise ValueError("--out DIR is required")
     prepare_tokens(data, tokenizer, out, val_fraction, overwrite, dataset)
     if val_fraction == 0:
         print("note: --val-fraction 0 leaves val.bin empty; `decoderlm train` needs a "
@@ -119,7 +117,7 @@ def prepare(data: list[NotEmptyStr] | None = None, dataset: str | None = None,
     return 0
 
 
-def evaluate(run: NotEmptyStr | None = None, data: NotEmptyStr | None = None,
+def evaluate(run: NotEmptyStr, data: NotEmptyStr | None = None,
              split: Literal["val", "train"] | None = None, json: bool = False,
              device: str = "cpu", batch_size: PositiveInt = 32) -> int:
     """Loss, bits per character and perplexity of a run.
@@ -128,7 +126,7 @@ def evaluate(run: NotEmptyStr | None = None, data: NotEmptyStr | None = None,
     text file (--data): mean next-token loss over non-overlapping block_size windows.
 
     Args:
-        run: a run directory (required).
+        run: a run directory.
         data: a text file (scored whole, unknown characters mapped to the run's unknown token
             and counted) or a prepared token directory (default: the data the run was trained
             on).
@@ -139,8 +137,6 @@ def evaluate(run: NotEmptyStr | None = None, data: NotEmptyStr | None = None,
     """
     from .evaluation import evaluate_run, format_report
 
-    if run is None:
-        raise ValueError("--run DIR is required")
     report = evaluate_run(run, data, split, _checked_device(device), batch_size)
     print(_json_text(report) if json else format_report(report))
     return 0
@@ -515,6 +511,9 @@ def _remove_action(parser: ArgumentParser, action: argparse.Action) -> None:
 def _one_line(parser: ArgumentParser, command: str | None, error: Exception) -> str:
     """A jsonargparse error as one line that names the flag, what it takes and what it got."""
     text = str(error)
+    missing = re.match(r"the following arguments are required: (.*)", text)
+    if missing:
+        return "missing " + ", ".join(_flag(key.strip()) for key in missing[1].split(","))
     key = re.match(r'Parser key "([^"]+)":', text)
     given = re.search(r"(?:Given value|Got value): ?(.*)|Not of type \w+: (.*) does not|"
                       r"invalid literal for \w+\(\) with base 10: '(.*)'", text)
