@@ -117,7 +117,7 @@ def test_params_command(tmp_path, capsys):
         "training"]
     config = tmp_path / "config.json"
     config.write_text(json.dumps({"model": {**PRESETS["llama-tiny"].model, "n_layers": 2}}))
-    assert main(["params", "--config", str(config), "--batch-size", "2", "--seq-len", "64",
+    assert main(["params", "--model-config", str(config), "--batch-size", "2", "--seq-len", "64",
                  "--dtype", "bf16"]) == 0
     out = capsys.readouterr().out
     assert "parameters:" in out and "kv_cache" in out and "GiB" in out

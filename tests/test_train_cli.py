@@ -62,7 +62,7 @@ def test_train_writes_a_complete_run_and_sample_is_reproducible(tmp_path, capsys
      "the validation split has 10 tokens"),
     (["train", "--n-heads", "3", "--no-progress"], "divisible by n_heads"),
     (["sample", "--run", "/no/such/run"], "not found"),
-    (["train", "--lr", "nan"], "lr must be a finite number"),
+    (["train", "--lr", "nan"], "--lr: expected a number, got 'nan'"),
     (["train", "--weight-decay", "-1"], "weight_decay must be a finite number"),
     (["train", "--max-steps", "0"], "max_steps must be a positive integer, got 0"),
     (["train", "--max-steps", "1.5"], "expected an integer, got '1.5'"),
@@ -76,7 +76,8 @@ def test_train_writes_a_complete_run_and_sample_is_reproducible(tmp_path, capsys
     (["train", "--data", "empty.txt"], "is empty"),
     (["train", "--data", "latin1.txt"], "invalid byte at offset 3); convert it to UTF-8, or train "
      "on its bytes: `decoderlm prepare --data FILE --tokenizer byte"),
-    (["sample", "--run", ".", "--temperature", "nan"], "not found"),
+    (["sample", "--run", ".", "--temperature", "nan"], "--temperature: expected a number"),
+    (["sample", "--run", ".", "--temperature", "0.5"], "not found"),
 ])
 def test_user_mistakes_give_one_line_errors(tmp_path, capsys, args, message, monkeypatch):
     monkeypatch.chdir(tmp_path)

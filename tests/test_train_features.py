@@ -29,10 +29,11 @@ def test_settings_file_then_command_line_overrides(tmp_path, capsys):
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
     assert records[-1]["tokens"] == 5 * 4 * 2 * 16  # steps * batch * accumulation * T
 
-    for text, message in (("[train]\nmax_step = 3\n", "unknown TrainConfig field(s) ['max_step']"),
-                          ("lr = 0.1\n", "unknown setting(s) ['lr']"),
+    for text, message in (("[train]\nmax_step = 3\n", "unknown setting 'train.max_step'"),
+                          ("max_steps = 3\n", "unknown setting 'max_steps'"),
                           ("[model\n", "does not parse"),
-                          ("[train]\ndtype = 'float8'\n", "dtype must be")):
+                          ("[train]\ndtype = 'float8'\n",
+                           "--dtype: expected one of float32, bfloat16, float16")):
         settings.write_text(text, encoding="utf-8")
         assert main(["train", "--config", str(settings), "--out", str(tmp_path / "x")]) == 2
         err = capsys.readouterr().err
@@ -44,15 +45,16 @@ def test_settings_with_wrong_types_and_options_that_do_not_apply(tmp_path, capsy
     data.write_text(TEXT, encoding="utf-8")
     prepare([data], "byte", tmp_path / "tokens", log=quiet)
     settings = tmp_path / "run.toml"
-    for text, message in (("data = 5\n", "data must be a string, got 5"),
-                          ("max_chars = 'abc'\n", "max_chars must be an integer >= 0"),
-                          ("[train]\nsample_prompt = 5\n", "sample_prompt must be text"),
-                          ("[train]\nlr = '1e-3'\n", "YAML reads 1e-3 as text")):
+    for text, message in (("data = 5\n", "--data: expected a non-empty string or none, got '5'"),
+                          ("max_chars = 'abc'\n", "--max-chars: expected an integer >= 0"),
+                          ("[train]\nsample_prompt = 5\n", "--sample-prompt: expected text"),
+                          ("[train]\nlr = 'fast'\n", "--lr: expected a number, got 'fast'"),
+                          ("train = 5\n", "`train` in the settings file must map fields")):
         settings.write_text(text, encoding="utf-8")
         assert main(["train", "--config", str(settings), "--out", str(tmp_path / "x")]) == 2
         assert message in capsys.readouterr().err
     assert main(["train", "--config", str(tmp_path), "--out", str(tmp_path / "x")]) == 2
-    assert "is a directory" in capsys.readouterr().err
+    assert "--config: Path is not a file" in capsys.readouterr().err
     assert main(["train", "--data", str(tmp_path / "tokens"), "--max-chars", "100",
                  "--out", str(tmp_path / "x")]) == 2
     assert "do not apply to a prepared token directory" in capsys.readouterr().err

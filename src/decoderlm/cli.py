@@ -1,5 +1,14 @@
 """The `decoderlm` command: train | prepare | eval | sample | serve | presets | params.
 
+Each command is the plain function of the same name below (`eval` is `evaluate`): its signature
+and docstring are the command's flags and --help, read by jsonargparse; `train` also takes
+every ModelConfig field but vocab_size and every TrainConfig field as a flag. Flags are written
+with dashes (`--max-steps`), booleans as `--flag`, `--flag true` or `--flag false`, an unset
+optional value as `none`, and a list flag is repeated for each value.
+`--config FILE` reads the flags of a command from a YAML, JSON or TOML (a .toml name) file
+whose keys are the flags' names with underscores; `train`'s model and training settings sit
+under `model:` and `train:`. The flags on the command line override the file.
+
 User mistakes (bad flags, missing files, unknown characters, ...) print one line
 `decoderlm: error: ...` and exit with status 2, never a traceback.
 """
@@ -7,323 +16,165 @@ User mistakes (bad flags, missing files, unknown characters, ...) print one line
 from __future__ import annotations
 
 import argparse
+import functools
+import json
 import os
+import re
 import signal
 import sys
 import threading
+import tomllib
+import types
+import typing
 from pathlib import Path
+from typing import Any, Literal
 
-__all__ = ["main", "build_parser"]
+import yaml
+from jsonargparse import ActionConfigFile, ArgumentParser, Namespace, set_loader
+from jsonargparse.typing import NonNegativeInt, NotEmptyStr, PositiveInt
 
+from .config import ModelConfig, TrainConfig
+from .presets import PRESETS
 
-def _int_in(minimum: int, maximum: int | None = None):
-    """An argparse type: an integer in [minimum, maximum), with a message naming the bounds."""
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            value = None
-        if value is None or value < minimum or (maximum is not None and value >= maximum):
-            bound = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum})"
-            raise argparse.ArgumentTypeError(f"expected an integer {bound}, got {text!r}")
-        return value
-    return parse
+__all__ = ["COMMANDS", "build_parser", "main"]
+
+PresetName = Literal[tuple(sorted(PRESETS))]
 
 
-_positive_int, _non_negative_int, _seed = _int_in(1), _int_in(0), _int_in(0, 2**63)
-_COMPILE_HELP = ("decode with torch.compile: faster per token after a 10-30 s compile (needs a "
-                 "C++ compiler on the CPU)")
+def train(preset: PresetName | None = None, data: NotEmptyStr | None = None,
+          dataset: str | None = None, max_chars: NonNegativeInt | None = None,
+          out: NotEmptyStr | None = None, overwrite: bool = False,
+          resume: NotEmptyStr | None = None, device: str | None = None,
+          no_progress: bool = False, model: dict[str, Any] | None = None,
+          train: dict[str, Any] | None = None) -> int:
+    """Train a GPT-style model.
 
+    With no arguments: the 'default' preset, a character model of the embedded WikiText-2
+    crop. Settings come from the preset, then the settings file (--config FILE), then the
+    flags below (each ModelConfig / TrainConfig field). Under torchrun every process runs
+    this; rank 0 writes the files.
 
-class _Parser(argparse.ArgumentParser):
-    """argparse with a one-line error: `decoderlm: error: ...`, exit status 2."""
-
-    def error(self, message: str):
-        self.exit(2, f"decoderlm: error: {message} (see `{self.prog} --help`)\n")
-
-
-def _setting_type(tp):
-    """An argparse type for a config field of type `tp` (int, float, str, bool, or X | None,
-    where "none" means None). Ranges are checked by the config classes themselves."""
-    import types
-    import typing
-
-    args = typing.get_args(tp) if isinstance(tp, types.UnionType) else ()
-    optional = type(None) in args
-    base = next((a for a in args if a is not type(None)), tp)
-
-    def parse(text: str):
-        if optional and text.lower() in ("none", "null"):
-            return None
-        if base is bool:
-            if text.lower() in ("true", "1", "yes", "on"):
-                return True
-            if text.lower() in ("false", "0", "no", "off"):
-                return False
-            raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
-        try:
-            return base(text)
-        except ValueError:
-            kind = {int: "an integer", float: "a number"}.get(base, base.__name__)
-            raise argparse.ArgumentTypeError(
-                f"expected {kind}{' or none' if optional else ''}, got {text!r}") from None
-    return parse, base is bool
-
-
-def _settings_flags():
-    """{dest: (section, field, flag, type, is_bool, help)} for every ModelConfig field but
-    vocab_size (set by the tokenizer) and every TrainConfig field: --n-layers, --lr, ..."""
-    import dataclasses
-    import typing
-
-    from .config import ModelConfig, TrainConfig, field_help
-
-    flags = {}
-    for section, cls in (("model", ModelConfig), ("train", TrainConfig)):
-        hints, helps = typing.get_type_hints(cls), field_help(cls)
-        for f in dataclasses.fields(cls):
-            if f.name == "vocab_size":
-                continue
-            parse, is_bool = _setting_type(hints[f.name])
-            flags[f"setting_{f.name}"] = (section, f.name, "--" + f.name.replace("_", "-"),
-                                         parse, is_bool, helps.get(f.name, ""))
-    return flags
-
-
-def _device(text: str) -> str:
-    import torch
-
-    kind = text.split(":")[0]
-    available = {"cpu": True, "cuda": torch.cuda.is_available(),
-                 "mps": torch.backends.mps.is_available()}
-    if kind not in available:
-        raise argparse.ArgumentTypeError(f"unknown device {text!r}; use cpu, cuda or mps")
-    if not available[kind]:
-        raise argparse.ArgumentTypeError(f"{kind} is not available on this machine; use "
-                                         f"--device cpu")
-    return text
-
-
-def _non_empty(text: str) -> str:
-    if not text.strip():
-        raise argparse.ArgumentTypeError("expected a path, got an empty string")
-    return text
-
-
-def build_parser() -> argparse.ArgumentParser:
-    from .presets import PRESETS
-
-    parser = _Parser(
-        prog="decoderlm", description="Train, sample and inspect decoder-only language models.")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-
-    p = sub.add_parser(
-        "train", help="train a model (default: the seed experiment)",
-        description="Train a GPT-style model. With no arguments: the 'default' preset, a "
-        "character model of the embedded WikiText-2 crop. Settings come from the preset, then "
-        "--config FILE, then the options below (each ModelConfig / TrainConfig field). Under "
-        "torchrun every process runs this; rank 0 writes the files.")
-    p.add_argument("--preset", choices=sorted(PRESETS),
-                   help="named settings (default: 'default')")
-    p.add_argument("--config", metavar="FILE", type=_non_empty,
-                   help="a TOML (or YAML) settings file: preset, "
-                   "data, out, ... at the top, [model] and [train] tables of fields")
-    p.add_argument("--data", metavar="PATH", type=_non_empty,
-                   help="a UTF-8 text file, a directory with wiki.train.raw, or a directory "
-                   "made by `decoderlm prepare` (default: the embedded first 300,000 "
-                   "characters of WikiText-2 raw, validation split)")
-    p.add_argument("--dataset", metavar="NAME",
-                   help="e.g. wikitext-2-raw-v1 through the optional `datasets` package (needs "
-                   "the network)")
-    p.add_argument("--max-chars", type=_non_negative_int, metavar="N",
-                   help="use only the first N characters (0: all)")
-    p.add_argument("--out", metavar="DIR", type=_non_empty, help="run directory (default: "
-                   "runs/<preset>, or runs/<preset>-2, ... if taken)")
-    p.add_argument("--overwrite", action="store_true",
-                   help="replace a run already in --out (its files are deleted just before "
-                   "training)")
-    p.add_argument("--resume", metavar="DIR", type=_non_empty,
-                   help="continue the run in DIR from its newest checkpoint (settings such as "
-                   "--max-steps may change; the model and data may not)")
-    p.add_argument("--device", type=_device, help="cpu, cuda, ... (default: cuda if available)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    model_group = p.add_argument_group("model settings (ModelConfig; default: the preset's)")
-    train_group = p.add_argument_group("training settings (TrainConfig; default: the preset's)")
-    for dest, (section, _, flag, parse, is_bool, text) in _settings_flags().items():
-        group = model_group if section == "model" else train_group
-        extra = dict(nargs="?", const=True, metavar="true|false") if is_bool else \
-            dict(metavar=flag[2:].upper().replace("-", "_"))
-        group.add_argument(flag, dest=dest, type=parse, help=text.replace("%", "%%"), **extra)
-
-    r = sub.add_parser("prepare", help="tokenize text files into train.bin / val.bin",
-                       description="Stream text files through a tokenizer into DIR/train.bin "
-                       "(the first 1 - F of the token stream) and DIR/val.bin (the last F), "
-                       "np.uint16 or np.uint32, with DIR/meta.json; see decoderlm.prepare.")
-    corpus = r.add_mutually_exclusive_group(required=True)
-    corpus.add_argument("--data", nargs="+", metavar="PATH",
-                        help="UTF-8 text files, or directories (their *.txt files, or the "
-                        "wiki.train.raw of a WikiText directory), encoded in this order")
-    corpus.add_argument("--dataset", metavar="NAME",
-                        help="e.g. wikitext-2-raw-v1 (train split) through the optional "
-                        "`datasets` package (needs the network)")
-    r.add_argument("--tokenizer", choices=["char", "byte", "gpt2"], default="char",
-                   help="char: the corpus's characters plus an unknown token U+FFFD; byte: "
-                   "the 256 UTF-8 bytes (any file); gpt2: GPT-2's BPE (default: %(default)s)")
-    r.add_argument("--out", metavar="DIR", type=_non_empty, required=True)
-    r.add_argument("--val-fraction", type=float, default=0.1, metavar="F",
-                   help="the last F of the tokens form val.bin, in [0, 1) (default: %(default)s)")
-    r.add_argument("--overwrite", action="store_true",
-                   help="replace a token directory already in --out")
-
-    e = sub.add_parser("eval", help="loss, bits per character and perplexity of a run",
-                       description="Score a run on a whole split of its own data (--split), "
-                       "a prepared token directory or a text file (--data): mean next-token "
-                       "loss over non-overlapping block_size windows.")
-    e.add_argument("--run", metavar="DIR", required=True, help="a run directory")
-    e.add_argument("--data", metavar="PATH", type=_non_empty,
-                   help="a text file (scored whole, unknown "
-                   "characters mapped to the run's unknown token and counted) or a prepared "
-                   "token directory (default: the data the run was trained on)")
-    e.add_argument("--split", choices=["val", "train"],
-                   help="split of the run's data or of a token directory (default: val)")
-    e.add_argument("--json", action="store_true", help="print JSON instead of text")
-    e.add_argument("--device", type=_device, default="cpu")
-    e.add_argument("--batch-size", type=_positive_int, default=32, metavar="B",
-                   help="windows per forward pass (default: %(default)s)")
-
-    s = sub.add_parser("sample", help="print text sampled from a trained model",
-                       description="Sample a continuation of --prompt and print it.")
-    _add_model_source(s)
-    s.add_argument("--prompt", action="append", help="text to continue; repeat for several "
-                   "(default: a newline, or the first character of a character vocabulary "
-                   "without one; <|endoftext|> for GPT-2)")
-    s.add_argument("--prompt-file", metavar="FILE", help="a UTF-8 file of prompts, one per line")
-    s.add_argument("--num-samples", type=_positive_int, default=1, metavar="N",
-                   help="samples per prompt (sample i uses seed + i)")
-    s.add_argument("--stop", action="append", metavar="TEXT",
-                   help="end a sample where this text appears (not printed); repeatable")
-    s.add_argument("--max-new-tokens", type=_non_negative_int, default=500, metavar="N")
-    s.add_argument("--temperature", type=float, default=1.0, help="0 is greedy (default: 1.0)")
-    s.add_argument("--top-k", type=_positive_int, metavar="K")
-    s.add_argument("--top-p", type=float, metavar="P")
-    s.add_argument("--seed", type=_seed, help="the same seed gives the same text")
-    s.add_argument("--compile", action="store_true", help=_COMPILE_HELP)
-
-    v = sub.add_parser("serve", help="an OpenAI-style HTTP API for a model",
-                       description="Serve POST /v1/completions, GET /v1/models and GET /health "
-                       "(needs the [serve] extra: FastAPI and uvicorn).")
-    _add_model_source(v)
-    v.add_argument("--host", default="127.0.0.1")
-    v.add_argument("--port", type=_int_in(1, 65536), default=8000)
-    v.add_argument("--max-tokens-limit", type=_positive_int, default=1024, metavar="N",
-                   help="the largest max_tokens a request may ask for (default: %(default)s)")
-    v.add_argument("--max-prompt-tokens", type=_positive_int, default=4096, metavar="N",
-                   help="the longest prompt accepted, in tokens (default: %(default)s)")
-    v.add_argument("--compile", action="store_true", help=_COMPILE_HELP + "; compiled at start")
-
-    sub.add_parser("presets", help="list the named presets")
-
-    a = sub.add_parser("params", help="parameter, FLOP and memory counts of a model",
-                       description="Closed-form parameter count (checked against a model built "
-                       "on the meta device), FLOPs per token and memory, from hyperparameters.")
-    source = a.add_mutually_exclusive_group(required=True)
-    source.add_argument("--preset", choices=sorted(PRESETS))
-    source.add_argument("--config", metavar="FILE", help="a config.json (a run's, or ModelConfig "
-                        "fields as a JSON object)")
-    a.add_argument("--batch-size", type=_positive_int, default=1, metavar="B")
-    a.add_argument("--seq-len", type=_positive_int, metavar="T", help="default: block_size")
-    a.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], default="fp32")
-    a.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    return parser
-
-
-def _cmd_train(args) -> int:
-    from .config import load_settings_file
+    Args:
+        preset: named settings (default: 'default').
+        data: a UTF-8 text file, a directory with wiki.train.raw, or a directory made by
+            `decoderlm prepare` (default: the embedded first 300,000 characters of
+            WikiText-2 raw, validation split).
+        dataset: e.g. wikitext-2-raw-v1 through the optional `datasets` package (needs the
+            network).
+        max_chars: use only the first N characters (0: all).
+        out: run directory (default: runs/<preset>, or runs/<preset>-2, ... if taken).
+        overwrite: replace a run already in --out (its files are deleted just before
+            training).
+        resume: continue the run in DIR from its newest checkpoint (settings such as
+            --max-steps may change; the model and data may not).
+        device: cpu, cuda, ... (default: cuda if available).
+        no_progress: no progress bar.
+        model: ModelConfig fields to change (the flags of the model settings).
+        train: TrainConfig fields to change (the flags of the training settings).
+    """
     from .training.run import run_experiment
 
-    settings = load_settings_file(args.config) if args.config else {}
-    overrides = {"model": dict(settings.get("model", {})), "train": dict(settings.get("train", {}))}
-    for dest, (section, name, *_) in _settings_flags().items():
-        if getattr(args, dest) is not None:
-            overrides[section][name] = getattr(args, dest)
-    if args.resume and args.overwrite:
+    for section, fields in (("model", model), ("train", train)):
+        if not isinstance(fields, dict | None):
+            raise ValueError(f"`{section}` in the settings file must map fields to values, got "
+                             f"{fields!r}")
+    if resume and overwrite:
         raise ValueError("--resume continues a run and --overwrite replaces one; pick one")
-
-    def pick(name):
-        value = getattr(args, name)
-        return value if value is not None else settings.get(name)
-
-    run_experiment(preset=pick("preset"), data=pick("data"), out=pick("out"),
-                   overwrite=args.overwrite, max_chars=pick("max_chars"),
-                   dataset=pick("dataset"), model_overrides=overrides["model"],
-                   train_overrides=overrides["train"], device=pick("device"),
-                   progress=not args.no_progress, resume=args.resume)
+    run_experiment(preset=preset, data=data, out=out, overwrite=overwrite, max_chars=max_chars,
+                   dataset=dataset, model_overrides=model, train_overrides=train,
+                   device=_checked_device(device), progress=not no_progress, resume=resume)
     return 0
 
 
-def _cmd_prepare(args) -> int:
-    from .prepare import prepare
+def prepare(out: NotEmptyStr, data: list[NotEmptyStr] | None = None,
+            dataset: str | None = None, tokenizer: Literal["char", "byte", "gpt2"] = "char",
+            val_fraction: float = 0.1, overwrite: bool = False) -> int:
+    """Tokenize text files into train.bin / val.bin.
 
-    prepare(args.data, args.tokenizer, args.out, args.val_fraction, args.overwrite,
-            args.dataset)
-    if args.val_fraction == 0:
+    Stream text files through a tokenizer into DIR/train.bin (the first 1 - F of the token
+    stream) and DIR/val.bin (the last F), np.uint16 or np.uint32, with DIR/meta.json; see
+    decoderlm.prepare.
+
+    Args:
+        out: the token directory to write.
+        data: UTF-8 text files, or directories (their *.txt files, or the wiki.train.raw of
+            a WikiText directory), encoded in this order; repeat --data for each (give --data
+            or --dataset).
+        dataset: e.g. wikitext-2-raw-v1 (train split) through the optional `datasets`
+            package (needs the network).
+        tokenizer: char: the corpus's characters plus an unknown token U+FFFD; byte: the 256
+            UTF-8 bytes (any file); gpt2: GPT-2's BPE.
+        val_fraction: the last F of the tokens form val.bin, in [0, 1).
+        overwrite: replace a token directory already in --out.
+    """
+    from .prepare import prepare as prepare_tokens
+
+    _one_of(data=data, dataset=dataset)
+    prepare_tokens(data, tokenizer, out, val_fraction, overwrite, dataset)
+    if val_fraction == 0:
         print("note: --val-fraction 0 leaves val.bin empty; `decoderlm train` needs a "
               "validation split and will refuse this directory")
     return 0
 
 
-def _cmd_eval(args) -> int:
-    import json
+def evaluate(run: NotEmptyStr, data: NotEmptyStr | None = None,
+             split: Literal["val", "train"] | None = None, json: bool = False,
+             device: str = "cpu", batch_size: PositiveInt = 32) -> int:
+    """Loss, bits per character and perplexity of a run.
 
+    Score a run on a whole split of its own data (--split), a prepared token directory or a
+    text file (--data): mean next-token loss over non-overlapping block_size windows.
+
+    Args:
+        run: a run directory.
+        data: a text file (scored whole, unknown characters mapped to the run's unknown token
+            and counted) or a prepared token directory (default: the data the run was trained
+            on).
+        split: split of the run's data or of a token directory (default: val).
+        json: print JSON instead of text.
+        device: cpu, cuda, ...
+        batch_size: windows per forward pass.
+    """
     from .evaluate import evaluate_run, format_report
 
-    report = evaluate_run(args.run, args.data, args.split, args.device, args.batch_size)
-    print(json.dumps(report, indent=2, ensure_ascii=False) if args.json
-          else format_report(report))
+    report = evaluate_run(run, data, split, _checked_device(device), batch_size)
+    print(_json_text(report) if json else format_report(report))
     return 0
 
 
-def _load_model_and_tokenizer(args):
-    """The model and tokenizer of --run DIR or --hf DIR, checked to belong together."""
-    from .evaluate import check_vocab
-    from .model import DecoderLM
-    from .tokenizers import GPT2Tokenizer, load_tokenizer
+def sample(run: NotEmptyStr | None = None, hf: NotEmptyStr | None = None, device: str = "cpu",
+           prompt: list[str] | None = None, prompt_file: str | None = None,
+           num_samples: PositiveInt = 1, stop: list[str] | None = None,
+           max_new_tokens: NonNegativeInt = 500, temperature: float = 1.0,
+           top_k: PositiveInt | None = None, top_p: float | None = None,
+           seed: NonNegativeInt | None = None, compile: bool = False) -> int:
+    """Print text sampled from a trained model.
 
-    if args.hf:
-        from .hf import load_gpt2
-        model, tokenizer = load_gpt2(args.hf, map_location=args.device), GPT2Tokenizer()
-    else:
-        model = DecoderLM.from_pretrained(args.run, map_location=args.device)
-        tokenizer = load_tokenizer(args.run)
-    check_vocab(tokenizer, model, args.run or args.hf)
-    return model, tokenizer
+    Sample a continuation of each prompt and print it, samples separated by a line `---`.
 
-
-def _add_model_source(p) -> None:
-    source = p.add_mutually_exclusive_group(required=True)
-    source.add_argument("--run", metavar="DIR", help="a run directory")
-    source.add_argument("--hf", metavar="DIR", help="a Hugging Face GPT-2 checkpoint "
-                        "directory (config.json + model.safetensors); GPT-2 BPE tokenizer")
-    p.add_argument("--device", type=_device, default="cpu")
-
-
-def _cmd_sample(args) -> int:
+    Args:
+        run: a run directory (give --run or --hf).
+        hf: a Hugging Face GPT-2 checkpoint directory (config.json + model.safetensors);
+            GPT-2 BPE tokenizer.
+        device: cpu, cuda, ...
+        prompt: text to continue; repeat for several (default: a newline, or the first
+            character of a character vocabulary without one; <|endoftext|> for GPT-2).
+        prompt_file: a UTF-8 file of prompts, one per line.
+        num_samples: samples per prompt (sample i uses seed + i).
+        stop: end a sample where this text appears (not printed); repeatable.
+        max_new_tokens: tokens to sample.
+        temperature: 0 is greedy.
+        top_k: sample among the K likeliest tokens.
+        top_p: sample among the likeliest tokens whose probabilities sum to P.
+        seed: the same seed gives the same text.
+        compile: decode with torch.compile: faster per token after a one-time compile
+            (needs a C++ compiler on the CPU).
+    """
+    from .generate import stream_text
     from .tokenizers import CharTokenizer
 
-    model, tokenizer = _load_model_and_tokenizer(args)
-    prompts = list(args.prompt or [])
-    if args.prompt_file:
-        try:
-            lines = Path(args.prompt_file).read_text(encoding="utf-8-sig").splitlines()
-        except UnicodeDecodeError:
-            raise ValueError(f"{args.prompt_file} is not UTF-8 text") from None
-        if not lines:
-            raise ValueError(f"{args.prompt_file} holds no prompts")
-        blank = [i + 1 for i, line in enumerate(lines) if not line]
-        if blank:
-            raise ValueError(f"{args.prompt_file}: line {blank[0]} is empty; one prompt per "
-                             f"line")
-        prompts += lines
+    model, tokenizer = _model_and_tokenizer(run, hf, device)
+    prompts = list(prompt or []) + (_read_prompts(prompt_file) if prompt_file else [])
     if not prompts:
         if isinstance(tokenizer, CharTokenizer):
             prompts = ["\n" if "\n" in tokenizer.stoi else tokenizer.chars[0]]
@@ -334,41 +185,49 @@ def _cmd_sample(args) -> int:
     encoded = [tokenizer.encode(p) for p in prompts]  # every prompt checked before sampling
     first = True
     for ids in encoded:
-        for i in range(args.num_samples):
+        for i in range(num_samples):
             if not first:
                 print("\n---")
             first = False
-            seed = None if args.seed is None else args.seed + i
-            _print_stream(model, tokenizer, ids, args, seed)
+            _print_stream(stream_text(model, tokenizer, ids, max_new_tokens, temperature,
+                                      top_k, top_p, None if seed is None else seed + i, stop,
+                                      compile))
     return 0
 
 
-def _print_stream(model, tokenizer, ids, args, seed) -> None:
-    """Print a sample's text as its tokens are produced, up to the first --stop text."""
-    from .generate import stream_text
+def serve(run: NotEmptyStr | None = None, hf: NotEmptyStr | None = None, device: str = "cpu",
+          host: str = "127.0.0.1", port: int = 8000, max_tokens_limit: PositiveInt = 1024,
+          max_prompt_tokens: PositiveInt = 4096, compile: bool = False) -> int:
+    """An OpenAI-style HTTP API for a model.
 
-    for delta, *_ in stream_text(model, tokenizer, ids, args.max_new_tokens, args.temperature,
-                                 args.top_k, args.top_p, seed, args.stop, args.compile):
-        sys.stdout.write(delta)
-        sys.stdout.flush()
-    sys.stdout.write("\n")
-    sys.stdout.flush()
+    Serve POST /v1/completions, GET /v1/models and GET /health (needs the [serve] extra:
+    FastAPI and uvicorn).
 
+    Args:
+        run: a run directory (give --run or --hf).
+        hf: a Hugging Face GPT-2 checkpoint directory (config.json + model.safetensors);
+            GPT-2 BPE tokenizer.
+        device: cpu, cuda, ...
+        host: the address to listen on.
+        port: the TCP port to listen on, in [1, 65536).
+        max_tokens_limit: the largest max_tokens a request may ask for.
+        max_prompt_tokens: the longest prompt accepted, in tokens.
+        compile: decode with torch.compile: faster per token after a one-time compile
+            at start (needs a C++ compiler on the CPU).
+    """
+    from .serve import serve as serve_http
 
-def _cmd_serve(args) -> int:
-    from .serve import serve
-
-    model, tokenizer = _load_model_and_tokenizer(args)
-    name = Path(args.run or args.hf).resolve().name
-    serve(model, tokenizer, name, args.host, args.port, args.max_tokens_limit,
-          args.max_prompt_tokens, args.compile)
+    if not 1 <= port < 65536:
+        raise ValueError(f"--port must be in [1, 65536), got {port}")
+    model, tokenizer = _model_and_tokenizer(run, hf, device)
+    serve_http(model, tokenizer, Path(run or hf).resolve().name, host, port, max_tokens_limit,
+               max_prompt_tokens, compile)
     return 0
 
 
-def _cmd_presets(args) -> int:
+def presets() -> int:
+    """List the named presets."""
     from .analysis import count_parameters
-    from .config import ModelConfig
-    from .presets import PRESETS
 
     for name, preset in PRESETS.items():
         total = count_parameters(ModelConfig.from_dict(preset.model))["total"]
@@ -379,74 +238,348 @@ def _cmd_presets(args) -> int:
     return 0
 
 
-def _cmd_params(args) -> int:
-    import json
+def params(preset: PresetName | None = None, run: NotEmptyStr | None = None,
+           model_config: NotEmptyStr | None = None, batch_size: PositiveInt = 1,
+           seq_len: PositiveInt | None = None, dtype: Literal["fp32", "bf16", "fp16"] = "fp32",
+           json: bool = False) -> int:
+    """Parameter, FLOP and memory counts of a model.
 
+    Closed-form parameter count (checked against a model built on the meta device), FLOPs
+    per token and memory, from hyperparameters.
+
+    Args:
+        preset: the model of a preset (give one of --preset, --run, --model-config).
+        run: the model of a run directory.
+        model_config: a config.json (a run's, or ModelConfig fields as a JSON object).
+        batch_size: sequences per batch for the memory figures.
+        seq_len: sequence length T (default: block_size).
+        dtype: the number format for the memory figures.
+        json: print JSON instead of a table.
+    """
     import torch
 
     from .analysis import count_parameters, flops_per_token, memory_bytes
     from .files import read_json
-    from .config import ModelConfig
-    from .presets import get_preset
     from .model import DecoderLM
+    from .presets import get_preset
 
-    if args.preset:
-        config = ModelConfig.from_dict(get_preset(args.preset).model)
+    _one_of(preset=preset, run=run, model_config=model_config)
+    if preset:
+        config = ModelConfig.from_dict(get_preset(preset).model)
     else:
-        path = Path(args.config)
+        path = Path(run or model_config)
         data = read_json(path / "config.json" if path.is_dir() else path)
-        data = data.get("model", data) if isinstance(data, dict) else data
-        config = ModelConfig.from_dict(data)
+        config = ModelConfig.from_dict(data.get("model", data) if isinstance(data, dict) else data)
     counts = count_parameters(config)
     with torch.device("meta"):  # the real modules, without allocating their memory
         built = DecoderLM(config).num_parameters()
     if built != counts["total"]:
         raise RuntimeError(f"internal error: formula {counts['total']} != modules {built}")
-    T = args.seq_len or config.block_size
+    T = seq_len or config.block_size
     report = {
         "config": config.to_dict(), "parameters": counts, "parameters_of_modules": built,
         "flops_per_token": {c: flops_per_token(config, T, c) for c in ("kaplan", "palm")},
-        "memory_bytes": memory_bytes(config, args.batch_size, T, args.dtype),
-        "memory_bytes_checkpointed": memory_bytes(config, args.batch_size, T, args.dtype, True),
-        "batch_size": args.batch_size, "seq_len": T, "dtype": args.dtype,
+        "memory_bytes": memory_bytes(config, batch_size, T, dtype),
+        "memory_bytes_checkpointed": memory_bytes(config, batch_size, T, dtype, True),
+        "batch_size": batch_size, "seq_len": T, "dtype": dtype,
     }
-    if args.json:
-        print(json.dumps(report, indent=2))
-        return 0
-    gib = 2 ** 30
-    print(f"parameters: {counts['total']:,} (modules on the meta device: {built:,}); "
-          f"non-embedding (total minus the position table) {counts['non_embedding']:,}")
-    for part in ("embeddings", "attention", "mlp", "norms", "head"):
-        print(f"  {part:<11} {counts[part]:>15,}")
-    k, p = report["flops_per_token"]["kaplan"], report["flops_per_token"]["palm"]
-    print(f"FLOPs per token at T={T}: forward {k['forward']:,}, training {k['training']:,} "
-          f"(Kaplan: causal attention); PaLM convention (full T x T): training "
-          f"{p['training']:,}; per sequence (Kaplan): training {k['training_per_sequence']:,}")
-    m, c = report["memory_bytes"], report["memory_bytes_checkpointed"]
-    print(f"memory at batch {args.batch_size}, T={T}, {args.dtype}:")
-    for key in ("weights", "gradients", "adamw", "activations", "training_total",
-                "training_peak", "kv_cache"):
-        print(f"  {key:<15} {m[key]:>16,} bytes = {m[key] / gib:9.3f} GiB")
-    print(f"  activations with activation checkpointing: {c['activations'] / gib:.3f} GiB "
-          f"(training total {c['training_total'] / gib:.3f} GiB)")
+    print(_json_text(report) if json else _params_table(report))
     return 0
+
+
+def _params_table(report: dict) -> str:
+    """The report of `params` as text."""
+    counts, built, T = report["parameters"], report["parameters_of_modules"], report["seq_len"]
+    gib = 2 ** 30
+    lines = [(f"parameters: {counts['total']:,} (modules on the meta device: {built:,}); "
+              f"non-embedding (total minus the position table) {counts['non_embedding']:,}")]
+    lines += [f"  {part:<11} {counts[part]:>15,}"
+              for part in ("embeddings", "attention", "mlp", "norms", "head")]
+    k, p = report["flops_per_token"]["kaplan"], report["flops_per_token"]["palm"]
+    lines.append(f"FLOPs per token at T={T}: forward {k['forward']:,}, training "
+                 f"{k['training']:,} (Kaplan: causal attention); PaLM convention (full T x T): "
+                 f"training {p['training']:,}; per sequence (Kaplan): training "
+                 f"{k['training_per_sequence']:,}")
+    m, c = report["memory_bytes"], report["memory_bytes_checkpointed"]
+    lines.append(f"memory at batch {report['batch_size']}, T={T}, {report['dtype']}:")
+    lines += [f"  {key:<15} {m[key]:>16,} bytes = {m[key] / gib:9.3f} GiB"
+              for key in ("weights", "gradients", "adamw", "activations", "training_total",
+                          "training_peak", "kv_cache")]
+    lines.append(f"  activations with activation checkpointing: {c['activations'] / gib:.3f} GiB"
+                 f" (training total {c['training_total'] / gib:.3f} GiB)")
+    return "\n".join(lines)
+
+
+# ---- helpers of the commands ----
+
+def _one_of(**flags) -> None:
+    """Raise ValueError unless exactly one of the flags is given."""
+    given = [name for name, value in flags.items() if value is not None]
+    if len(given) != 1:
+        names = " or ".join(_flag(name) for name in flags)
+        raise ValueError(f"give one of {names}" + (f", not {len(given)}" if given else ""))
+
+
+def _flag(name: str) -> str:
+    """The flag of a parameter or field: max_steps -> --max-steps."""
+    return "--" + name.rsplit(".", 1)[-1].replace("_", "-")
+
+
+def _json_text(report: dict) -> str:
+    return json.dumps(report, indent=2, ensure_ascii=False)
+
+
+def _checked_device(text: str | None) -> str | None:
+    """`text` if it names a device this machine has (cpu, cuda, cuda:1, mps)."""
+    if text is None:
+        return None
+    import torch
+
+    kind = text.split(":")[0]
+    available = {"cpu": True, "cuda": torch.cuda.is_available(),
+                 "mps": torch.backends.mps.is_available()}
+    if kind not in available:
+        raise ValueError(f"unknown device {text!r}; use cpu, cuda or mps")
+    if not available[kind]:
+        raise ValueError(f"{kind} is not available on this machine; use --device cpu")
+    return text
+
+
+def _model_and_tokenizer(run: str | None, hf: str | None, device: str):
+    """The model and tokenizer of --run DIR or --hf DIR, checked to belong together."""
+    from .evaluate import check_vocab
+    from .model import DecoderLM
+    from .tokenizers import GPT2Tokenizer, load_tokenizer
+
+    _one_of(run=run, hf=hf)
+    device = _checked_device(device)
+    if hf:
+        from .hf import load_gpt2
+        model, tokenizer = load_gpt2(hf, map_location=device), GPT2Tokenizer()
+    else:
+        model = DecoderLM.from_pretrained(run, map_location=device)
+        tokenizer = load_tokenizer(run)
+    check_vocab(tokenizer, model, run or hf)
+    return model, tokenizer
+
+
+def _read_prompts(path: str) -> list[str]:
+    """The prompts of a UTF-8 file, one per line; no line may be empty."""
+    try:
+        lines = Path(path).read_text(encoding="utf-8-sig").splitlines()
+    except UnicodeDecodeError:
+        raise ValueError(f"{path} is not UTF-8 text") from None
+    if not lines:
+        raise ValueError(f"{path} holds no prompts")
+    blank = [i + 1 for i, line in enumerate(lines) if not line]
+    if blank:
+        raise ValueError(f"{path}: line {blank[0]} is empty; one prompt per line")
+    return lines
+
+
+def _print_stream(pieces) -> None:
+    """Print a sample's text as stream_text produces it, then a newline."""
+    for delta, *_ in pieces:
+        sys.stdout.write(delta)
+        sys.stdout.flush()
+    sys.stdout.write("\n")
+    sys.stdout.flush()
+
+
+# ---- the command line, built from the functions above ----
+
+COMMANDS = {"train": train, "prepare": prepare, "eval": evaluate, "sample": sample,
+            "serve": serve, "presets": presets, "params": params}
+_METAVARS = {"run": "DIR", "hf": "DIR", "out": "DIR", "resume": "DIR", "data": "PATH",
+             "dataset": "NAME", "prompt_file": "FILE", "model_config": "FILE", "stop": "TEXT"}
+_UNIONS = (typing.Union, types.UnionType)
+_KINDS = {NonNegativeInt: "an integer >= 0", PositiveInt: "an integer > 0",
+          NotEmptyStr: "a non-empty string", bool: "true or false", int: "an integer",
+          float: "a number", str: "text", type(None): "none"}
+
+
+_FILE_ERRORS = [  # jsonargparse's words for a bad settings file -> ours
+    (r"^Subcommand '\w+' does not accept option '(.*)'$",
+     r"unknown setting '\1' in the settings file (keys: the flags' names, with underscores)"),
+    (r"^Problems parsing config: ", "the settings file does not parse: "),
+    (r"^Unexpected config: .*", "a settings file must map settings to values"),
+]
+
+
+def _load(text: str, path: str = "") -> Any:
+    """Read a settings file (TOML if its name ends in .toml, else YAML, which includes JSON)
+    or a flag's value (YAML; `none` means None as `null` does)."""
+    if str(path).endswith(".toml"):
+        return tomllib.loads(text)
+    value = yaml.safe_load(text)
+    return None if value in ("none", "None") else value
+
+
+set_loader("decoderlm", _load, exceptions=(yaml.YAMLError, tomllib.TOMLDecodeError))
+
+
+@functools.cache
+def _repeatable(action_class: type) -> type:
+    """A subclass of jsonargparse's action for a list whose flag appends one value each time
+    it is given (--stop a --stop b), as jsonargparse's flag with a "+" (--stop+ a) does."""
+
+    class Repeatable(action_class):
+        def __call__(self, parser, cfg, value, option_string=None):
+            super().__call__(parser, cfg, value, option_string + "+")
+
+    return Repeatable
+
+
+def _parser(**kwargs) -> ArgumentParser:
+    return ArgumentParser(exit_on_error=False, parser_mode="decoderlm", print_config=None,
+                          env_prefix=False, **kwargs)
+
+
+def build_parser() -> ArgumentParser:
+    """The `decoderlm` parser: one subcommand per function in COMMANDS."""
+    root = _parser(prog="decoderlm",
+                   description="Train, sample and inspect decoder-only language models.")
+    subcommands = root.add_subcommands(dest="command", metavar="COMMAND")
+    for name, function in COMMANDS.items():
+        summary, _, details = typing.cast(str, function.__doc__).partition("\n\n")
+        parser = _parser(description=details.split("\n\n    Args:")[0].strip() or summary)
+        if function is not presets:
+            parser.add_argument("--config", action=ActionConfigFile, metavar="FILE", help=(
+                "a YAML, JSON or TOML (.toml) file of this command's settings, named as the "
+                "flags with underscores; the flags override it" + (
+                    "; ModelConfig fields under `model`, TrainConfig fields under `train`"
+                    if function is train else "")))
+        parser.add_function_arguments(function, as_group=False, skip={"model", "train"})
+        if function is train:
+            _add_settings(parser)
+        _flat_flags(parser)
+        subcommands.add_subcommand(name, parser, help=summary.strip().rstrip("."))
+    return root
+
+
+def _add_settings(parser: ArgumentParser) -> None:
+    """The ModelConfig (but vocab_size) and TrainConfig fields as flags of `train`, shown with
+    the values of the 'default' preset."""
+    parser.add_class_arguments(ModelConfig, "model", skip={"vocab_size"})
+    parser.add_class_arguments(TrainConfig, "train")
+    default = PRESETS["default"]
+    shown = {"model": ModelConfig.from_dict(default.model).to_dict(),
+             "train": TrainConfig.from_dict(default.train).to_dict()}
+    del shown["model"]["vocab_size"]
+    parser.set_defaults({f"{section}.{key}": value
+                         for section, fields in shown.items() for key, value in fields.items()})
+    for section, cls in (("model", ModelConfig), ("train", TrainConfig)):
+        group = parser.groups[section]
+        group.title = f"{section} settings ({cls.__name__})"
+        group.description = ("default: the preset's; shown: the 'default' preset's "
+                             "(with no --preset and no --config)")
+
+
+def _flat_flags(parser: ArgumentParser) -> None:
+    """Name every flag by its parameter or field, with dashes (--model.n_layers becomes
+    --n-layers); a boolean's value is optional and a list's flag is repeatable."""
+    for action in list(parser._actions):
+        if action.dest in ("model", "train"):  # the loaders of a section from its own file
+            _remove_action(parser, action)
+            continue
+        for option in action.option_strings:
+            del parser._option_string_actions[option]
+        action.option_strings = [_flag(o[2:]) if o.startswith("--") else o
+                                 for o in action.option_strings if not o.endswith("+")]
+        for option in action.option_strings:
+            parser._option_string_actions[option] = action
+        action.metavar = _METAVARS.get(action.dest, action.metavar)
+        hint = getattr(action, "_typehint", None)
+        options = typing.get_args(hint) if typing.get_origin(hint) in _UNIONS else (hint,)
+        if hint is bool:
+            action.nargs, action.const, action.metavar = "?", True, "true|false"
+        elif typing.get_origin(options[0]) is Literal:  # also when None is allowed
+            action.metavar = "{" + ",".join(typing.get_args(options[0])) + "}"
+        elif typing.get_origin(options[0]) is list:
+            action.__class__ = _repeatable(type(action))
+
+
+def _remove_action(parser: ArgumentParser, action: argparse.Action) -> None:
+    parser._remove_action(action)
+    for group in parser._action_groups:
+        if action in group._group_actions:
+            group._group_actions.remove(action)
+    for option in action.option_strings:
+        del parser._option_string_actions[option]
+
+
+def _one_line(parser: ArgumentParser, command: str | None, error: Exception) -> str:
+    """A jsonargparse error as one line that names the flag, what it takes and what it got."""
+    text = str(error)
+    missing = re.match(r"the following arguments are required: (.*)", text)
+    if missing:
+        return "missing " + ", ".join(_flag(key.strip()) for key in missing[1].split(","))
+    key = re.match(r'Parser key "([^"]+)":', text)
+    given = re.search(r"(?:Given value|Got value): ?(.*)|Not of type \w+: (.*) does not|"
+                      r"invalid literal for \w+\(\) with base 10: '(.*)'", text)
+    sub = parser._subcommands_action._name_parser_map.get(command) if command else None
+    action = next((a for a in (sub or parser)._actions if key and a.dest == key[1]), None)
+    if key and action is not None and given and hasattr(action, "_typehint"):
+        return (f"argument {_flag(key[1])}: expected {_kind(action._typehint)}, got "
+                f"{next(g for g in given.groups() if g is not None).strip()!r}")
+    text = " ".join(line.strip() for line in text.splitlines()).replace('Parser key "config"',
+                                                                        "--config")
+    for pattern, replacement in _FILE_ERRORS:
+        text = re.sub(pattern, replacement, text)
+    return text
+
+
+def _kind(hint) -> str:
+    """What values a type hint takes, in words: "an integer", "a number or none", ..."""
+    if typing.get_origin(hint) is Literal:
+        return "one of " + ", ".join(map(str, typing.get_args(hint)))
+    if typing.get_origin(hint) is list:
+        return "a list of " + _kind(typing.get_args(hint)[0])
+    if typing.get_origin(hint) in _UNIONS:
+        return " or ".join(map(_kind, typing.get_args(hint)))
+    return _KINDS.get(hint, getattr(hint, "__name__", str(hint)))
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns the exit status (0 ok, also when the reader of stdout closes it
     early; 2 user error, 130 interrupted)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    command = argv[0] if argv and argv[0] in COMMANDS else None
+    parser = build_parser()
     try:
-        args = build_parser().parse_args(argv)
-    except SystemExit as exit_:  # --help (0) or a bad argument (2, message already printed)
+        settings = parser.parse_args(_settings_file_first(argv), defaults=False)
+    except SystemExit as exit_:  # --help
         return exit_.code
-    command = {"train": _cmd_train, "prepare": _cmd_prepare, "eval": _cmd_eval,
-               "sample": _cmd_sample, "serve": _cmd_serve,
-               "presets": _cmd_presets, "params": _cmd_params}
+    except argparse.ArgumentError as e:
+        hint = f"decoderlm {command} --help" if command else "decoderlm --help"
+        print(f"decoderlm: error: {_one_line(parser, command, e)} (see `{hint}`)",
+              file=sys.stderr)
+        return 2
+    kwargs = settings.get(settings.command, Namespace()).as_dict()
+    kwargs.pop("config", None)
+    return _run(settings.command, kwargs)
+
+
+def _settings_file_first(argv: list[str]) -> list[str]:
+    """argv with `--config FILE` moved just after the command, so that the flags override the
+    settings file wherever they stand (jsonargparse applies both in the order given)."""
+    if not argv or argv[0] not in COMMANDS:
+        return argv
+    files, rest, i = [], [], 1
+    while i < len(argv):
+        take = 2 if argv[i] == "--config" else 1 if argv[i].startswith("--config=") else 0
+        (files if take else rest).extend(argv[i:i + (take or 1)])
+        i += take or 1
+    return argv[:1] + files + rest
+
+
+def _run(command: str, kwargs: dict[str, Any]) -> int:
+    """Call a command; user errors become one line on stderr and exit status 2."""
     rank = int(os.environ.get("RANK", "0"))  # under torchrun, rank 0 reports user errors
     if threading.current_thread() is threading.main_thread():  # SIGTERM ends like Ctrl-C
         signal.signal(signal.SIGTERM, _interrupt)
     try:
-        return command[args.command](args)
+        return COMMANDS[command](**kwargs)
     except BrokenPipeError:  # e.g. `decoderlm sample ... | head`: the reader has what it
         # wanted, so stop quietly and successfully; stdout goes to /dev/null so that the
         # interpreter's final flush does not fail again
@@ -458,7 +591,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         hint = (" (`decoderlm train --resume DIR` finishes or continues a run from its "
-                "newest checkpoint)" if args.command == "train" else "")
+                "newest checkpoint)" if command == "train" else "")
         print(f"decoderlm: interrupted{hint}", file=sys.stderr)
         return 130
 

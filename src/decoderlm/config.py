@@ -3,18 +3,19 @@
 `ModelConfig` fixes the shape of a `DecoderLM`; `TrainConfig` fixes how it is trained.
 Both validate themselves on construction and raise `ValueError` naming the bad field, and
 both round-trip through plain dicts (`to_dict` / `from_dict`), which is how they are stored
-in a run directory's ``config.json``.
+in a run directory's ``config.json``. The "Attributes:" sections of their docstrings are also
+the help of the `decoderlm train` flags.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import typing
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-__all__ = ["ModelConfig", "TrainConfig", "field_help", "load_settings_file"]
+__all__ = ["ModelConfig", "TrainConfig"]
 
 
 def _from_dict(cls, data: dict[str, Any]):
@@ -67,13 +68,13 @@ def _check_real(obj, name: str, low: float, high: float = math.inf,
         raise ValueError(f"{name} must be a finite number {interval}, got {value!r}{hint}")
 
 
-_CHOICES = {
-    "pos_encoding": ("learned", "sinusoidal", "rope"),
-    "norm_position": ("pre", "post"),
-    "norm": ("layernorm", "rmsnorm"),
-    "mlp": ("gelu", "swiglu"),
-    "activation": ("gelu", "gelu_tanh"),
-}
+def _check_choices(obj) -> None:
+    """Raise ValueError unless each field typed Literal[...] holds one of its values."""
+    for name, hint in typing.get_type_hints(type(obj)).items():
+        choices = typing.get_args(hint) if typing.get_origin(hint) is Literal else None
+        if choices and getattr(obj, name) not in choices:
+            raise ValueError(f"{name} must be one of {list(choices)}, got "
+                             f"{getattr(obj, name)!r}")
 
 
 @dataclass
@@ -130,19 +131,16 @@ class ModelConfig:
     dropout: float = 0.0
     bias: bool = True
     tie_embeddings: bool = True
-    pos_encoding: str = "learned"
+    pos_encoding: Literal["learned", "sinusoidal", "rope"] = "learned"
     rope_base: float = 10000.0
-    norm_position: str = "pre"
-    norm: str = "layernorm"
+    norm_position: Literal["pre", "post"] = "pre"
+    norm: Literal["layernorm", "rmsnorm"] = "layernorm"
     norm_eps: float = 1e-5
-    mlp: str = "gelu"
-    activation: str = "gelu"
+    mlp: Literal["gelu", "swiglu"] = "gelu"
+    activation: Literal["gelu", "gelu_tanh"] = "gelu"
 
     def __post_init__(self) -> None:
-        for name, choices in _CHOICES.items():
-            if getattr(self, name) not in choices:
-                raise ValueError(f"{name} must be one of {list(choices)}, got "
-                                 f"{getattr(self, name)!r}")
+        _check_choices(self)
         _check_int(self, "vocab_size", "block_size", "n_layers", "n_heads", "d_model",
                    high=2**31)
         if self.d_ff is None:
@@ -214,7 +212,8 @@ class TrainConfig:
             every step, no warm-up).
         weight_decay: AdamW decoupled weight decay, applied to weight matrices and
             embeddings only (not to biases or LayerNorm gains).
-        beta1, beta2: AdamW moment coefficients.
+        beta1: AdamW's first moment coefficient (of the gradient's running mean).
+        beta2: AdamW's second moment coefficient (of the squared gradient's running mean).
         grad_clip: clip the global gradient norm to this value; None disables clipping.
         eval_interval: estimate the validation loss every this many steps (and at the end).
         eval_batches: each validation estimate covers at most eval_batches * batch_size
@@ -243,7 +242,7 @@ class TrainConfig:
     min_lr: float = 2e-5
     warmup_steps: int = 0
     decay_steps: int | None = None
-    schedule: str = "constant"
+    schedule: Literal["cosine", "constant"] = "constant"
     weight_decay: float = 1e-2
     beta1: float = 0.9
     beta2: float = 0.999
@@ -251,7 +250,7 @@ class TrainConfig:
     eval_interval: int = 100
     eval_batches: int = 20
     log_interval: int = 10
-    dtype: str = "float32"
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     compile: bool = False
     activation_checkpointing: bool = False
     fsdp: bool = False
@@ -270,8 +269,7 @@ class TrainConfig:
         if self.decay_steps is not None:
             _check_int(self, "decay_steps")
         _check_int(self, "seed", low=0, high=2**63)
-        if self.schedule not in ("cosine", "constant"):
-            raise ValueError(f"schedule must be 'cosine' or 'constant', got {self.schedule!r}")
+        _check_choices(self)
         _check_real(self, "lr", 0.0, low_open=True)
         if self.schedule == "cosine":
             _check_real(self, "min_lr", 0.0, self.lr)
@@ -280,9 +278,6 @@ class TrainConfig:
         _check_real(self, "beta2", 0.0, 1.0, high_open=True)
         if self.grad_clip is not None:
             _check_real(self, "grad_clip", 0.0, low_open=True)
-        if self.dtype not in ("float32", "bfloat16", "float16"):
-            raise ValueError(f"dtype must be 'float32', 'bfloat16' or 'float16', got "
-                             f"{self.dtype!r}")
         _check_real(self, "val_fraction", 0.0, 1.0, low_open=True, high_open=True)
         if not isinstance(self.sample_prompt, str):
             raise ValueError(f"sample_prompt must be text, got {self.sample_prompt!r}")
@@ -293,93 +288,3 @@ class TrainConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "TrainConfig":
         return _from_dict(cls, data)
-
-
-def field_help(cls) -> dict[str, str]:
-    """{field: its description} from the "Attributes:" section of a config class's docstring
-    (used for the command line's --help)."""
-    out: dict[str, str] = {}
-    names: list[str] = []
-    for line in (cls.__doc__ or "").split("Attributes:", 1)[-1].splitlines():
-        text = line.strip()
-        if text.endswith(":") and not line.startswith(" " * 5):  # the next section
-            break
-        head, sep, rest = text.partition(": ")
-        if sep and line.startswith(" " * 8) and not line.startswith(" " * 9) and all(
-                part.strip().isidentifier() for part in head.split(",")):
-            names = [part.strip() for part in head.split(",")]
-            for name in names:
-                out[name] = rest
-        elif text and names:
-            for name in names:
-                out[name] += " " + text
-    return out
-
-
-SETTINGS_KEYS = ("preset", "data", "dataset", "max_chars", "out", "device", "model", "train")
-
-
-def load_settings_file(path: str | Path) -> dict[str, Any]:
-    """Read a training settings file: TOML (.toml, Python's tomllib) or YAML (.yaml / .yml,
-    needs PyYAML).
-
-    Top-level keys: preset, data, dataset, max_chars, out, device, and two tables: [model]
-    (ModelConfig fields) and [train] (TrainConfig fields). Relative paths are relative to
-    the current directory, as on the command line. Example::
-
-        preset = "default"
-        data = "data/shakespeare"        # a text file or a `decoderlm prepare` directory
-        [model]
-        n_layers = 4
-        [train]
-        lr = 1e-3
-        grad_accum_steps = 2
-
-    Raises:
-        FileNotFoundError: the file does not exist.
-        ValueError: it does not parse, or has unknown keys (named, with the known ones).
-    """
-    path = Path(path)
-    if path.is_dir():
-        raise ValueError(f"settings file {path} is a directory; give a .toml or .yaml file")
-    if not path.is_file():
-        raise FileNotFoundError(f"settings file {path} not found")
-    text = path.read_bytes()
-    try:
-        if path.suffix in (".yaml", ".yml"):
-            try:
-                import yaml
-            except ImportError:
-                raise ValueError(f"{path}: YAML settings need PyYAML (pip install pyyaml); "
-                                 f"or write the file as TOML") from None
-            data = yaml.safe_load(text.decode("utf-8")) or {}
-        else:
-            import tomllib
-            data = tomllib.loads(text.decode("utf-8"))
-    except ValueError as e:  # tomllib.TOMLDecodeError, yaml.YAMLError and UnicodeDecodeError
-        raise ValueError(f"{path} does not parse: {e}") from None
-    except Exception as e:  # noqa: BLE001  yaml's errors are not ValueErrors
-        raise ValueError(f"{path} does not parse: {e}") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"{path} must hold a table of settings, got {type(data).__name__}")
-    unknown = sorted(set(data) - set(SETTINGS_KEYS))
-    if unknown:
-        raise ValueError(f"{path}: unknown setting(s) {unknown}; top-level keys are "
-                         f"{list(SETTINGS_KEYS)}, with ModelConfig fields under [model] and "
-                         f"TrainConfig fields under [train]")
-    for key in ("preset", "data", "dataset", "out", "device"):
-        if key in data and not isinstance(data[key], str):
-            raise ValueError(f"{path}: {key} must be a string, got {data[key]!r}")
-    if "max_chars" in data and (isinstance(data["max_chars"], bool)
-                                or not isinstance(data["max_chars"], int)
-                                or data["max_chars"] < 0):
-        raise ValueError(f"{path}: max_chars must be an integer >= 0, got "
-                         f"{data['max_chars']!r}")
-    for table, cls in (("model", ModelConfig), ("train", TrainConfig)):
-        section = data.get(table, {})
-        if not isinstance(section, dict):
-            raise ValueError(f"{path}: [{table}] must be a table of {cls.__name__} fields")
-        bad = sorted(set(section) - {f.name for f in dataclasses.fields(cls)})
-        if bad:
-            raise ValueError(f"{path}: unknown {cls.__name__} field(s) {bad} in [{table}]")
-    return data
