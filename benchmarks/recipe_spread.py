@@ -27,14 +27,45 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as work:
         tokens = Path(work) / "shakespeare_char"
-        subprocess.run([sys.executable, "-m", "decoderlm", "prepare", "--data", str(SHAKESPEARE),
-                        "--tokenizer", "char", "--out", str(tokens)], check=True,
-                       capture_output=True)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "decoderlm",
+                "prepare",
+                "--data",
+                str(SHAKESPEARE),
+                "--tokenizer",
+                "char",
+                "--out",
+                str(tokens),
+            ],
+            check=True,
+            capture_output=True,
+        )
         for seed in (1337, 1, 2, 3):
             out = Path(work) / f"seed-{seed}"
-            subprocess.run([sys.executable, "-m", "decoderlm", "train", "--data", str(tokens),
-                            "--out", str(out), *RECIPE, "--seed", str(seed), "--dtype",
-                            "bfloat16", "--compile", "true"], check=True, capture_output=True)
+            subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "decoderlm",
+                    "train",
+                    "--data",
+                    str(tokens),
+                    "--out",
+                    str(out),
+                    *RECIPE,
+                    "--seed",
+                    str(seed),
+                    "--dtype",
+                    "bfloat16",
+                    "--compile",
+                    "true",
+                ],
+                check=True,
+                capture_output=True,
+            )
             loss = evaluate_run(out, split="val")["nats_per_token"]
             print(f"seed {seed:>4}: whole-split validation loss {loss:.4f}", flush=True)
         model = DecoderLM.from_pretrained(Path(work) / "seed-1337")
@@ -43,10 +74,13 @@ def main() -> None:
         with torch.no_grad():
             for g_seed in range(40):
                 g = torch.Generator().manual_seed(g_seed)
-                estimates.append(np.mean([model(*get_batch(val, 12, 64, g))[1].item()
-                                          for _ in range(20)]))
-        print(f"seed 1337, 20-batch estimates over 40 draws: min {min(estimates):.4f}, "
-              f"median {np.median(estimates):.4f}, max {max(estimates):.4f}")
+                estimates.append(
+                    np.mean([model(*get_batch(val, 12, 64, g))[1].item() for _ in range(20)])
+                )
+        print(
+            f"seed 1337, 20-batch estimates over 40 draws: min {min(estimates):.4f}, "
+            f"median {np.median(estimates):.4f}, max {max(estimates):.4f}"
+        )
 
 
 if __name__ == "__main__":

@@ -36,35 +36,105 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SHAKESPEARE = ROOT.parent / "shared" / "data" / "tinyshakespeare" / "input.txt"
-RECIPE = ["--n-layers", "4", "--n-heads", "4", "--d-model", "128", "--block-size", "64",
-          "--batch-size", "12", "--lr", "1e-3", "--min-lr", "1e-4", "--warmup-steps", "100",
-          "--schedule", "cosine", "--weight-decay", "0.1", "--beta2", "0.99", "--grad-clip", "1",
-          "--dropout", "0", "--bias", "false", "--max-steps", "2000", "--eval-interval", "2000",
-          "--log-interval", "100", "--checkpoint-interval", "0", "--seed", "1337",
-          "--no-progress"]
+RECIPE = [
+    "--n-layers",
+    "4",
+    "--n-heads",
+    "4",
+    "--d-model",
+    "128",
+    "--block-size",
+    "64",
+    "--batch-size",
+    "12",
+    "--lr",
+    "1e-3",
+    "--min-lr",
+    "1e-4",
+    "--warmup-steps",
+    "100",
+    "--schedule",
+    "cosine",
+    "--weight-decay",
+    "0.1",
+    "--beta2",
+    "0.99",
+    "--grad-clip",
+    "1",
+    "--dropout",
+    "0",
+    "--bias",
+    "false",
+    "--max-steps",
+    "2000",
+    "--eval-interval",
+    "2000",
+    "--log-interval",
+    "100",
+    "--checkpoint-interval",
+    "0",
+    "--seed",
+    "1337",
+    "--no-progress",
+]
 VARIANTS = [("float32", "false"), ("bfloat16", "false"), ("float32", "true"), ("bfloat16", "true")]
 
 
 def recipe(data: Path, work: Path) -> None:
     tokens = work / "shakespeare_char"
-    subprocess.run([sys.executable, "-m", "decoderlm", "prepare", "--data", str(data),
-                    "--tokenizer", "char", "--out", str(tokens)], check=True,
-                   capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "decoderlm",
+            "prepare",
+            "--data",
+            str(data),
+            "--tokenizer",
+            "char",
+            "--out",
+            str(tokens),
+        ],
+        check=True,
+        capture_output=True,
+    )
     print("nanoGPT CPU recipe, Tiny Shakespeare characters, 2,000 steps of 768 tokens")
-    print(f"{'dtype':<10} {'compile':<8} {'tokens/s':>9} {'ms/step':>8} {'wall s':>7} "
-          f"{'val loss':>9}")
+    print(
+        f"{'dtype':<10} {'compile':<8} {'tokens/s':>9} {'ms/step':>8} {'wall s':>7} {'val loss':>9}"
+    )
     for dtype, compiled, extra in [(d, c, []) for d, c in VARIANTS] + [
-            ("bfloat16", "false", ["--pos-encoding", "rope"])]:
+        ("bfloat16", "false", ["--pos-encoding", "rope"])
+    ]:
         out = work / f"run-{dtype}-{compiled}-{len(extra)}"
-        subprocess.run([sys.executable, "-m", "decoderlm", "train", "--data", str(tokens),
-                        "--out", str(out), *RECIPE, "--dtype", dtype, "--compile", compiled,
-                        *extra], check=True, capture_output=True)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "decoderlm",
+                "train",
+                "--data",
+                str(tokens),
+                "--out",
+                str(out),
+                *RECIPE,
+                "--dtype",
+                dtype,
+                "--compile",
+                compiled,
+                *extra,
+            ],
+            check=True,
+            capture_output=True,
+        )
         records = [json.loads(line) for line in (out / "metrics.jsonl").open()]
         first, last = records[0], records[-1]  # steps 100 and 2,000
         rate = (last["tokens"] - first["tokens"]) / (last["elapsed_s"] - first["elapsed_s"])
         val = _final_val_loss(out)
-        print(f"{dtype:<10} {compiled:<8} {rate:9,.0f} {768 / rate * 1000:8.1f} "
-              f"{last['elapsed_s']:7.1f} {val:9.4f}  {' '.join(extra)}", flush=True)
+        print(
+            f"{dtype:<10} {compiled:<8} {rate:9,.0f} {768 / rate * 1000:8.1f} "
+            f"{last['elapsed_s']:7.1f} {val:9.4f}  {' '.join(extra)}",
+            flush=True,
+        )
 
 
 def _final_val_loss(run: Path) -> float:
@@ -86,7 +156,7 @@ def matmul_peak(dtype) -> float:
         start = time.perf_counter()
         a @ b
         best = min(best, time.perf_counter() - start)
-    return 2 * 2048 ** 3 / best
+    return 2 * 2048**3 / best
 
 
 def _steps_per_s(model, cfg_dtype: str, compiled: bool, batch: int, steps: int, warmup: int):
@@ -122,20 +192,26 @@ def mfu_part() -> None:
     from decoderlm import DecoderLM, ModelConfig
     from decoderlm.analysis import flops_per_token
 
-    cfg = ModelConfig(vocab_size=66, block_size=256, n_layers=8, n_heads=8, d_model=512,
-                      dropout=0.0)
+    cfg = ModelConfig(
+        vocab_size=66, block_size=256, n_layers=8, n_heads=8, d_model=512, dropout=0.0
+    )
     flops = flops_per_token(cfg, 256)["training"]
     peaks = {"float32": matmul_peak(torch.float32), "bfloat16": matmul_peak(torch.bfloat16)}
-    print(f"\n8 x 512, block 256, batch 8 (2,048 tokens/step), {flops / 1e6:.1f} MFLOP/token "
-          f"(Kaplan); matmul peak: float32 {peaks['float32'] / 1e9:.0f} GFLOP/s, bfloat16 "
-          f"{peaks['bfloat16'] / 1e9:.0f} GFLOP/s ({torch.get_num_threads()} threads)")
+    print(
+        f"\n8 x 512, block 256, batch 8 (2,048 tokens/step), {flops / 1e6:.1f} MFLOP/token "
+        f"(Kaplan); matmul peak: float32 {peaks['float32'] / 1e9:.0f} GFLOP/s, bfloat16 "
+        f"{peaks['bfloat16'] / 1e9:.0f} GFLOP/s ({torch.get_num_threads()} threads)"
+    )
     print(f"{'dtype':<10} {'compile':<8} {'tokens/s':>9} {'GFLOP/s':>8} {'MFU':>6}")
     for dtype, compiled in VARIANTS:
         torch.manual_seed(0)
         rate = 2048 * _steps_per_s(DecoderLM(cfg).train(), dtype, compiled == "true", 8, 10, 3)
         achieved = flops * rate
-        print(f"{dtype:<10} {compiled:<8} {rate:9,.0f} {achieved / 1e9:8.1f} "
-              f"{achieved / peaks[dtype]:6.1%}", flush=True)
+        print(
+            f"{dtype:<10} {compiled:<8} {rate:9,.0f} {achieved / 1e9:8.1f} "
+            f"{achieved / peaks[dtype]:6.1%}",
+            flush=True,
+        )
 
 
 CONTEXT_CHILD = r"""
@@ -177,18 +253,29 @@ def context_part() -> None:
     print(f"{'block_size':>10} {'batch':>6} {'tokens/s':>9} {'peak MiB':>9}")
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
     for T in (128, 256, 512, 1024, 2048, 4096):
-        out = subprocess.run([sys.executable, "-c", CONTEXT_CHILD, str(T)], check=True,
-                             capture_output=True, text=True, env=env).stdout
+        out = subprocess.run(
+            [sys.executable, "-c", CONTEXT_CHILD, str(T)],
+            check=True,
+            capture_output=True,
+            text=True,
+            env=env,
+        ).stdout
         r = json.loads(out)
-        print(f"{T:>10} {16384 // T:>6} {r['tokens_per_s']:9,.0f} {r['peak'] / 2**20:9.1f}",
-              flush=True)
+        print(
+            f"{T:>10} {16384 // T:>6} {r['tokens_per_s']:9,.0f} {r['peak'] / 2**20:9.1f}",
+            flush=True,
+        )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--part", choices=["recipe", "mfu", "context", "all"], default="all")
-    parser.add_argument("--data", type=Path, default=SHAKESPEARE,
-                        help="Tiny Shakespeare's input.txt (default: ../shared/data)")
+    parser.add_argument(
+        "--data",
+        type=Path,
+        default=SHAKESPEARE,
+        help="Tiny Shakespeare's input.txt (default: ../shared/data)",
+    )
     args = parser.parse_args()
     if args.part in ("recipe", "all"):
         with tempfile.TemporaryDirectory() as work:

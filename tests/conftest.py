@@ -7,8 +7,16 @@ from decoderlm.hooks import run_with_cache
 
 def tiny_config(**overrides) -> ModelConfig:
     """The tiny test model: vocab 65, block 32, 2 layers, 4 heads, d_model 64."""
-    base = dict(vocab_size=65, block_size=32, n_layers=2, n_heads=4, d_model=64, dropout=0.0,
-                bias=True, tie_embeddings=True)
+    base = dict(
+        vocab_size=65,
+        block_size=32,
+        n_layers=2,
+        n_heads=4,
+        d_model=64,
+        dropout=0.0,
+        bias=True,
+        tie_embeddings=True,
+    )
     return ModelConfig(**{**base, **overrides})
 
 
@@ -67,3 +75,21 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
 
     att = attention_pattern(q, k)
     return att.to(v.dtype) @ v, att
+
+
+def quiet(*args, **kwargs):
+    """A log function that prints nothing."""
+
+
+def one_line_error(capsys, argv, *fragments):
+    """`decoderlm` with argv exits 2 printing one line `decoderlm: error: ...` that holds every
+    fragment, and no traceback; returns that line."""
+    from decoderlm.cli import main
+
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("decoderlm: error:") and err.count("\n") == 1, err
+    assert "Traceback" not in err
+    for fragment in fragments:
+        assert fragment in err, err
+    return err

@@ -1,10 +1,11 @@
 import pytest
 import torch
 
-from conftest import tiny_config
 from decoderlm import DecoderLM, ModelConfig
 from decoderlm.analysis import flops_per_token, memory_bytes, mfu
 from decoderlm.presets import PRESETS
+
+from conftest import tiny_config
 
 
 def test_flops_conventions_of_the_pitfalls_table():
@@ -30,11 +31,22 @@ def test_flops_conventions_of_the_pitfalls_table():
 
 def test_matmul_flops_match_a_count_of_the_model_s_matmuls():
     # an independent count: 2 x (in x out) per token for every Linear, plus QK^T and AV
-    cfg = ModelConfig(vocab_size=300, block_size=64, n_layers=3, n_heads=4, d_model=32,
-                      tie_embeddings=False, bias=False, norm="rmsnorm")
+    cfg = ModelConfig(
+        vocab_size=300,
+        block_size=64,
+        n_layers=3,
+        n_heads=4,
+        d_model=32,
+        tie_embeddings=False,
+        bias=False,
+        norm="rmsnorm",
+    )
     model = DecoderLM(cfg)
-    linear = sum(2 * m.in_features * m.out_features for m in model.modules()
-                 if isinstance(m, torch.nn.Linear))
+    linear = sum(
+        2 * m.in_features * m.out_features
+        for m in model.modules()
+        if isinstance(m, torch.nn.Linear)
+    )
     T = 64
     full_attention = cfg.n_layers * 2 * (2 * T * cfg.d_model)  # QK^T and AV over T keys
     palm = flops_per_token(cfg, T, "palm")["forward"]
@@ -42,13 +54,19 @@ def test_matmul_flops_match_a_count_of_the_model_s_matmuls():
     assert palm == linear + full_attention + norms
 
 
-@pytest.mark.parametrize("overrides", [
-    {}, {"norm_position": "post"}, {"dropout": 0.1},
-    {"mlp": "swiglu", "norm": "rmsnorm", "pos_encoding": "rope", "bias": False},
-])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {},
+        {"norm_position": "post"},
+        {"dropout": 0.1},
+        {"mlp": "swiglu", "norm": "rmsnorm", "pos_encoding": "rope", "bias": False},
+    ],
+)
 def test_activation_estimate_is_within_20_percent_of_what_autograd_saves(overrides):
-    cfg = ModelConfig(vocab_size=500, block_size=128, n_layers=3, n_heads=4, d_model=64,
-                      **overrides)
+    cfg = ModelConfig(
+        vocab_size=500, block_size=128, n_layers=3, n_heads=4, d_model=64, **overrides
+    )
     model = DecoderLM(cfg).train()
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     saved = {}
@@ -75,10 +93,14 @@ def test_weights_gradients_and_adamw_state_match_the_real_tensors():
     opt.step()
     mem = memory_bytes(cfg, 2, 32, "fp32")
     assert mem["weights"] == sum(p.numel() * p.element_size() for p in model.parameters())
-    assert mem["gradients"] == sum(p.grad.numel() * p.grad.element_size()
-                                   for p in model.parameters())
-    assert mem["adamw"] == sum(s[k].numel() * s[k].element_size() for s in opt.state.values()
-                               for k in ("exp_avg", "exp_avg_sq"))
+    assert mem["gradients"] == sum(
+        p.grad.numel() * p.grad.element_size() for p in model.parameters()
+    )
+    assert mem["adamw"] == sum(
+        s[k].numel() * s[k].element_size()
+        for s in opt.state.values()
+        for k in ("exp_avg", "exp_avg_sq")
+    )
     assert memory_bytes(cfg, 2, 32, "bf16")["weights"] == mem["weights"] // 2
 
 
@@ -96,8 +118,12 @@ def test_memory_is_linear_in_T_without_dropout_and_checkpointing_helps():
 
 
 def test_gpt2_presets_have_the_released_sizes():
-    expected = {"gpt2": 124_439_808, "gpt2-medium": 354_823_168, "gpt2-large": 774_030_080,
-                "gpt2-xl": 1_557_611_200}
+    expected = {
+        "gpt2": 124_439_808,
+        "gpt2-medium": 354_823_168,
+        "gpt2-large": 774_030_080,
+        "gpt2-xl": 1_557_611_200,
+    }
     for name, total in expected.items():
         cfg = ModelConfig(**PRESETS[name].model)
         with torch.device("meta"):
@@ -113,12 +139,28 @@ def test_params_command(tmp_path, capsys):
     assert main(["params", "--preset", "gpt2", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["parameters"]["total"] == report["parameters_of_modules"] == 124_439_808
-    assert report["flops_per_token"]["palm"]["training"] > report["flops_per_token"]["kaplan"][
-        "training"]
+    assert (
+        report["flops_per_token"]["palm"]["training"]
+        > report["flops_per_token"]["kaplan"]["training"]
+    )
     config = tmp_path / "config.json"
     config.write_text(json.dumps({"model": {**PRESETS["llama-tiny"].model, "n_layers": 2}}))
-    assert main(["params", "--model-config", str(config), "--batch-size", "2", "--seq-len", "64",
-                 "--dtype", "bf16"]) == 0
+    assert (
+        main(
+            [
+                "params",
+                "--model-config",
+                str(config),
+                "--batch-size",
+                "2",
+                "--seq-len",
+                "64",
+                "--dtype",
+                "bf16",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "parameters:" in out and "kv_cache" in out and "GiB" in out
     assert main(["params", "--preset", "gpt2", "--seq-len", "2048"]) == 2

@@ -5,18 +5,13 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import tiny_model
 
 from decoderlm.cli import COMMANDS, _settings_file_first, build_parser, main
+from decoderlm.prepare import prepare
 
+from conftest import one_line_error, quiet, tiny_model
 
-def one_line_error(capsys, argv, *fragments):
-    assert main(argv) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("decoderlm: error:") and err.count("\n") == 1, err
-    for fragment in fragments:
-        assert fragment in err, err
-    return err
+TEXT = "".join(chr(33 + (i * 7919) % 60) for i in range(3000)) + " caf\u00e9 \u6771\u4eac\n" * 20
 
 
 @pytest.mark.parametrize("command", sorted(COMMANDS))
@@ -33,16 +28,49 @@ def test_every_command_has_help_with_dashed_flags(capsys, command):
 def test_train_flags_are_flat_and_keep_their_meaning(capsys):
     assert main(["train", "--help"]) == 0
     text = capsys.readouterr().out
-    for flag in ("--n-layers", "--d-model", "--block-size", "--lr", "--max-steps", "--dtype",
-                 "--compile", "--grad-clip", "--preset", "--data", "--dataset", "--max-chars",
-                 "--out", "--overwrite", "--resume", "--device", "--no-progress"):
+    for flag in (
+        "--n-layers",
+        "--d-model",
+        "--block-size",
+        "--lr",
+        "--max-steps",
+        "--dtype",
+        "--compile",
+        "--grad-clip",
+        "--preset",
+        "--data",
+        "--dataset",
+        "--max-chars",
+        "--out",
+        "--overwrite",
+        "--resume",
+        "--device",
+        "--no-progress",
+    ):
         assert f"{flag} " in text, flag
     assert "--vocab-size" not in text and "number of decoder blocks" in text  # field docstrings
     parse = build_parser().parse_args
-    train = parse(["train", "--grad-clip", "none", "--compile", "--bias", "false", "--d-ff",
-                   "none", "--n-layers", "2", "--lr", "1e-3"], defaults=False).train
-    assert train.as_dict() == {"model": {"bias": False, "d_ff": None, "n_layers": 2},
-                               "train": {"grad_clip": None, "compile": True, "lr": 1e-3}}
+    train = parse(
+        [
+            "train",
+            "--grad-clip",
+            "none",
+            "--compile",
+            "--bias",
+            "false",
+            "--d-ff",
+            "none",
+            "--n-layers",
+            "2",
+            "--lr",
+            "1e-3",
+        ],
+        defaults=False,
+    ).train
+    assert train.as_dict() == {
+        "model": {"bias": False, "d_ff": None, "n_layers": 2},
+        "train": {"grad_clip": None, "compile": True, "lr": 1e-3},
+    }
     assert parse(["train", "--compile", "true"], defaults=False).train.train.compile is True
     assert parse(["train"], defaults=False).train.as_dict() == {}  # unset: the preset decides
 
@@ -56,39 +84,50 @@ def test_a_settings_file_in_yaml_or_json_for_params(tmp_path, capsys):
     assert main(["params", "--seq-len", "32", "--config", str(tmp_path / "p.yaml")]) == 0
     assert json.loads(capsys.readouterr().out)["seq_len"] == 32
     tiny_model().save_pretrained(tmp_path / "run")
-    (tmp_path / "p.json").write_text(json.dumps({"run": str(tmp_path / "run"), "json": True,
-                                                 "dtype": "bf16", "batch_size": 2}))
+    (tmp_path / "p.json").write_text(
+        json.dumps({"run": str(tmp_path / "run"), "json": True, "dtype": "bf16", "batch_size": 2})
+    )
     assert main(["params", "--config", str(tmp_path / "p.json")]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["config"] == tiny_model().config.to_dict() and report["batch_size"] == 2
 
 
-@pytest.mark.parametrize("text,message", [
-    ("preset: gpt2\nbatch_size: many\n", "--batch-size: expected an integer > 0, got 'many'"),
-    ("preset: gpt2\ndtype: fp8\n", "--dtype: expected one of fp32, bf16, fp16"),
-    ("preset: gpt2\nseq_lenn: 3\n", "unknown setting 'seq_lenn' in the settings file"),
-    ("preset: [gpt2\n", "the settings file does not parse"),
-    ("- gpt2\n", "a settings file must map settings to values"),
-])
+@pytest.mark.parametrize(
+    "text,message",
+    [
+        ("preset: gpt2\nbatch_size: many\n", "--batch-size: expected an integer > 0, got 'many'"),
+        ("preset: gpt2\ndtype: fp8\n", "--dtype: expected one of fp32, bf16, fp16"),
+        ("preset: gpt2\nseq_lenn: 3\n", "unknown setting 'seq_lenn' in the settings file"),
+        ("preset: [gpt2\n", "the settings file does not parse"),
+        ("- gpt2\n", "a settings file must map settings to values"),
+    ],
+)
 def test_a_bad_settings_file_is_one_line(tmp_path, capsys, text, message):
     (tmp_path / "p.yaml").write_text(text)
     one_line_error(capsys, ["params", "--config", str(tmp_path / "p.yaml")], message)
 
 
 def test_bad_flags_and_values_are_one_line(tmp_path, capsys):
-    one_line_error(capsys, ["params", "--config", str(tmp_path / "none.yaml")],
-                   "--config: File does not exist")
+    one_line_error(
+        capsys, ["params", "--config", str(tmp_path / "none.yaml")], "--config: File does not exist"
+    )
     one_line_error(capsys, ["params", "--preset", "gpt3"], "--preset: expected one of default")
-    one_line_error(capsys, ["params", "--preset", "gpt2", "--run", "x"],
-                   "give one of --preset or --run or --model-config")
+    one_line_error(
+        capsys,
+        ["params", "--preset", "gpt2", "--run", "x"],
+        "give one of --preset or --run or --model-config",
+    )
     one_line_error(capsys, ["params"], "give one of --preset")
     one_line_error(capsys, ["params", "--model-config", str(tmp_path / "no.json")], "no.json")
     one_line_error(capsys, ["sample"], "give one of --run or --hf")
     one_line_error(capsys, ["prepare", "--data", "x"], "missing --out")
     one_line_error(capsys, ["eval"], "missing --run")
     one_line_error(capsys, ["train", "--n-layers"], "--n-layers: expected one argument")
-    one_line_error(capsys, ["train", "--norm", "batchnorm"],
-                   "--norm: expected one of layernorm, rmsnorm, got 'batchnorm'")
+    one_line_error(
+        capsys,
+        ["train", "--norm", "batchnorm"],
+        "--norm: expected one of layernorm, rmsnorm, got 'batchnorm'",
+    )
     one_line_error(capsys, ["fit"], "invalid choice: 'fit'")
     one_line_error(capsys, [], '"command"')
 
@@ -97,8 +136,22 @@ def test_prepare_takes_several_data_flags(tmp_path, capsys):
     for name in ("a.txt", "b.txt"):
         (tmp_path / name).write_text(name * 200, encoding="utf-8")
     out = tmp_path / "tokens"
-    assert main(["prepare", "--data", str(tmp_path / "a.txt"), "--data", str(tmp_path / "b.txt"),
-                 "--tokenizer", "byte", "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "prepare",
+                "--data",
+                str(tmp_path / "a.txt"),
+                "--data",
+                str(tmp_path / "b.txt"),
+                "--tokenizer",
+                "byte",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     meta = json.loads((out / "meta.json").read_text())
     assert len(meta["sources"]) == 2, meta
 
@@ -110,7 +163,76 @@ def test_the_readme_settings_file_for_train(tmp_path):
     args = ["train", "--lr", "3e-4", "--config", str(tmp_path / "run.yaml")]
     settings = build_parser().parse_args(_settings_file_first(args), defaults=False).train
     assert settings.preset == "default" and settings.out == "runs/shakespeare"
-    assert settings.model.as_dict() == {"n_layers": 6, "d_model": 384, "n_heads": 6,
-                                        "block_size": 256}
+    assert settings.model.as_dict() == {
+        "n_layers": 6,
+        "d_model": 384,
+        "n_heads": 6,
+        "block_size": 256,
+    }
     assert settings.train.lr == 3e-4 and settings.train.min_lr == 1e-4  # the flag wins
     assert settings.train.compile is True and settings.train.dtype == "bfloat16"
+
+
+def test_settings_file_then_command_line_overrides(tmp_path, capsys):
+    data = tmp_path / "text.txt"
+    data.write_text(TEXT, encoding="utf-8")
+    settings = tmp_path / "run.toml"
+    settings.write_text(
+        f'preset = "seed-notebook"\ndata = "{data}"\nout = "{tmp_path / "run"}"\n'
+        "[model]\nn_layers = 1\nn_heads = 2\nd_model = 16\nblock_size = 16\n"
+        "[train]\nmax_steps = 3\nbatch_size = 4\nlr = 0.01\n"
+        "grad_accum_steps = 2\n",
+        encoding="utf-8",
+    )
+    assert main(["train", "--config", str(settings), "--max-steps", "5", "--no-progress"]) == 0
+    config = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert config["preset"] == "seed-notebook" and config["model"]["n_layers"] == 1
+    assert config["train"]["max_steps"] == 5 and config["train"]["lr"] == 0.01  # flag wins
+    assert config["train"]["grad_accum_steps"] == 2
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
+    assert records[-1]["tokens"] == 5 * 4 * 2 * 16  # steps * batch * accumulation * T
+
+    for text, message in (
+        ("[train]\nmax_step = 3\n", "unknown setting 'train.max_step'"),
+        ("max_steps = 3\n", "unknown setting 'max_steps'"),
+        ("[model\n", "does not parse"),
+        ("[train]\ndtype = 'float8'\n", "--dtype: expected one of float32, bfloat16, float16"),
+    ):
+        settings.write_text(text, encoding="utf-8")
+        assert main(["train", "--config", str(settings), "--out", str(tmp_path / "x")]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("decoderlm: error:") and message in err, err
+
+
+def test_settings_with_wrong_types_and_options_that_do_not_apply(tmp_path, capsys):
+    data = tmp_path / "text.txt"
+    data.write_text(TEXT, encoding="utf-8")
+    prepare([data], "byte", tmp_path / "tokens", log=quiet)
+    settings = tmp_path / "run.toml"
+    for text, message in (
+        ("data = 5\n", "--data: expected a non-empty string or none, got '5'"),
+        ("max_chars = 'abc'\n", "--max-chars: expected an integer >= 0"),
+        ("[train]\nsample_prompt = 5\n", "--sample-prompt: expected text"),
+        ("[train]\nlr = 'fast'\n", "--lr: expected a number, got 'fast'"),
+        ("train = 5\n", "`train` in the settings file must map fields"),
+    ):
+        settings.write_text(text, encoding="utf-8")
+        assert main(["train", "--config", str(settings), "--out", str(tmp_path / "x")]) == 2
+        assert message in capsys.readouterr().err
+    assert main(["train", "--config", str(tmp_path), "--out", str(tmp_path / "x")]) == 2
+    assert "--config: Path is not a file" in capsys.readouterr().err
+    assert (
+        main(
+            [
+                "train",
+                "--data",
+                str(tmp_path / "tokens"),
+                "--max-chars",
+                "100",
+                "--out",
+                str(tmp_path / "x"),
+            ]
+        )
+        == 2
+    )
+    assert "do not apply to a prepared token directory" in capsys.readouterr().err

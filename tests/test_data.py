@@ -1,10 +1,25 @@
 import hashlib
+import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
-from decoderlm.data import EMBEDDED_CORPUS, get_batch, load_text, split_ids
+from decoderlm.data import (
+    EMBEDDED_CORPUS,
+    get_batch,
+    is_token_dir,
+    iter_text_chunks,
+    load_text,
+    load_token_dir,
+    split_ids,
+    windows,
+)
+from decoderlm.evaluate import evaluate
+from decoderlm.prepare import prepare
+
+from conftest import quiet, tiny_model
 
 SHARED_VALID = (
     Path(__file__).resolve().parents[2] / "shared" / "data" / "wikitext-2-raw" / "valid.txt"
@@ -74,3 +89,70 @@ def test_get_batch_windows_and_start_range():
         assert torch.equal(x[:, 1:], y[:, :-1])
         starts.update(x[:, 0].tolist())
     assert starts == {0, 1}
+
+
+def test_text_chunks_split_characters_and_newlines_like_read_text(tmp_path):
+    path = tmp_path / "t.txt"
+    path.write_bytes("añ東🙂\r\nx\ry\r\n".encode() * 50)
+    for chunk_bytes in (1, 2, 3, 7, 1 << 20):
+        chunks = list(iter_text_chunks(path, chunk_bytes))
+        assert "".join(chunks) == path.read_text(encoding="utf-8")  # CRLF, CR -> LF too
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes("é".encode() * 500 + b"\xff" + b"tail")
+    for chunk_bytes in (7, 64, 1 << 20):
+        with pytest.raises(ValueError, match="invalid byte at offset 1000"):
+            list(iter_text_chunks(bad, chunk_bytes))
+    cut = tmp_path / "cut.txt"
+    cut.write_bytes(b"abc" + "東".encode()[:2])  # a character cut off at the end
+    with pytest.raises(ValueError, match="offset 3"):
+        list(iter_text_chunks(cut, 2))
+
+
+def test_damaged_token_directories_give_clear_errors(tmp_path):
+    (tmp_path / "a.txt").write_text("abcdefgh" * 100, encoding="utf-8")
+    out = tmp_path / "tok"
+    prepare([tmp_path / "a.txt"], "char", out, log=quiet)
+    meta = json.loads((out / "meta.json").read_text())
+    assert is_token_dir(out) and not is_token_dir(tmp_path)
+    train_bytes = (out / "train.bin").read_bytes()
+    (out / "train.bin").write_bytes(train_bytes[:-2])
+    with pytest.raises(ValueError, match="truncated"):
+        load_token_dir(out)
+    (out / "train.bin").write_bytes(
+        np.frombuffer(train_bytes, np.uint16).astype(np.uint32).tobytes()
+    )  # ids written as uint32, meta says uint16
+    with pytest.raises(ValueError, match="another dtype"):
+        load_token_dir(out)
+    (out / "train.bin").write_bytes(train_bytes)
+    load_token_dir(out)
+    (out / "meta.json").write_text(json.dumps({**meta, "dtype": "int8"}))
+    with pytest.raises(ValueError, match="dtype 'int8'"):
+        load_token_dir(out)
+    (out / "meta.json").write_text(json.dumps({**meta, "vocab_size": 3}))
+    with pytest.raises(ValueError, match="has 9 ids but vocab_size is 3"):
+        load_token_dir(out)
+    (out / "meta.json").write_text("{not json")
+    with pytest.raises(ValueError, match="not valid UTF-8 JSON"):
+        load_token_dir(out)
+    (out / "meta.json").unlink()
+    assert not is_token_dir(out)
+    with pytest.raises(FileNotFoundError, match="meta.json not found"):
+        load_token_dir(out)
+
+
+def test_batches_and_evaluation_from_a_memmap_equal_those_from_a_tensor(tmp_path):
+    text = EMBEDDED_CORPUS.read_text(encoding="utf-8")[:20_000]
+    (tmp_path / "c.txt").write_text(text, encoding="utf-8")
+    prepare([tmp_path / "c.txt"], "char", tmp_path / "tok", log=quiet)
+    tokens = load_token_dir(tmp_path / "tok")
+    tensor = torch.tensor(tokens.tokenizer.encode(text))[: len(tokens.train)]
+    g1, g2 = torch.Generator().manual_seed(5), torch.Generator().manual_seed(5)
+    for _ in range(3):
+        x, y = get_batch(tokens.train, 4, 16, g1)
+        x2, y2 = get_batch(tensor, 4, 16, g2)
+        assert x.dtype == y.dtype == torch.int64 and x.shape == (4, 16)
+        assert torch.equal(x, x2) and torch.equal(y, y2)
+    x, _ = windows(tokens.train, torch.tensor([0, 100]), 8)
+    assert torch.equal(x, tensor[torch.tensor([[0], [100]]) + torch.arange(8)])
+    model = tiny_model(vocab_size=tokens.meta["vocab_size"])
+    assert evaluate(model, tokens.train, 20) == evaluate(model, tensor, 20)

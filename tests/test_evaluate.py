@@ -16,7 +16,7 @@ from decoderlm.prepare import prepare
 from decoderlm.tokenizers import DEFAULT_UNK_TOKEN
 from decoderlm.training.run import run_experiment
 
-from conftest import tiny_model
+from conftest import one_line_error, quiet, tiny_model
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
 SHAKESPEARE = SHARED / "tinyshakespeare" / "input.txt"
@@ -27,20 +27,6 @@ needs_shared = pytest.mark.skipif(
 )
 SMALL = {"n_layers": 1, "n_heads": 2, "d_model": 16, "block_size": 32, "dropout": 0.0}
 SMALL_TRAIN = {"max_steps": 4, "batch_size": 8, "eval_interval": 4}
-
-
-def quiet(*args, **kwargs):
-    pass
-
-
-def one_line_error(capsys, argv, *fragments):
-    assert main(argv) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("decoderlm: error:") and err.count("\n") == 1, err
-    assert "Traceback" not in err
-    for fragment in fragments:
-        assert fragment in err, err
-    return err
 
 
 def test_evaluate_is_deterministic_and_restores_train_mode():

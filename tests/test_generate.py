@@ -69,8 +69,9 @@ def test_sampling_draws_from_the_softmax():
     probs = logits.softmax(-1)[0]
     g = torch.Generator().manual_seed(123)
     n = 20_000
-    draws = torch.stack([sample_next(logits.expand(100, 4), 1.0, generator=g)
-                         for _ in range(n // 100)]).flatten()
+    draws = torch.stack(
+        [sample_next(logits.expand(100, 4), 1.0, generator=g) for _ in range(n // 100)]
+    ).flatten()
     counts = torch.bincount(draws, minlength=4).double()
     chi2 = ((counts - n * probs) ** 2 / (n * probs)).sum().item()
     assert chi2 < 16.27
@@ -117,8 +118,11 @@ def test_non_finite_logits_and_bad_ids_name_the_step(monkeypatch):
     with pytest.raises(ValueError, match=r"step 3: .*non-finite logits"):
         generate(model, torch.tensor([[1]]), 10, seed=0)
     monkeypatch.undo()
-    monkeypatch.setattr(torch, "multinomial",
-                        lambda probs, n, generator=None: torch.full((probs.size(0), 1), -2**63))
+    monkeypatch.setattr(
+        torch,
+        "multinomial",
+        lambda probs, n, generator=None: torch.full((probs.size(0), 1), -(2**63)),
+    )
     with pytest.raises(ValueError, match=r"step 0: sampled token id \[-9223372036854775808\]"):
         generate(model, torch.tensor([[1]]), 10, seed=0)
 

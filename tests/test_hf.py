@@ -21,14 +21,23 @@ BPE_DIR = Path(__import__("decoderlm").__file__).parent / "bpe"
 
 def hf_model(tie=True, seed=0):
     torch.manual_seed(seed)
-    cfg = transformers.GPT2Config(vocab_size=101, n_positions=32, n_embd=64, n_layer=2, n_head=4,
-                                  tie_word_embeddings=tie, bos_token_id=0, eos_token_id=0)
+    cfg = transformers.GPT2Config(
+        vocab_size=101,
+        n_positions=32,
+        n_embd=64,
+        n_layer=2,
+        n_head=4,
+        tie_word_embeddings=tie,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
     model = transformers.GPT2LMHeadModel(cfg).eval()
     with torch.no_grad():  # non-trivial norms and biases
         for name, p in model.named_parameters():
             if p.dim() == 1:
-                p.copy_(torch.randn_like(p) * 0.2 + (1.0 if "ln" in name and "weight" in name
-                                                      else 0.0))
+                p.copy_(
+                    torch.randn_like(p) * 0.2 + (1.0 if "ln" in name and "weight" in name else 0.0)
+                )
     return model
 
 
@@ -87,16 +96,18 @@ def test_gpt2_tokenizer_matches_transformers_on_wikitext_with_unicode():
     assert tok.encode("Hello world") == [15496, 995]
     assert tok.encode("<|endoftext|>") == [50256] and tok.vocab_size == 50257
     from decoderlm.data import EMBEDDED_CORPUS
+
     text = EMBEDDED_CORPUS.read_text(encoding="utf-8")
     start = text.index("Senjō") if "Senjō" in text else text.index("é") - 2000
-    paragraph = text[start - 1500:start + 1500]
+    paragraph = text[start - 1500 : start + 1500]
     assert any(ord(c) > 127 for c in paragraph)
     files = SHARED_BPE if SHARED_BPE.is_dir() else BPE_DIR
     hf = None  # transformers 5 names the files vocab / merges, 4.x vocab_file / merges_file
     for names in (("vocab", "merges"), ("vocab_file", "merges_file")):
         try:
-            hf = transformers.GPT2TokenizerFast(**{names[0]: str(files / "encoder.json"),
-                                                   names[1]: str(files / "vocab.bpe")})
+            hf = transformers.GPT2TokenizerFast(
+                **{names[0]: str(files / "encoder.json"), names[1]: str(files / "vocab.bpe")}
+            )
         except (TypeError, ValueError):
             continue
         if len(hf) == 50257:
@@ -111,11 +122,19 @@ def test_sample_command_reads_a_transformers_checkpoint(tmp_path, capsys):
     from decoderlm.cli import main
 
     torch.manual_seed(0)
-    cfg = transformers.GPT2Config(vocab_size=50257, n_positions=16, n_embd=16, n_layer=1,
-                                  n_head=2)
+    cfg = transformers.GPT2Config(vocab_size=50257, n_positions=16, n_embd=16, n_layer=1, n_head=2)
     transformers.GPT2LMHeadModel(cfg).save_pretrained(tmp_path)
-    args = ["sample", "--hf", str(tmp_path), "--prompt", "Hello", "--max-new-tokens", "8",
-            "--seed", "4"]
+    args = [
+        "sample",
+        "--hf",
+        str(tmp_path),
+        "--prompt",
+        "Hello",
+        "--max-new-tokens",
+        "8",
+        "--seed",
+        "4",
+    ]
     assert main(args) == 0
     first = capsys.readouterr().out
     assert main(args) == 0
@@ -152,13 +171,19 @@ def test_damaged_or_foreign_gpt2_directories_give_clear_errors(tmp_path):
         return d
 
     cases = [
-        (variant("trunc", weight_bytes=weights[: len(weights) // 2]), ValueError,
-         "not a readable safetensors file"),
+        (
+            variant("trunc", weight_bytes=weights[: len(weights) // 2]),
+            ValueError,
+            "not a readable safetensors file",
+        ),
         (variant("list", [1]), ValueError, "not a GPT-2 config"),
         (variant("nokeys", {"model_type": "gpt2"}), ValueError, "lacks the GPT-2 fields"),
         (variant("llama", {**config, "model_type": "llama"}), ValueError, "model_type 'llama'"),
-        (variant("cross", {**config, "add_cross_attention": True}), ValueError,
-         r"unsupported GPT-2 options: add_cross_attention=True$"),
+        (
+            variant("cross", {**config, "add_cross_attention": True}),
+            ValueError,
+            r"unsupported GPT-2 options: add_cross_attention=True$",
+        ),
         (variant("fewer", {**config, "n_layer": 1}), ValueError, r"unexpected \['blocks.1"),
         (variant("nullpdrop", {**config, "resid_pdrop": None}), None, None),
         (variant("noweights", weight_bytes=None), FileNotFoundError, "no model.safetensors"),

@@ -28,6 +28,9 @@ def test_rope_is_a_rotation_that_depends_only_on_relative_position():
     rq, rk = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
     assert torch.allclose(rq[..., 0, :], q[..., 0, :], atol=1e-7)  # identity at position 0
     assert torch.allclose(rq.norm(dim=-1), q.norm(dim=-1), atol=1e-6)
-    score = lambda m, n: (rq[..., m, :] * rk[..., n, :]).sum().item()  # noqa: E731
+
+    def score(m, n):
+        return (rq[..., m, :] * rk[..., n, :]).sum().item()
+
     assert score(5, 3) == pytest.approx(score(12, 10), abs=1e-5)
     assert score(5, 3) != pytest.approx(score(5, 4), abs=1e-3)

@@ -10,9 +10,10 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
-from conftest import tiny_model
-from decoderlm.generate import generate
 from decoderlm import CharTokenizer
+from decoderlm.generate import generate
+
+from conftest import tiny_model
 
 httpx = pytest.importorskip("httpx")
 uvicorn = pytest.importorskip("uvicorn")
@@ -48,8 +49,7 @@ def server():
     torch.manual_seed(0)
     tok = CharTokenizer(CHARS[:65])  # the tiny model's 65 ids: all but "vwxyz"
     model = tiny_model()
-    with running(create_app(model, tok, "tiny", max_tokens_limit=64,
-                            max_prompt_tokens=100)) as url:
+    with running(create_app(model, tok, "tiny", max_tokens_limit=64, max_prompt_tokens=100)) as url:
         yield url, model, tok
 
 
@@ -71,8 +71,11 @@ def test_completion_matches_the_model(server):
     ids = generate(model, torch.tensor([tok.encode("hello")]), 12, do_sample=False)
     assert choice["text"] == tok.decode(ids[0, 5:]) and choice["finish_reason"] == "length"
     assert out["usage"] == {"prompt_tokens": 5, "completion_tokens": 12, "total_tokens": 17}
-    two = httpx.post(f"{url}/v1/completions", json={"prompt": ["ab", "cd"], "n": 2,
-                                                    "max_tokens": 5, "seed": 3}, timeout=30).json()
+    two = httpx.post(
+        f"{url}/v1/completions",
+        json={"prompt": ["ab", "cd"], "n": 2, "max_tokens": 5, "seed": 3},
+        timeout=30,
+    ).json()
     assert [c["index"] for c in two["choices"]] == [0, 1, 2, 3]
 
 
@@ -81,12 +84,13 @@ def test_streamed_completion_concatenates_to_the_plain_one(server):
     body = {"prompt": "the ", "max_tokens": 20, "seed": 5, "top_p": 0.9}
     plain = httpx.post(f"{url}/v1/completions", json=body, timeout=30).json()
     chunks = []
-    with httpx.stream("POST", f"{url}/v1/completions", json={**body, "stream": True},
-                      timeout=30) as r:
+    with httpx.stream(
+        "POST", f"{url}/v1/completions", json={**body, "stream": True}, timeout=30
+    ) as r:
         assert r.headers["content-type"].startswith("text/event-stream")
         for line in r.iter_lines():
             if line.startswith("data: "):
-                chunks.append(line[len("data: "):])
+                chunks.append(line[len("data: ") :])
     assert chunks[-1] == "[DONE]"
     events = [json.loads(c) for c in chunks[:-1]]
     assert len(events) > 2
@@ -96,13 +100,20 @@ def test_streamed_completion_concatenates_to_the_plain_one(server):
 
 def test_concurrent_requests_do_not_mix(server):
     url, _, _ = server
-    bodies = [{"prompt": p, "max_tokens": 25, "seed": s}
-              for p, s in [("ab", 1), ("cd", 2), ("ef", 3), ("gh", 4)] * 2]
-    alone = [httpx.post(f"{url}/v1/completions", json=b, timeout=60).json()["choices"][0]["text"]
-             for b in bodies[:4]]
+    bodies = [
+        {"prompt": p, "max_tokens": 25, "seed": s}
+        for p, s in [("ab", 1), ("cd", 2), ("ef", 3), ("gh", 4)] * 2
+    ]
+    alone = [
+        httpx.post(f"{url}/v1/completions", json=b, timeout=60).json()["choices"][0]["text"]
+        for b in bodies[:4]
+    ]
     with ThreadPoolExecutor(8) as pool:
-        together = list(pool.map(lambda b: httpx.post(f"{url}/v1/completions", json=b,
-                                                      timeout=60).json(), bodies))
+        together = list(
+            pool.map(
+                lambda b: httpx.post(f"{url}/v1/completions", json=b, timeout=60).json(), bodies
+            )
+        )
     assert [t["choices"][0]["text"] for t in together] == alone * 2
 
 
@@ -112,12 +123,16 @@ def test_a_compiled_server_answers_concurrent_requests_as_the_eager_model():
     torch._dynamo.reset()
     tok, model = CharTokenizer(CHARS[:65]), tiny_model(seed=2)
     prompts = ["ab", "cde", "fghi", "j"]
-    expected = [tok.decode(generate(model, torch.tensor([tok.encode(p)]), 20,
-                                          do_sample=False)[0, len(p):]) for p in prompts]
+    expected = [
+        tok.decode(generate(model, torch.tensor([tok.encode(p)]), 20, do_sample=False)[0, len(p) :])
+        for p in prompts
+    ]
     with running(create_app(model, tok, "tiny", compile=True)) as url:
+
         def complete(prompt):
             body = {"prompt": prompt, "max_tokens": 20, "temperature": 0}
             return httpx.post(f"{url}/v1/completions", json=body, timeout=120).json()
+
         with ThreadPoolExecutor(4) as pool:  # the first requests compile, concurrently
             got = list(pool.map(complete, prompts))
     assert [g["choices"][0]["text"] for g in got] == expected
@@ -128,35 +143,39 @@ def test_stop_text_ends_the_completion(server):
     body = {"prompt": "abc", "max_tokens": 30, "temperature": 0}
     full = httpx.post(f"{url}/v1/completions", json=body, timeout=30).json()["choices"][0]
     stop = full["text"][4:6]
-    cut = httpx.post(f"{url}/v1/completions", json={**body, "stop": [stop]},
-                     timeout=30).json()["choices"][0]
+    cut = httpx.post(f"{url}/v1/completions", json={**body, "stop": [stop]}, timeout=30).json()[
+        "choices"
+    ][0]
     assert cut["text"] == full["text"][: full["text"].index(stop)]
     assert cut["finish_reason"] == "stop"
 
 
-@pytest.mark.parametrize("body,status,message", [
-    ({"prompt": "hi", "temperature": -1}, 422, "temperature"),
-    ({"prompt": "hi", "top_p": 1.5}, 422, "top_p"),
-    ({"prompt": "hi", "stream": "yes"}, 422, "stream"),
-    ({"prompt": "hi", "n": True}, 422, "n"),
-    ({"prompt": ["a"] * 5, "n": 4}, 400, "at most 16 per request"),
-    ({"prompt": "hi", "n": 0}, 422, "n"),
-    ({"max_tokens": 5}, 422, "prompt"),
-    ({"prompt": "hi", "max_tokens": 65}, 400, "limit of 64"),
-    ({"prompt": "a" * 101}, 400, "at most 100"),
-    ({"prompt": "hi!", "max_tokens": 2}, 400, "'!' at position 2"),
-    ({"prompt": ""}, 400, "non-empty"),
-    ({"prompt": "hi", "model": "gpt-4"}, 404, "not served here"),
-    ({"prompt": "hi", "logprobs": 5}, 400, "logprobs=5 is not supported"),
-    ({"prompt": "hi", "echo": True}, 400, "echo=true is not supported"),
-    ({"prompt": "hi", "best_of": 3}, 400, "best_of=3 is not supported"),
-    ({"prompt": "hi", "suffix": "end"}, 400, 'suffix=\\"end\\" is not supported'),
-    ({"prompt": "hi", "presence_penalty": 0.5}, 400, "presence_penalty=0.5 is not supported"),
-    ({"prompt": "hi", "frequency_penalty": -1}, 400, "frequency_penalty=-1 is not supported"),
-    ({"prompt": "hi", "logit_bias": {"5": 100}}, 400, "logit_bias="),
-    ({"prompt": "hi", "echo": 0}, 400, "echo=0 is not supported"),
-    ({"prompt": "hi", "max_token": 5}, 400, "unknown field 'max_token'"),
-])
+@pytest.mark.parametrize(
+    "body,status,message",
+    [
+        ({"prompt": "hi", "temperature": -1}, 422, "temperature"),
+        ({"prompt": "hi", "top_p": 1.5}, 422, "top_p"),
+        ({"prompt": "hi", "stream": "yes"}, 422, "stream"),
+        ({"prompt": "hi", "n": True}, 422, "n"),
+        ({"prompt": ["a"] * 5, "n": 4}, 400, "at most 16 per request"),
+        ({"prompt": "hi", "n": 0}, 422, "n"),
+        ({"max_tokens": 5}, 422, "prompt"),
+        ({"prompt": "hi", "max_tokens": 65}, 400, "limit of 64"),
+        ({"prompt": "a" * 101}, 400, "at most 100"),
+        ({"prompt": "hi!", "max_tokens": 2}, 400, "'!' at position 2"),
+        ({"prompt": ""}, 400, "non-empty"),
+        ({"prompt": "hi", "model": "gpt-4"}, 404, "not served here"),
+        ({"prompt": "hi", "logprobs": 5}, 400, "logprobs=5 is not supported"),
+        ({"prompt": "hi", "echo": True}, 400, "echo=true is not supported"),
+        ({"prompt": "hi", "best_of": 3}, 400, "best_of=3 is not supported"),
+        ({"prompt": "hi", "suffix": "end"}, 400, 'suffix=\\"end\\" is not supported'),
+        ({"prompt": "hi", "presence_penalty": 0.5}, 400, "presence_penalty=0.5 is not supported"),
+        ({"prompt": "hi", "frequency_penalty": -1}, 400, "frequency_penalty=-1 is not supported"),
+        ({"prompt": "hi", "logit_bias": {"5": 100}}, 400, "logit_bias="),
+        ({"prompt": "hi", "echo": 0}, 400, "echo=0 is not supported"),
+        ({"prompt": "hi", "max_token": 5}, 400, "unknown field 'max_token'"),
+    ],
+)
 def test_bad_requests_get_a_clear_status_and_message(server, body, status, message):
     url, _, _ = server
     r = httpx.post(f"{url}/v1/completions", json=body, timeout=30)
@@ -164,14 +183,23 @@ def test_bad_requests_get_a_clear_status_and_message(server, body, status, messa
     assert message in r.text
 
 
-@pytest.mark.parametrize("raw", ['{"prompt": "hi", "temperature": NaN}',
-                                 '{"prompt": "hi", "top_p": Infinity}',
-                                 '{"prompt": "hi", "temperature": 1e400}'])
+@pytest.mark.parametrize(
+    "raw",
+    [
+        '{"prompt": "hi", "temperature": NaN}',
+        '{"prompt": "hi", "top_p": Infinity}',
+        '{"prompt": "hi", "temperature": 1e400}',
+    ],
+)
 def test_non_finite_json_numbers_are_a_422_not_a_500(server, raw):
     url, _, _ = server
     with httpx.Client() as client:  # and the connection stays usable afterwards
-        r = client.post(f"{url}/v1/completions", content=raw,
-                        headers={"content-type": "application/json"}, timeout=30)
+        r = client.post(
+            f"{url}/v1/completions",
+            content=raw,
+            headers={"content-type": "application/json"},
+            timeout=30,
+        )
         assert r.status_code == 422 and "finite" in r.text
         assert client.get(f"{url}/health").status_code == 200
 
@@ -201,9 +229,16 @@ def test_no_op_values_of_unsupported_fields_and_user_are_accepted(server):
     url, _, _ = server
     body = {"prompt": "abc", "max_tokens": 6, "temperature": 0}
     plain = httpx.post(f"{url}/v1/completions", json=body, timeout=30).json()
-    extras = {"logprobs": None, "echo": False, "best_of": 1, "suffix": None,
-              "presence_penalty": 0, "frequency_penalty": 0.0, "logit_bias": {},
-              "user": "someone"}
+    extras = {
+        "logprobs": None,
+        "echo": False,
+        "best_of": 1,
+        "suffix": None,
+        "presence_penalty": 0,
+        "frequency_penalty": 0.0,
+        "logit_bias": {},
+        "user": "someone",
+    }
     r = httpx.post(f"{url}/v1/completions", json={**body, **extras}, timeout=30)
     assert r.status_code == 200
     assert r.json()["choices"] == plain["choices"]
@@ -223,8 +258,9 @@ def test_a_client_that_disconnects_stops_the_generation():
     app = create_app(model, CharTokenizer(CHARS[:65]), "tiny", max_tokens_limit=5000)
     with running(app) as url:
         with pytest.raises(httpx.ReadTimeout):  # the client gives up and closes the connection
-            httpx.post(f"{url}/v1/completions", json={"prompt": "abc", "max_tokens": 5000},
-                       timeout=0.5)
+            httpx.post(
+                f"{url}/v1/completions", json={"prompt": "abc", "max_tokens": 5000}, timeout=0.5
+            )
         time.sleep(0.5)
         made = len(steps)
         time.sleep(0.5)

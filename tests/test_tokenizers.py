@@ -1,6 +1,17 @@
+import json
+
+import numpy as np
 import pytest
 
-from decoderlm import CharTokenizer, UnknownCharacterError, load_tokenizer
+from decoderlm import (
+    ByteTokenizer,
+    CharTokenizer,
+    UnknownCharacterError,
+    load_tokenizer,
+    make_tokenizer,
+)
+from decoderlm.prepare import token_dtype
+from decoderlm.tokenizers import DEFAULT_UNK_TOKEN
 
 
 def test_char_vocabulary_is_sorted_code_points_and_round_trips():
@@ -35,3 +46,57 @@ def test_tokenizer_save_load_and_decode_errors(tmp_path):
         load_tokenizer(tmp_path)
     with pytest.raises(FileNotFoundError):
         load_tokenizer(tmp_path / "nowhere")
+
+
+def test_byte_tokenizer_is_utf8_bytes_and_decodes_with_replacement(tmp_path):
+    tok = ByteTokenizer()
+    text = "naïve — 東京 🙂\n"
+    assert tok.vocab_size == 256 and tok.kind == "byte"
+    assert tok.encode(text) == list(text.encode("utf-8"))
+    assert tok.decode(tok.encode(text)) == text
+    assert tok.decode([0x68, 0xC3]) == "h\ufffd"  # a character cut in half
+    with pytest.raises(ValueError, match="outside"):
+        tok.decode([256])
+    tok.save_pretrained(tmp_path)
+    assert json.loads((tmp_path / "tokenizer.json").read_text()) == {"type": "byte"}
+    assert isinstance(load_tokenizer(tmp_path), ByteTokenizer)
+
+
+def test_char_unknown_token_is_appended_and_optional(tmp_path):
+    plain = CharTokenizer.from_text("hello world\n")
+    tok = CharTokenizer.from_text("hello world\n", unk_token=DEFAULT_UNK_TOKEN)
+    assert tok.chars == plain.chars + ["\ufffd"] and tok.unk_id == plain.vocab_size
+    assert plain.unk_id is None and plain.unk_token is None
+    assert tok.encode("hold") == plain.encode("hold")  # known characters keep their ids
+    with pytest.raises(UnknownCharacterError) as err:
+        tok.encode("help!")  # strict unless asked
+    assert err.value.unknown == [("p", 3), ("!", 4)]
+    assert tok.encode("help!", unknown="unk") == plain.encode("hel") + [tok.unk_id] * 2
+    assert tok.count_unknown("help!p") == 3
+    with pytest.raises(UnknownCharacterError, match="no unknown token"):
+        plain.encode("help", unknown="unk")
+    with pytest.raises(ValueError, match="'error' or 'unk'"):
+        tok.encode("h", unknown="skip")
+    # a text that holds U+FFFD keeps it in its sorted place, as the unknown token
+    inside = CharTokenizer.from_text("b\ufffda", unk_token=DEFAULT_UNK_TOKEN)
+    assert inside.chars == ["a", "b", "\ufffd"] and inside.unk_id == 2
+    with pytest.raises(ValueError, match="not in the vocabulary"):
+        CharTokenizer(["a"], unk_token="b")
+    tok.save_pretrained(tmp_path)
+    again = load_tokenizer(tmp_path)
+    assert again.chars == tok.chars and again.unk_token == "\ufffd"
+    # tokenizer.json written before unk_token existed
+    (tmp_path / "tokenizer.json").write_text(json.dumps({"type": "char", "chars": ["a", "b"]}))
+    assert load_tokenizer(tmp_path).unk_token is None
+
+
+def test_make_tokenizer_kinds():
+    assert make_tokenizer("char", iter(["ba", "c"])).chars == ["a", "b", "c", "\ufffd"]
+    assert make_tokenizer("char", "ba", unk_token=None).chars == ["a", "b"]
+    assert make_tokenizer("byte").vocab_size == 256
+    assert make_tokenizer("gpt2").encode("Hello world") == [15496, 995]
+    with pytest.raises(ValueError, match="unknown tokenizer kind"):
+        make_tokenizer("wordpiece")
+    with pytest.raises(ValueError, match="pass text"):
+        make_tokenizer("char")
+    assert token_dtype(65_536) == np.uint16 and token_dtype(65_537) == np.uint32

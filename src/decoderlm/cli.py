@@ -41,12 +41,19 @@ __all__ = ["COMMANDS", "build_parser", "main"]
 PresetName = Literal[tuple(sorted(PRESETS))]
 
 
-def train(preset: PresetName | None = None, data: NotEmptyStr | None = None,
-          dataset: str | None = None, max_chars: NonNegativeInt | None = None,
-          out: NotEmptyStr | None = None, overwrite: bool = False,
-          resume: NotEmptyStr | None = None, device: str | None = None,
-          no_progress: bool = False, model: dict[str, Any] | None = None,
-          train: dict[str, Any] | None = None) -> int:
+def train(
+    preset: PresetName | None = None,
+    data: NotEmptyStr | None = None,
+    dataset: str | None = None,
+    max_chars: NonNegativeInt | None = None,
+    out: NotEmptyStr | None = None,
+    overwrite: bool = False,
+    resume: NotEmptyStr | None = None,
+    device: str | None = None,
+    no_progress: bool = False,
+    model: dict[str, Any] | None = None,
+    train: dict[str, Any] | None = None,
+) -> int:
     """Train a GPT-style model.
 
     With no arguments: the 'default' preset, a character model of the embedded WikiText-2
@@ -76,19 +83,35 @@ def train(preset: PresetName | None = None, data: NotEmptyStr | None = None,
 
     for section, fields in (("model", model), ("train", train)):
         if not isinstance(fields, dict | None):
-            raise ValueError(f"`{section}` in the settings file must map fields to values, got "
-                             f"{fields!r}")
+            raise ValueError(
+                f"`{section}` in the settings file must map fields to values, got {fields!r}"
+            )
     if resume and overwrite:
         raise ValueError("--resume continues a run and --overwrite replaces one; pick one")
-    run_experiment(preset=preset, data=data, out=out, overwrite=overwrite, max_chars=max_chars,
-                   dataset=dataset, model_overrides=model, train_overrides=train,
-                   device=_checked_device(device), progress=not no_progress, resume=resume)
+    run_experiment(
+        preset=preset,
+        data=data,
+        out=out,
+        overwrite=overwrite,
+        max_chars=max_chars,
+        dataset=dataset,
+        model_overrides=model,
+        train_overrides=train,
+        device=_checked_device(device),
+        progress=not no_progress,
+        resume=resume,
+    )
     return 0
 
 
-def prepare(out: NotEmptyStr, data: list[NotEmptyStr] | None = None,
-            dataset: str | None = None, tokenizer: Literal["char", "byte", "gpt2"] = "char",
-            val_fraction: float = 0.1, overwrite: bool = False) -> int:
+def prepare(
+    out: NotEmptyStr,
+    data: list[NotEmptyStr] | None = None,
+    dataset: str | None = None,
+    tokenizer: Literal["char", "byte", "gpt2"] = "char",
+    val_fraction: float = 0.1,
+    overwrite: bool = False,
+) -> int:
     """Tokenize text files into train.bin / val.bin.
 
     Stream text files through a tokenizer into DIR/train.bin (the first 1 - F of the token
@@ -112,14 +135,21 @@ def prepare(out: NotEmptyStr, data: list[NotEmptyStr] | None = None,
     _one_of(data=data, dataset=dataset)
     prepare_tokens(data, tokenizer, out, val_fraction, overwrite, dataset)
     if val_fraction == 0:
-        print("note: --val-fraction 0 leaves val.bin empty; `decoderlm train` needs a "
-              "validation split and will refuse this directory")
+        print(
+            "note: --val-fraction 0 leaves val.bin empty; `decoderlm train` needs a "
+            "validation split and will refuse this directory"
+        )
     return 0
 
 
-def evaluate(run: NotEmptyStr, data: NotEmptyStr | None = None,
-             split: Literal["val", "train"] | None = None, json: bool = False,
-             device: str = "cpu", batch_size: PositiveInt = 32) -> int:
+def evaluate(
+    run: NotEmptyStr,
+    data: NotEmptyStr | None = None,
+    split: Literal["val", "train"] | None = None,
+    json: bool = False,
+    device: str = "cpu",
+    batch_size: PositiveInt = 32,
+) -> int:
     """Loss, bits per character and perplexity of a run.
 
     Score a run on a whole split of its own data (--split), a prepared token directory or a
@@ -142,12 +172,21 @@ def evaluate(run: NotEmptyStr, data: NotEmptyStr | None = None,
     return 0
 
 
-def sample(run: NotEmptyStr | None = None, hf: NotEmptyStr | None = None, device: str = "cpu",
-           prompt: list[str] | None = None, prompt_file: str | None = None,
-           num_samples: PositiveInt = 1, stop: list[str] | None = None,
-           max_new_tokens: NonNegativeInt = 500, temperature: float = 1.0,
-           top_k: PositiveInt | None = None, top_p: float | None = None,
-           seed: NonNegativeInt | None = None, compile: bool = False) -> int:
+def sample(
+    run: NotEmptyStr | None = None,
+    hf: NotEmptyStr | None = None,
+    device: str = "cpu",
+    prompt: list[str] | None = None,
+    prompt_file: str | None = None,
+    num_samples: PositiveInt = 1,
+    stop: list[str] | None = None,
+    max_new_tokens: NonNegativeInt = 500,
+    temperature: float = 1.0,
+    top_k: PositiveInt | None = None,
+    top_p: float | None = None,
+    seed: NonNegativeInt | None = None,
+    compile: bool = False,
+) -> int:
     """Print text sampled from a trained model.
 
     Sample a continuation of each prompt and print it, samples separated by a line `---`.
@@ -189,15 +228,33 @@ def sample(run: NotEmptyStr | None = None, hf: NotEmptyStr | None = None, device
             if not first:
                 print("\n---")
             first = False
-            _print_stream(stream_text(model, tokenizer, ids, max_new_tokens, temperature,
-                                      top_k, top_p, None if seed is None else seed + i, stop,
-                                      compile))
+            _print_stream(
+                stream_text(
+                    model,
+                    tokenizer,
+                    ids,
+                    max_new_tokens,
+                    temperature,
+                    top_k,
+                    top_p,
+                    None if seed is None else seed + i,
+                    stop,
+                    compile,
+                )
+            )
     return 0
 
 
-def serve(run: NotEmptyStr | None = None, hf: NotEmptyStr | None = None, device: str = "cpu",
-          host: str = "127.0.0.1", port: int = 8000, max_tokens_limit: PositiveInt = 1024,
-          max_prompt_tokens: PositiveInt = 4096, compile: bool = False) -> int:
+def serve(
+    run: NotEmptyStr | None = None,
+    hf: NotEmptyStr | None = None,
+    device: str = "cpu",
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    max_tokens_limit: PositiveInt = 1024,
+    max_prompt_tokens: PositiveInt = 4096,
+    compile: bool = False,
+) -> int:
     """An OpenAI-style HTTP API for a model.
 
     Serve POST /v1/completions, GET /v1/models and GET /health (needs the [serve] extra:
@@ -220,8 +277,16 @@ def serve(run: NotEmptyStr | None = None, hf: NotEmptyStr | None = None, device:
     if not 1 <= port < 65536:
         raise ValueError(f"--port must be in [1, 65536), got {port}")
     model, tokenizer = _model_and_tokenizer(run, hf, device)
-    serve_http(model, tokenizer, Path(run or hf).resolve().name, host, port, max_tokens_limit,
-               max_prompt_tokens, compile)
+    serve_http(
+        model,
+        tokenizer,
+        Path(run or hf).resolve().name,
+        host,
+        port,
+        max_tokens_limit,
+        max_prompt_tokens,
+        compile,
+    )
     return 0
 
 
@@ -238,10 +303,15 @@ def presets() -> int:
     return 0
 
 
-def params(preset: PresetName | None = None, run: NotEmptyStr | None = None,
-           model_config: NotEmptyStr | None = None, batch_size: PositiveInt = 1,
-           seq_len: PositiveInt | None = None, dtype: Literal["fp32", "bf16", "fp16"] = "fp32",
-           json: bool = False) -> int:
+def params(
+    preset: PresetName | None = None,
+    run: NotEmptyStr | None = None,
+    model_config: NotEmptyStr | None = None,
+    batch_size: PositiveInt = 1,
+    seq_len: PositiveInt | None = None,
+    dtype: Literal["fp32", "bf16", "fp16"] = "fp32",
+    json: bool = False,
+) -> int:
     """Parameter, FLOP and memory counts of a model.
 
     Closed-form parameter count (checked against a model built on the meta device), FLOPs
@@ -277,11 +347,15 @@ def params(preset: PresetName | None = None, run: NotEmptyStr | None = None,
         raise RuntimeError(f"internal error: formula {counts['total']} != modules {built}")
     T = seq_len or config.block_size
     report = {
-        "config": config.to_dict(), "parameters": counts, "parameters_of_modules": built,
+        "config": config.to_dict(),
+        "parameters": counts,
+        "parameters_of_modules": built,
         "flops_per_token": {c: flops_per_token(config, T, c) for c in ("kaplan", "palm")},
         "memory_bytes": memory_bytes(config, batch_size, T, dtype),
         "memory_bytes_checkpointed": memory_bytes(config, batch_size, T, dtype, True),
-        "batch_size": batch_size, "seq_len": T, "dtype": dtype,
+        "batch_size": batch_size,
+        "seq_len": T,
+        "dtype": dtype,
     }
     print(_json_text(report) if json else _params_table(report))
     return 0
@@ -290,27 +364,47 @@ def params(preset: PresetName | None = None, run: NotEmptyStr | None = None,
 def _params_table(report: dict) -> str:
     """The report of `params` as text."""
     counts, built, T = report["parameters"], report["parameters_of_modules"], report["seq_len"]
-    gib = 2 ** 30
-    lines = [(f"parameters: {counts['total']:,} (modules on the meta device: {built:,}); "
-              f"non-embedding (total minus the position table) {counts['non_embedding']:,}")]
-    lines += [f"  {part:<11} {counts[part]:>15,}"
-              for part in ("embeddings", "attention", "mlp", "norms", "head")]
+    gib = 2**30
+    lines = [
+        (
+            f"parameters: {counts['total']:,} (modules on the meta device: {built:,}); "
+            f"non-embedding (total minus the position table) {counts['non_embedding']:,}"
+        )
+    ]
+    lines += [
+        f"  {part:<11} {counts[part]:>15,}"
+        for part in ("embeddings", "attention", "mlp", "norms", "head")
+    ]
     k, p = report["flops_per_token"]["kaplan"], report["flops_per_token"]["palm"]
-    lines.append(f"FLOPs per token at T={T}: forward {k['forward']:,}, training "
-                 f"{k['training']:,} (Kaplan: causal attention); PaLM convention (full T x T): "
-                 f"training {p['training']:,}; per sequence (Kaplan): training "
-                 f"{k['training_per_sequence']:,}")
+    lines.append(
+        f"FLOPs per token at T={T}: forward {k['forward']:,}, training "
+        f"{k['training']:,} (Kaplan: causal attention); PaLM convention (full T x T): "
+        f"training {p['training']:,}; per sequence (Kaplan): training "
+        f"{k['training_per_sequence']:,}"
+    )
     m, c = report["memory_bytes"], report["memory_bytes_checkpointed"]
     lines.append(f"memory at batch {report['batch_size']}, T={T}, {report['dtype']}:")
-    lines += [f"  {key:<15} {m[key]:>16,} bytes = {m[key] / gib:9.3f} GiB"
-              for key in ("weights", "gradients", "adamw", "activations", "training_total",
-                          "training_peak", "kv_cache")]
-    lines.append(f"  activations with activation checkpointing: {c['activations'] / gib:.3f} GiB"
-                 f" (training total {c['training_total'] / gib:.3f} GiB)")
+    lines += [
+        f"  {key:<15} {m[key]:>16,} bytes = {m[key] / gib:9.3f} GiB"
+        for key in (
+            "weights",
+            "gradients",
+            "adamw",
+            "activations",
+            "training_total",
+            "training_peak",
+            "kv_cache",
+        )
+    ]
+    lines.append(
+        f"  activations with activation checkpointing: {c['activations'] / gib:.3f} GiB"
+        f" (training total {c['training_total'] / gib:.3f} GiB)"
+    )
     return "\n".join(lines)
 
 
 # ---- helpers of the commands ----
+
 
 def _one_of(**flags) -> None:
     """Raise ValueError unless exactly one of the flags is given."""
@@ -336,8 +430,11 @@ def _checked_device(text: str | None) -> str | None:
     import torch
 
     kind = text.split(":")[0]
-    available = {"cpu": True, "cuda": torch.cuda.is_available(),
-                 "mps": torch.backends.mps.is_available()}
+    available = {
+        "cpu": True,
+        "cuda": torch.cuda.is_available(),
+        "mps": torch.backends.mps.is_available(),
+    }
     if kind not in available:
         raise ValueError(f"unknown device {text!r}; use cpu, cuda or mps")
     if not available[kind]:
@@ -355,6 +452,7 @@ def _model_and_tokenizer(run: str | None, hf: str | None, device: str):
     device = _checked_device(device)
     if hf:
         from .hf import load_gpt2
+
         model, tokenizer = load_gpt2(hf, map_location=device), GPT2Tokenizer()
     else:
         model = DecoderLM.from_pretrained(run, map_location=device)
@@ -388,19 +486,44 @@ def _print_stream(pieces) -> None:
 
 # ---- the command line, built from the functions above ----
 
-COMMANDS = {"train": train, "prepare": prepare, "eval": evaluate, "sample": sample,
-            "serve": serve, "presets": presets, "params": params}
-_METAVARS = {"run": "DIR", "hf": "DIR", "out": "DIR", "resume": "DIR", "data": "PATH",
-             "dataset": "NAME", "prompt_file": "FILE", "model_config": "FILE", "stop": "TEXT"}
+COMMANDS = {
+    "train": train,
+    "prepare": prepare,
+    "eval": evaluate,
+    "sample": sample,
+    "serve": serve,
+    "presets": presets,
+    "params": params,
+}
+_METAVARS = {
+    "run": "DIR",
+    "hf": "DIR",
+    "out": "DIR",
+    "resume": "DIR",
+    "data": "PATH",
+    "dataset": "NAME",
+    "prompt_file": "FILE",
+    "model_config": "FILE",
+    "stop": "TEXT",
+}
 _UNIONS = (typing.Union, types.UnionType)
-_KINDS = {NonNegativeInt: "an integer >= 0", PositiveInt: "an integer > 0",
-          NotEmptyStr: "a non-empty string", bool: "true or false", int: "an integer",
-          float: "a number", str: "text", type(None): "none"}
+_KINDS = {
+    NonNegativeInt: "an integer >= 0",
+    PositiveInt: "an integer > 0",
+    NotEmptyStr: "a non-empty string",
+    bool: "true or false",
+    int: "an integer",
+    float: "a number",
+    str: "text",
+    type(None): "none",
+}
 
 
 _FILE_ERRORS = [  # jsonargparse's words for a bad settings file -> ours
-    (r"^Subcommand '\w+' does not accept option '(.*)'$",
-     r"unknown setting '\1' in the settings file (keys: the flags' names, with underscores)"),
+    (
+        r"^Subcommand '\w+' does not accept option '(.*)'$",
+        r"unknown setting '\1' in the settings file (keys: the flags' names, with underscores)",
+    ),
     (r"^Problems parsing config: ", "the settings file does not parse: "),
     (r"^Unexpected config: .*", "a settings file must map settings to values"),
 ]
@@ -431,24 +554,35 @@ def _repeatable(action_class: type) -> type:
 
 
 def _parser(**kwargs) -> ArgumentParser:
-    return ArgumentParser(exit_on_error=False, parser_mode="decoderlm", print_config=None,
-                          env_prefix=False, **kwargs)
+    return ArgumentParser(
+        exit_on_error=False, parser_mode="decoderlm", print_config=None, env_prefix=False, **kwargs
+    )
 
 
 def build_parser() -> ArgumentParser:
     """The `decoderlm` parser: one subcommand per function in COMMANDS."""
-    root = _parser(prog="decoderlm",
-                   description="Train, sample and inspect decoder-only language models.")
+    root = _parser(
+        prog="decoderlm", description="Train, sample and inspect decoder-only language models."
+    )
     subcommands = root.add_subcommands(dest="command", metavar="COMMAND")
     for name, function in COMMANDS.items():
         summary, _, details = typing.cast(str, function.__doc__).partition("\n\n")
         parser = _parser(description=details.split("\n\n    Args:")[0].strip() or summary)
         if function is not presets:
-            parser.add_argument("--config", action=ActionConfigFile, metavar="FILE", help=(
-                "a YAML, JSON or TOML (.toml) file of this command's settings, named as the "
-                "flags with underscores; the flags override it" + (
-                    "; ModelConfig fields under `model`, TrainConfig fields under `train`"
-                    if function is train else "")))
+            parser.add_argument(
+                "--config",
+                action=ActionConfigFile,
+                metavar="FILE",
+                help=(
+                    "a YAML, JSON or TOML (.toml) file of this command's settings, named as the "
+                    "flags with underscores; the flags override it"
+                    + (
+                        "; ModelConfig fields under `model`, TrainConfig fields under `train`"
+                        if function is train
+                        else ""
+                    )
+                ),
+            )
         parser.add_function_arguments(function, as_group=False, skip={"model", "train"})
         if function is train:
             _add_settings(parser)
@@ -463,16 +597,25 @@ def _add_settings(parser: ArgumentParser) -> None:
     parser.add_class_arguments(ModelConfig, "model", skip={"vocab_size"})
     parser.add_class_arguments(TrainConfig, "train")
     default = PRESETS["default"]
-    shown = {"model": ModelConfig.from_dict(default.model).to_dict(),
-             "train": TrainConfig.from_dict(default.train).to_dict()}
+    shown = {
+        "model": ModelConfig.from_dict(default.model).to_dict(),
+        "train": TrainConfig.from_dict(default.train).to_dict(),
+    }
     del shown["model"]["vocab_size"]
-    parser.set_defaults({f"{section}.{key}": value
-                         for section, fields in shown.items() for key, value in fields.items()})
+    parser.set_defaults(
+        {
+            f"{section}.{key}": value
+            for section, fields in shown.items()
+            for key, value in fields.items()
+        }
+    )
     for section, cls in (("model", ModelConfig), ("train", TrainConfig)):
         group = parser.groups[section]
         group.title = f"{section} settings ({cls.__name__})"
-        group.description = ("default: the preset's; shown: the 'default' preset's "
-                             "(with no --preset and no --config)")
+        group.description = (
+            "default: the preset's; shown: the 'default' preset's "
+            "(with no --preset and no --config)"
+        )
 
 
 def _flat_flags(parser: ArgumentParser) -> None:
@@ -484,8 +627,11 @@ def _flat_flags(parser: ArgumentParser) -> None:
             continue
         for option in action.option_strings:
             del parser._option_string_actions[option]
-        action.option_strings = [_flag(o[2:]) if o.startswith("--") else o
-                                 for o in action.option_strings if not o.endswith("+")]
+        action.option_strings = [
+            _flag(o[2:]) if o.startswith("--") else o
+            for o in action.option_strings
+            if not o.endswith("+")
+        ]
         for option in action.option_strings:
             parser._option_string_actions[option] = action
         action.metavar = _METAVARS.get(action.dest, action.metavar)
@@ -515,15 +661,21 @@ def _one_line(parser: ArgumentParser, command: str | None, error: Exception) -> 
     if missing:
         return "missing " + ", ".join(_flag(key.strip()) for key in missing[1].split(","))
     key = re.match(r'Parser key "([^"]+)":', text)
-    given = re.search(r"(?:Given value|Got value): ?(.*)|Not of type \w+: (.*) does not|"
-                      r"invalid literal for \w+\(\) with base 10: '(.*)'", text)
+    given = re.search(
+        r"(?:Given value|Got value): ?(.*)|Not of type \w+: (.*) does not|"
+        r"invalid literal for \w+\(\) with base 10: '(.*)'",
+        text,
+    )
     sub = parser._subcommands_action._name_parser_map.get(command) if command else None
     action = next((a for a in (sub or parser)._actions if key and a.dest == key[1]), None)
     if key and action is not None and given and hasattr(action, "_typehint"):
-        return (f"argument {_flag(key[1])}: expected {_kind(action._typehint)}, got "
-                f"{next(g for g in given.groups() if g is not None).strip()!r}")
-    text = " ".join(line.strip() for line in text.splitlines()).replace('Parser key "config"',
-                                                                        "--config")
+        return (
+            f"argument {_flag(key[1])}: expected {_kind(action._typehint)}, got "
+            f"{next(g for g in given.groups() if g is not None).strip()!r}"
+        )
+    text = " ".join(line.strip() for line in text.splitlines()).replace(
+        'Parser key "config"', "--config"
+    )
     for pattern, replacement in _FILE_ERRORS:
         text = re.sub(pattern, replacement, text)
     return text
@@ -552,8 +704,7 @@ def main(argv: list[str] | None = None) -> int:
         return exit_.code
     except argparse.ArgumentError as e:
         hint = f"decoderlm {command} --help" if command else "decoderlm --help"
-        print(f"decoderlm: error: {_one_line(parser, command, e)} (see `{hint}`)",
-              file=sys.stderr)
+        print(f"decoderlm: error: {_one_line(parser, command, e)} (see `{hint}`)", file=sys.stderr)
         return 2
     kwargs = settings.get(settings.command, Namespace()).as_dict()
     kwargs.pop("config", None)
@@ -568,7 +719,7 @@ def _settings_file_first(argv: list[str]) -> list[str]:
     files, rest, i = [], [], 1
     while i < len(argv):
         take = 2 if argv[i] == "--config" else 1 if argv[i].startswith("--config=") else 0
-        (files if take else rest).extend(argv[i:i + (take or 1)])
+        (files if take else rest).extend(argv[i : i + (take or 1)])
         i += take or 1
     return argv[:1] + files + rest
 
@@ -590,8 +741,12 @@ def _run(command: str, kwargs: dict[str, Any]) -> int:
             print(f"decoderlm: error: {f'[rank {rank}] ' if rank else ''}{e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        hint = (" (`decoderlm train --resume DIR` finishes or continues a run from its "
-                "newest checkpoint)" if command == "train" else "")
+        hint = (
+            " (`decoderlm train --resume DIR` finishes or continues a run from its "
+            "newest checkpoint)"
+            if command == "train"
+            else ""
+        )
         print(f"decoderlm: interrupted{hint}", file=sys.stderr)
         return 130
 

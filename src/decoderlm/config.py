@@ -35,8 +35,12 @@ def _check_int(obj, *names: str, low: int = 1, high: int | None = None) -> None:
     """Raise ValueError unless each named field is an integer in [low, high)."""
     for name in names:
         value = getattr(obj, name)
-        if (isinstance(value, bool) or not isinstance(value, int) or value < low
-                or (high is not None and value >= high)):
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int)
+            or value < low
+            or (high is not None and value >= high)
+        ):
             bound = "a positive integer" if low == 1 else f"an integer >= {low}"
             if high is not None:
                 bound += f" below {high:,}"
@@ -50,21 +54,31 @@ def _check_bool(obj, *names: str) -> None:
             raise ValueError(f"{name} must be true or false, got {getattr(obj, name)!r}")
 
 
-def _check_real(obj, name: str, low: float, high: float = math.inf,
-                low_open: bool = False, high_open: bool = False) -> None:
+def _check_real(
+    obj,
+    name: str,
+    low: float,
+    high: float = math.inf,
+    low_open: bool = False,
+    high_open: bool = False,
+) -> None:
     """Raise ValueError unless getattr(obj, name) is a finite real number in the interval."""
     value = getattr(obj, name)
-    ok = (isinstance(value, (int, float)) and not isinstance(value, bool)
-          and math.isfinite(value)
-          and (value > low if low_open else value >= low)
-          and (value < high if high_open else value <= high))
+    ok = (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and (value > low if low_open else value >= low)
+        and (value < high if high_open else value <= high)
+    )
     if not ok:
         if high == math.inf:
             interval = f"{'>' if low_open else '>='} {low}"
         else:
             interval = f"in {'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}"
-        hint = (" (a string: YAML reads 1e-3 as text; write 1.0e-3)"
-                if isinstance(value, str) else "")
+        hint = (
+            " (a string: YAML reads 1e-3 as text; write 1.0e-3)" if isinstance(value, str) else ""
+        )
         raise ValueError(f"{name} must be a finite number {interval}, got {value!r}{hint}")
 
 
@@ -73,8 +87,7 @@ def _check_choices(obj) -> None:
     for name, hint in typing.get_type_hints(type(obj)).items():
         choices = typing.get_args(hint) if typing.get_origin(hint) is Literal else None
         if choices and getattr(obj, name) not in choices:
-            raise ValueError(f"{name} must be one of {list(choices)}, got "
-                             f"{getattr(obj, name)!r}")
+            raise ValueError(f"{name} must be one of {list(choices)}, got {getattr(obj, name)!r}")
 
 
 @dataclass
@@ -141,8 +154,7 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         _check_choices(self)
-        _check_int(self, "vocab_size", "block_size", "n_layers", "n_heads", "d_model",
-                   high=2**31)
+        _check_int(self, "vocab_size", "block_size", "n_layers", "n_heads", "d_model", high=2**31)
         if self.d_ff is None:
             self.d_ff = 4 * self.d_model
             if self.mlp == "swiglu":
@@ -152,20 +164,25 @@ class ModelConfig:
             self.max_positions = self.block_size
         _check_int(self, "max_positions", high=2**31)
         if self.max_positions < self.block_size:
-            raise ValueError(f"max_positions ({self.max_positions}) must be >= block_size "
-                             f"({self.block_size}); leave it unset to use block_size")
+            raise ValueError(
+                f"max_positions ({self.max_positions}) must be >= block_size "
+                f"({self.block_size}); leave it unset to use block_size"
+            )
         if self.pos_encoding == "learned" and self.max_positions > self.block_size:
-            raise ValueError(f"max_positions ({self.max_positions}) > block_size "
-                             f"({self.block_size}) needs pos_encoding 'sinusoidal' or 'rope': "
-                             f"a learned position table has only block_size rows")
+            raise ValueError(
+                f"max_positions ({self.max_positions}) > block_size "
+                f"({self.block_size}) needs pos_encoding 'sinusoidal' or 'rope': "
+                f"a learned position table has only block_size rows"
+            )
         if self.d_model % self.n_heads != 0:
             raise ValueError(
                 f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads}); "
                 f"choose n_heads among the divisors of d_model"
             )
         if self.pos_encoding == "rope" and self.head_dim % 2:
-            raise ValueError(f"rope needs an even head_dim, got d_model / n_heads = "
-                             f"{self.head_dim}")
+            raise ValueError(
+                f"rope needs an even head_dim, got d_model / n_heads = {self.head_dim}"
+            )
         _check_real(self, "dropout", 0.0, 1.0, high_open=True)
         _check_real(self, "rope_base", 1.0, low_open=True)
         _check_real(self, "norm_eps", 0.0, low_open=True)
@@ -188,7 +205,7 @@ class ModelConfig:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "ModelConfig":
+    def from_dict(cls, data: dict[str, Any]) -> ModelConfig:
         return _from_dict(cls, data)
 
 
@@ -262,8 +279,16 @@ class TrainConfig:
     sample_prompt: str = "T"
 
     def __post_init__(self) -> None:
-        _check_int(self, "batch_size", "grad_accum_steps", "max_steps", "eval_interval",
-                   "eval_batches", "log_interval", "keep_checkpoints")
+        _check_int(
+            self,
+            "batch_size",
+            "grad_accum_steps",
+            "max_steps",
+            "eval_interval",
+            "eval_batches",
+            "log_interval",
+            "keep_checkpoints",
+        )
         _check_int(self, "warmup_steps", "sample_chars", "checkpoint_interval", low=0)
         _check_bool(self, "compile", "activation_checkpointing", "fsdp")
         if self.decay_steps is not None:
@@ -286,5 +311,5 @@ class TrainConfig:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "TrainConfig":
+    def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
         return _from_dict(cls, data)

@@ -27,9 +27,23 @@ import torch
 from .files import read_json
 from .tokenizers import DEFAULT_UNK_TOKEN, CharTokenizer, tokenizer_from_dict
 
-__all__ = ["EMBEDDED_CORPUS", "load_text", "split_ids", "get_batch", "windows", "check_split",
-           "SEED_CROP_CHARS", "iter_text_chunks", "TokenDir", "load_token_dir", "is_token_dir",
-           "META_NAME", "TOKEN_DTYPES", "data_spec", "load_corpus"]
+__all__ = [
+    "EMBEDDED_CORPUS",
+    "load_text",
+    "split_ids",
+    "get_batch",
+    "windows",
+    "check_split",
+    "SEED_CROP_CHARS",
+    "iter_text_chunks",
+    "TokenDir",
+    "load_token_dir",
+    "is_token_dir",
+    "META_NAME",
+    "TOKEN_DTYPES",
+    "data_spec",
+    "load_corpus",
+]
 
 EMBEDDED_CORPUS = files("decoderlm") / "corpora" / "wikitext2_valid_300k.txt"
 SEED_CROP_CHARS = 300_000
@@ -41,8 +55,10 @@ TOKEN_DTYPES = ("uint16", "uint32")
 _SPLITS = ("train", "val")
 
 
-_TRAIN_BYTES_HINT = ("convert it to UTF-8, or train on its bytes: `decoderlm prepare --data FILE "
-                     "--tokenizer byte --out DIR`, then `decoderlm train --data DIR`")
+_TRAIN_BYTES_HINT = (
+    "convert it to UTF-8, or train on its bytes: `decoderlm prepare --data FILE "
+    "--tokenizer byte --out DIR`, then `decoderlm train --data DIR`"
+)
 
 
 def _not_utf8(path: Path, offset: int, hint: str = _TRAIN_BYTES_HINT) -> ValueError:
@@ -56,8 +72,9 @@ def _read_utf8(path: Path) -> str:
         raise _not_utf8(path, e.start) from None
 
 
-def iter_text_chunks(path: str | Path, chunk_bytes: int = 1 << 20,
-                     hint: str = _TRAIN_BYTES_HINT) -> Iterator[str]:
+def iter_text_chunks(
+    path: str | Path, chunk_bytes: int = 1 << 20, hint: str = _TRAIN_BYTES_HINT
+) -> Iterator[str]:
     """The text of a UTF-8 file, read `chunk_bytes` bytes at a time, as consecutive strings.
 
     Newlines are translated as `load_text` (Python's universal newlines) does: "\r\n" and "\r"
@@ -85,8 +102,9 @@ def iter_text_chunks(path: str | Path, chunk_bytes: int = 1 << 20,
                 return
 
 
-def load_text(path: str | Path | None = None, max_chars: int | None = None,
-              dataset: str | None = None) -> tuple[str, str]:
+def load_text(
+    path: str | Path | None = None, max_chars: int | None = None, dataset: str | None = None
+) -> tuple[str, str]:
     """Load a training corpus.
 
     Args:
@@ -111,8 +129,10 @@ def load_text(path: str | Path | None = None, max_chars: int | None = None,
     if dataset is not None:
         text, source = _load_hf_wikitext(dataset), f"Hugging Face dataset wikitext/{dataset}"
     elif path is None:
-        text, source = EMBEDDED_CORPUS.read_text(encoding="utf-8"), (
-            "embedded corpus: first 300,000 characters of WikiText-2 raw, validation split")
+        text, source = (
+            EMBEDDED_CORPUS.read_text(encoding="utf-8"),
+            ("embedded corpus: first 300,000 characters of WikiText-2 raw, validation split"),
+        )
     else:
         path = Path(path)
         if path.is_dir():
@@ -120,7 +140,8 @@ def load_text(path: str | Path | None = None, max_chars: int | None = None,
             if not train.is_file():
                 raise FileNotFoundError(
                     f"directory {path} has no {WIKITEXT_FILES[0]}; pass a UTF-8 text file, or a "
-                    f"directory holding the WikiText files {list(WIKITEXT_FILES)}")
+                    f"directory holding the WikiText files {list(WIKITEXT_FILES)}"
+                )
             path = train
         elif not path.exists():
             raise FileNotFoundError(f"data file {path} not found")
@@ -139,8 +160,10 @@ def _load_hf_wikitext(config_name: str) -> str:
     try:
         import datasets  # optional, never needed by the default path or the tests
     except ImportError:
-        raise RuntimeError("--dataset needs the Hugging Face `datasets` package "
-                           "(pip install datasets) and the network; or pass --data PATH") from None
+        raise RuntimeError(
+            "--dataset needs the Hugging Face `datasets` package "
+            "(pip install datasets) and the network; or pass --data PATH"
+        ) from None
     try:
         rows = datasets.load_dataset("wikitext", config_name, split="train")["text"]
     except Exception as e:  # network, unknown config, ...: report it as the user's problem
@@ -159,13 +182,19 @@ def check_split(name: str, data: torch.Tensor | np.ndarray, block_size: int) -> 
     """Raise ValueError unless split `name` (a [N] tensor or array of token ids) holds at
     least block_size + 1 tokens (one window)."""
     if len(data) <= block_size:
-        raise ValueError(f"the {name} split has {len(data)} tokens but one training window "
-                         f"needs block_size + 1 = {block_size + 1}; use a longer corpus or a "
-                         f"smaller block_size (now {block_size})")
+        raise ValueError(
+            f"the {name} split has {len(data)} tokens but one training window "
+            f"needs block_size + 1 = {block_size + 1}; use a longer corpus or a "
+            f"smaller block_size (now {block_size})"
+        )
 
 
-def get_batch(data: torch.Tensor | np.ndarray, batch_size: int, block_size: int,
-              generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def get_batch(
+    data: torch.Tensor | np.ndarray,
+    batch_size: int,
+    block_size: int,
+    generator: torch.Generator | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Sample random contiguous windows for next-token prediction.
 
     Args:
@@ -187,8 +216,9 @@ def get_batch(data: torch.Tensor | np.ndarray, batch_size: int, block_size: int,
     return windows(data, starts, block_size)
 
 
-def windows(data: torch.Tensor | np.ndarray, starts: torch.Tensor, block_size: int
-            ) -> tuple[torch.Tensor, torch.Tensor]:
+def windows(
+    data: torch.Tensor | np.ndarray, starts: torch.Tensor, block_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(x, y) [len(starts), block_size] int64: the windows data[s : s + block_size + 1] split
     into inputs and next-token targets. `data` is a [N] tensor or a NumPy array / np.memmap,
     from which only these windows are gathered (fancy indexing) and converted to int64.
@@ -250,7 +280,7 @@ def load_token_dir(path: str | Path) -> TokenDir:
     meta = read_json(path / META_NAME)
     bad = f"{path / META_NAME} is not a decoderlm token directory's meta.json"
     if not isinstance(meta, dict) or not isinstance(meta.get("tokens"), dict):
-        raise ValueError(f"{bad} (no 'tokens' entry)")  # noqa: TRY004 (a bad file)
+        raise ValueError(f"{bad} (no 'tokens' entry)")
     dtype, vocab_size = meta.get("dtype"), meta.get("vocab_size")
     if dtype not in TOKEN_DTYPES:
         raise ValueError(f"{bad}: dtype {dtype!r} is not one of {list(TOKEN_DTYPES)}")
@@ -258,8 +288,9 @@ def load_token_dir(path: str | Path) -> TokenDir:
         raise ValueError(f"{bad}: vocab_size {vocab_size!r} does not fit dtype {dtype}")
     tokenizer = tokenizer_from_dict(meta.get("tokenizer"), str(path / META_NAME))
     if tokenizer.vocab_size != vocab_size:
-        raise ValueError(f"{bad}: its tokenizer has {tokenizer.vocab_size} ids but vocab_size "
-                         f"is {vocab_size}")
+        raise ValueError(
+            f"{bad}: its tokenizer has {tokenizer.vocab_size} ids but vocab_size is {vocab_size}"
+        )
     itemsize = np.dtype(dtype).itemsize
     arrays = {}
     for name in _SPLITS:
@@ -270,9 +301,11 @@ def load_token_dir(path: str | Path) -> TokenDir:
             raise FileNotFoundError(f"{file} not found")
         size = file.stat().st_size
         if size != count * itemsize:
-            raise ValueError(f"{file} has {size:,} bytes but meta.json says {count:,} {dtype} "
-                             f"tokens = {count * itemsize:,} bytes; the file is truncated, or "
-                             f"was written with another dtype; prepare the data again")
+            raise ValueError(
+                f"{file} has {size:,} bytes but meta.json says {count:,} {dtype} "
+                f"tokens = {count * itemsize:,} bytes; the file is truncated, or "
+                f"was written with another dtype; prepare the data again"
+            )
         if count:
             arrays[name] = np.memmap(file, dtype=dtype, mode="r")
         else:  # mmap cannot map an empty file
@@ -281,8 +314,9 @@ def load_token_dir(path: str | Path) -> TokenDir:
     return TokenDir(path, arrays["train"], arrays["val"], meta, tokenizer)
 
 
-def data_spec(data: str | Path | None, dataset: str | None, max_chars: int | None,
-              val_fraction: float) -> dict:
+def data_spec(
+    data: str | Path | None, dataset: str | None, max_chars: int | None, val_fraction: float
+) -> dict:
     """Where a run's corpus comes from, as stored in config.json["data_spec"] and read back by
     `load_corpus` (`decoderlm train --resume`, `decoderlm eval`).
 
@@ -292,13 +326,19 @@ def data_spec(data: str | Path | None, dataset: str | None, max_chars: int | Non
         "token_dir": the path when it is a prepared token directory, else None,
         "val_fraction"}.
     """
-    if max_chars is None and (dataset is not None or (data is not None and Path(data).is_dir()
-                                                      and not is_token_dir(data))):
+    if max_chars is None and (
+        dataset is not None or (data is not None and Path(data).is_dir() and not is_token_dir(data))
+    ):
         max_chars = SEED_CROP_CHARS
     path = None if data is None else str(Path(data).resolve())
     token_dir = path if data is not None and is_token_dir(data) else None
-    return {"path": path, "dataset": dataset,
-            "max_chars": max_chars or None, "token_dir": token_dir, "val_fraction": val_fraction}
+    return {
+        "path": path,
+        "dataset": dataset,
+        "max_chars": max_chars or None,
+        "token_dir": token_dir,
+        "val_fraction": val_fraction,
+    }
 
 
 def load_corpus(spec: dict, tokenizer=None):
@@ -319,18 +359,29 @@ def load_corpus(spec: dict, tokenizer=None):
     if spec.get("token_dir"):
         tokens = load_token_dir(spec["token_dir"])
         if len(tokens.val) == 0:
-            raise ValueError(f"token directory {spec['token_dir']} has no validation tokens (it "
-                             f"was prepared with --val-fraction 0); training scores a "
-                             f"validation split: run `decoderlm prepare` again with "
-                             f"--val-fraction 0.1")
+            raise ValueError(
+                f"token directory {spec['token_dir']} has no validation tokens (it "
+                f"was prepared with --val-fraction 0); training scores a "
+                f"validation split: run `decoderlm prepare` again with "
+                f"--val-fraction 0.1"
+            )
         fingerprint = hashlib.sha256((Path(spec["token_dir"]) / META_NAME).read_bytes())
-        return (tokens.tokenizer, tokens.train, tokens.val,
-                f"{spec['token_dir']} (prepared {type(tokens.tokenizer).__name__} tokens)",
-                fingerprint.hexdigest())
+        return (
+            tokens.tokenizer,
+            tokens.train,
+            tokens.val,
+            f"{spec['token_dir']} (prepared {type(tokens.tokenizer).__name__} tokens)",
+            fingerprint.hexdigest(),
+        )
     text, source = load_text(spec["path"], spec["max_chars"], spec["dataset"])
     if tokenizer is None:
         tokenizer = CharTokenizer.from_text(text, unk_token=DEFAULT_UNK_TOKEN)
     ids = torch.tensor(tokenizer.encode(text), dtype=torch.long)
     train_ids, val_ids = split_ids(ids, spec["val_fraction"])
-    return (tokenizer, train_ids, val_ids, f"{source}: {len(text):,} characters",
-            hashlib.sha256(text.encode("utf-8")).hexdigest())
+    return (
+        tokenizer,
+        train_ids,
+        val_ids,
+        f"{source}: {len(text):,} characters",
+        hashlib.sha256(text.encode("utf-8")).hexdigest(),
+    )

@@ -100,7 +100,7 @@ def _ids_of_data_spec(run: Path, tokenizer: Tokenizer, split: str) -> tuple[np.n
     config = read_json(run / CONFIG_NAME)
     spec = config.get("data_spec") if isinstance(config, dict) else None
     if not isinstance(spec, dict):  # a user-facing file problem: ValueError, as elsewhere
-        raise ValueError(  # noqa: TRY004
+        raise ValueError(
             f"{run / CONFIG_NAME} does not record the run's data (no 'data_spec', written by "
             f"runs of this version on); pass --data PATH to evaluate on a text file or a "
             f"prepared token directory"

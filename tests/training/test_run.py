@@ -8,13 +8,11 @@ from decoderlm.evaluate import evaluate_run
 from decoderlm.prepare import prepare
 from decoderlm.training.run import run_experiment
 
+from conftest import quiet
+
 TEXT = "".join(chr(33 + (i * 7919) % 60) for i in range(3000)) + " caf\u00e9 \u6771\u4eac\n" * 20
 SMALL = dict(n_layers=1, n_heads=2, d_model=16, block_size=16)
 FAST = dict(max_steps=4, eval_interval=2, batch_size=4, sample_chars=5, log_interval=1)
-
-
-def quiet(*args, **kwargs):
-    pass
 
 
 @pytest.mark.parametrize("kind", ["byte", "gpt2"])

@@ -10,10 +10,27 @@ from decoderlm.cli import main
 
 from conftest import tiny_model
 
-TEXT = ("The quick brown fox jumps over the lazy dog. " * 12
-        + "Pack my box with five dozen liquor jugs.\n" * 4)
-SMALL = ["--n-layers", "1", "--n-heads", "2", "--d-model", "16", "--block-size", "16",
-         "--batch-size", "4", "--max-steps", "6", "--eval-interval", "3", "--no-progress"]
+TEXT = (
+    "The quick brown fox jumps over the lazy dog. " * 12
+    + "Pack my box with five dozen liquor jugs.\n" * 4
+)
+SMALL = [
+    "--n-layers",
+    "1",
+    "--n-heads",
+    "2",
+    "--d-model",
+    "16",
+    "--block-size",
+    "16",
+    "--batch-size",
+    "4",
+    "--max-steps",
+    "6",
+    "--eval-interval",
+    "3",
+    "--no-progress",
+]
 
 
 def train_small(tmp_path, *extra, expect: int = 0) -> tuple:
@@ -29,8 +46,15 @@ def test_train_writes_a_complete_run_and_sample_is_reproducible(tmp_path, capsys
     data, out = train_small(tmp_path)
     printed = capsys.readouterr().out
     assert "final validation loss" in printed and "bits/char" in printed and str(out) in printed
-    for name in ("model.safetensors", "config.json", "tokenizer.json", "metrics.jsonl",
-                 "loss.png", "attention.png", "samples.txt"):
+    for name in (
+        "model.safetensors",
+        "config.json",
+        "tokenizer.json",
+        "metrics.jsonl",
+        "loss.png",
+        "attention.png",
+        "samples.txt",
+    ):
         assert (out / name).stat().st_size > 0, name
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records if "val_loss" in r] == [3, 6]
@@ -43,8 +67,19 @@ def test_train_writes_a_complete_run_and_sample_is_reproducible(tmp_path, capsys
     assert sample.startswith("T") and len(sample) == 601
     DecoderLM.from_pretrained(out)
 
-    args = ["sample", "--run", str(out), "--prompt", "The ", "--max-new-tokens", "40",
-            "--seed", "3", "--top-k", "5"]
+    args = [
+        "sample",
+        "--run",
+        str(out),
+        "--prompt",
+        "The ",
+        "--max-new-tokens",
+        "40",
+        "--seed",
+        "3",
+        "--top-k",
+        "5",
+    ]
     assert main(args) == 0
     first = capsys.readouterr().out
     assert main(args) == 0
@@ -56,29 +91,37 @@ def test_train_writes_a_complete_run_and_sample_is_reproducible(tmp_path, capsys
     assert "--overwrite" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("args,message", [
-    (["train", "--data", "/no/such/file.txt"], "not found"),
-    (["train", "--max-chars", "100", "--block-size", "64", "--no-progress"],
-     "the validation split has 10 tokens"),
-    (["train", "--n-heads", "3", "--no-progress"], "divisible by n_heads"),
-    (["sample", "--run", "/no/such/run"], "not found"),
-    (["train", "--lr", "nan"], "--lr: expected a number, got 'nan'"),
-    (["train", "--weight-decay", "-1"], "weight_decay must be a finite number"),
-    (["train", "--max-steps", "0"], "max_steps must be a positive integer, got 0"),
-    (["train", "--max-steps", "1.5"], "expected an integer, got '1.5'"),
-    (["train", "--seed", "99999999999999999999"], "seed must be an integer >= 0 below"),
-    (["train", "--compile", "maybe"], "expected true or false, got 'maybe'"),
-    (["train", "--grad-clip", "x"], "expected a number or none, got 'x'"),
-    (["train", "--resume", "/no/such/run"], "resume directory /no/such/run not found"),
-    (["train", "--device", "meta"], "unknown device 'meta'"),
-    (["train", "--out", ""], "empty string"),
-    (["train", "--data", "."], "has no wiki.train.raw"),
-    (["train", "--data", "empty.txt"], "is empty"),
-    (["train", "--data", "latin1.txt"], "invalid byte at offset 3); convert it to UTF-8, or train "
-     "on its bytes: `decoderlm prepare --data FILE --tokenizer byte"),
-    (["sample", "--run", ".", "--temperature", "nan"], "--temperature: expected a number"),
-    (["sample", "--run", ".", "--temperature", "0.5"], "not found"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["train", "--data", "/no/such/file.txt"], "not found"),
+        (
+            ["train", "--max-chars", "100", "--block-size", "64", "--no-progress"],
+            "the validation split has 10 tokens",
+        ),
+        (["train", "--n-heads", "3", "--no-progress"], "divisible by n_heads"),
+        (["sample", "--run", "/no/such/run"], "not found"),
+        (["train", "--lr", "nan"], "--lr: expected a number, got 'nan'"),
+        (["train", "--weight-decay", "-1"], "weight_decay must be a finite number"),
+        (["train", "--max-steps", "0"], "max_steps must be a positive integer, got 0"),
+        (["train", "--max-steps", "1.5"], "expected an integer, got '1.5'"),
+        (["train", "--seed", "99999999999999999999"], "seed must be an integer >= 0 below"),
+        (["train", "--compile", "maybe"], "expected true or false, got 'maybe'"),
+        (["train", "--grad-clip", "x"], "expected a number or none, got 'x'"),
+        (["train", "--resume", "/no/such/run"], "resume directory /no/such/run not found"),
+        (["train", "--device", "meta"], "unknown device 'meta'"),
+        (["train", "--out", ""], "empty string"),
+        (["train", "--data", "."], "has no wiki.train.raw"),
+        (["train", "--data", "empty.txt"], "is empty"),
+        (
+            ["train", "--data", "latin1.txt"],
+            "invalid byte at offset 3); convert it to UTF-8, or train "
+            "on its bytes: `decoderlm prepare --data FILE --tokenizer byte",
+        ),
+        (["sample", "--run", ".", "--temperature", "nan"], "--temperature: expected a number"),
+        (["sample", "--run", ".", "--temperature", "0.5"], "not found"),
+    ],
+)
 def test_user_mistakes_give_one_line_errors(tmp_path, capsys, args, message, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "empty.txt").write_text("")
@@ -101,12 +144,16 @@ def test_sample_with_unknown_characters_or_mismatched_tokenizer(tmp_path, capsys
 
 
 def test_console_entry_point_runs_as_a_subprocess(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "decoderlm", "sample", "--run",
-                             str(tmp_path / "missing")], capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "decoderlm", "sample", "--run", str(tmp_path / "missing")],
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == 2
     assert result.stderr.startswith("decoderlm: error:") and "Traceback" not in result.stderr
-    result = subprocess.run([sys.executable, "-m", "decoderlm", "presets"], capture_output=True,
-                            text=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "decoderlm", "presets"], capture_output=True, text=True
+    )
     assert result.returncode == 0 and "seed-notebook" in result.stdout
 
 
@@ -116,11 +163,25 @@ def test_sample_into_a_closed_pipe_exits_0_quietly(tmp_path):
 
     tiny_model().save_pretrained(tmp_path)
     CharTokenizer([chr(c) for c in range(48, 48 + 65)]).save_pretrained(tmp_path)
-    sample = subprocess.Popen([sys.executable, "-m", "decoderlm", "sample", "--run",
-                               str(tmp_path), "--prompt", "0", "--max-new-tokens", "20000"],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    head = subprocess.run(["head", "-c", "10"], stdin=sample.stdout, capture_output=True,
-                          check=True)
+    sample = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "decoderlm",
+            "sample",
+            "--run",
+            str(tmp_path),
+            "--prompt",
+            "0",
+            "--max-new-tokens",
+            "20000",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    head = subprocess.run(
+        ["head", "-c", "10"], stdin=sample.stdout, capture_output=True, check=True
+    )
     sample.stdout.close()  # only head holds the pipe's read end; it has exited
     err = sample.stderr.read().decode()
     assert sample.wait(timeout=60) == 0 and err == ""
@@ -149,20 +210,34 @@ def test_an_existing_run_is_kept_unless_overwrite(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "already holds a run" in err and "--resume" in err and "--overwrite" in err
     assert (out / "model.safetensors").read_bytes() == before
-    assert main(["train", "--data", str(data), "--out", str(out), "--overwrite", *SMALL,
-                 "--seed", "7"]) == 0
+    assert (
+        main(
+            ["train", "--data", str(data), "--out", str(out), "--overwrite", *SMALL, "--seed", "7"]
+        )
+        == 0
+    )
     assert (out / "model.safetensors").read_bytes() != before
     assert len((out / "metrics.jsonl").read_text().splitlines()) == 2  # the old run is gone
 
 
-def test_a_diverging_run_stops_with_a_message_and_keeps_the_last_good_checkpoint(tmp_path,
-                                                                                  capsys):
-    data, out = train_small(tmp_path, "--checkpoint-interval", "1", "--lr", "1e30",
-                            "--max-steps", "40", "--dtype", "float32", expect=2)
+def test_a_diverging_run_stops_with_a_message_and_keeps_the_last_good_checkpoint(tmp_path, capsys):
+    data, out = train_small(
+        tmp_path,
+        "--checkpoint-interval",
+        "1",
+        "--lr",
+        "1e30",
+        "--max-steps",
+        "40",
+        "--dtype",
+        "float32",
+        expect=2,
+    )
     err = capsys.readouterr().err
     assert "the training loss became" in err and "last good checkpoint" in err
     good = err.split("last good checkpoint is ")[1].strip()
     from decoderlm.training.checkpoints import load_trainer_state
+
     state = load_trainer_state(good)
     assert state["step"] >= 1 and math.isfinite(state["loss_sum"])
     assert not (out / "model.safetensors").exists()
