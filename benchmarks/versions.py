@@ -9,6 +9,12 @@ an earlier commit); each process imports decoderlm from its own through PYTHONPA
 train-bf16, train-fp32: `python -m decoderlm train` with the default preset for 300 steps
     (bfloat16 autocast as the preset says, then float32), no evaluation before the end and no
     checkpoints; the figure is the tokens/s the command prints (training steps only).
+--in-process: both versions imported into one process (the old one under another package
+    name), the same weights, timed in alternation 20 times: one training step (forward,
+    backward, AdamW) of the default preset's shape in float32, and greedy decoding of 64 tokens
+    of the 4 x 256 model; the ratio new/old of the medians. Steadier than whole processes on a
+    noisy machine, and what the hook points cost is inside it.
+
 decode-4x256, decode-gpt2: greedy decoding with the KV cache of a randomly initialised model
     (4 layers x 256 wide, 8 heads, vocabulary 50,257, block_size 1,024; and GPT-2 small's
     shape), float32, 256 new tokens after a 32-token prompt, after one warm-up call; the
@@ -76,13 +82,88 @@ def run(src: str, args: list[str], out_dir: str) -> float:
     return float(found[-1].replace(",", ""))
 
 
+def _import_as(src: str, name: str):
+    """The decoderlm package found in `src`, imported under `name`."""
+    import importlib.util
+
+    init = os.path.join(src, "decoderlm", "__init__.py")
+    spec = importlib.util.spec_from_file_location(
+        name, init, submodule_search_locations=[os.path.dirname(init)]
+    )
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def in_process(old_src: str, new_src: str, rounds: int = 20) -> None:
+    """Alternate the two versions in one process; print the median times and their ratio."""
+    import importlib
+    import time
+
+    import torch
+
+    torch.manual_seed(0)
+    versions = {
+        "old": _import_as(old_src, "decoderlm_old"),
+        "new": _import_as(new_src, "decoderlm"),
+    }
+    shapes = {
+        "train step (3 x 128, T 96, batch 32)": dict(
+            vocab_size=139, block_size=96, n_layers=3, n_heads=4, d_model=128
+        ),
+        "decode 64 tokens (4 x 256)": dict(
+            vocab_size=50257, block_size=1024, n_layers=4, n_heads=8, d_model=256
+        ),
+    }
+    for label, shape in shapes.items():
+        models = {tag: pkg.DecoderLM(pkg.ModelConfig(**shape)) for tag, pkg in versions.items()}
+        models["new"].load_state_dict(models["old"].state_dict())  # the same weights
+        jobs = {}
+        for tag, model in models.items():
+            if label.startswith("train"):
+                opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+                x = torch.randint(0, 139, (32, 97))
+
+                def step(model=model, opt=opt, x=x):
+                    loss = model(x[:, :-1], x[:, 1:])[1]
+                    loss.backward()
+                    opt.step()
+                    opt.zero_grad(set_to_none=True)
+
+                jobs[tag] = step
+            else:
+                model.eval()
+                name = versions[tag].__name__ + ".generate"
+                gen = importlib.import_module(name).generate
+                prompt = torch.randint(0, 50257, (1, 32))
+                jobs[tag] = lambda gen=gen, model=model, p=prompt: gen(
+                    model, p, 64, do_sample=False
+                )
+        times = {tag: [] for tag in jobs}
+        for _ in range(rounds + 2):
+            for tag, job in jobs.items():
+                start = time.perf_counter()
+                job()
+                times[tag].append(time.perf_counter() - start)
+        old, new = (statistics.median(times[t][2:]) for t in ("old", "new"))
+        print(
+            f"{label}: old {old * 1e3:.2f} ms, new {new * 1e3:.2f} ms (medians of {rounds}), "
+            f"new/old time {new / old:.3f}",
+            flush=True,
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("old_src")
     parser.add_argument("new_src")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
+    parser.add_argument("--in-process", action="store_true")
     args = parser.parse_args()
+    if args.in_process:
+        return in_process(args.old_src, args.new_src)
     with tempfile.TemporaryDirectory() as tmp:
         for case in args.cases:
             old, new, ratios = [], [], []

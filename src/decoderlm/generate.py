@@ -255,22 +255,7 @@ def stream_generate(
 
 
 @torch.no_grad()
-def generate(
-    model,
-    idx: torch.Tensor,
-    max_new_tokens: int,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    do_sample: bool = True,
-    seed: int | None = None,
-    generator: torch.Generator | None = None,
-    attention_mask: torch.Tensor | None = None,
-    use_cache: bool = True,
-    stop=None,
-    pad_token_id: int = -1,
-    compile: bool = False,
-) -> torch.Tensor:
+def generate(model, idx: torch.Tensor, max_new_tokens: int, **options) -> torch.Tensor:
     """Extend idx by max_new_tokens tokens sampled from `model`, with a KV cache.
 
     One forward pass over the prompt fills the cache (a `KVCache`: per layer [B, n_heads,
@@ -284,6 +269,7 @@ def generate(
         model: a DecoderLM; it runs in eval mode here (no dropout) and its mode is restored.
         idx: [B, T] int64 prompt ids, T >= 1 (T may exceed max_positions).
         max_new_tokens: number of tokens to append, >= 0.
+        **options: keyword arguments, passed on to `stream_generate`:
         temperature, top_k, top_p: see `sample_next`; do_sample=False is greedy decoding.
         seed: seeds a fresh torch.Generator so the same call gives the same tokens.
         generator: a torch.Generator to draw from instead (ignored when seed is given).
@@ -295,12 +281,12 @@ def generate(
             tokens end with one of them (the stop tokens are kept in the output).
         pad_token_id: what a row that has stopped gets while others go on.
         compile: run each one-token step under torch.compile (needs a C++ compiler on the
-            CPU). The first call compiles; later ones decode faster (the README's decoding
-            figures, from benchmarks/generate.py). The tokens are those of compile=False up to float
-            rounding (the products accumulate in another order). The compiled step is shared
-            by every model of the process; torch keeps 8 variants of it (a model's dtype,
-            batch of one or more, with or without padding) and runs further ones eagerly
-            (torch logs "hit config.recompile_limit").
+            CPU). The first call compiles; later ones decode faster (the README gives
+            figures). The tokens are those of compile=False up to float rounding (the
+            products accumulate in another order). The compiled step is shared by every
+            model of the process; torch keeps 8 variants of it (a model's dtype, batch of
+            one or more, with or without padding) and runs further ones eagerly (torch logs
+            "hit config.recompile_limit").
 
     Returns:
         [B, T + n] int64, n = max_new_tokens, or fewer when every row has stopped.
@@ -309,24 +295,7 @@ def generate(
         ValueError: bad controls or prompt, non-finite logits (the message names the step), or
             a sampled id outside the vocabulary.
     """
-    new = list(
-        stream_generate(
-            model,
-            idx,
-            max_new_tokens,
-            temperature,
-            top_k,
-            top_p,
-            do_sample,
-            seed,
-            generator,
-            attention_mask,
-            use_cache,
-            stop,
-            pad_token_id,
-            compile,
-        )
-    )
+    new = list(stream_generate(model, idx, max_new_tokens, **options))
     return torch.cat([idx, torch.stack(new, dim=1)], dim=1) if new else idx.clone()
 
 
