@@ -119,6 +119,13 @@ def test_the_pattern_is_computed_only_when_a_hook_asks_for_it(monkeypatch):
     (hooked, _), cache = run_with_cache(model, idx, ["blocks.1.attn.hook_pattern"])
     assert len(calls) == 1 and list(cache) == ["blocks.1.attn.hook_pattern"]
     torch.testing.assert_close(hooked, plain, atol=1e-5, rtol=1e-5)
+    # the written-out training kernel is for training mode only: evaluation stays fused
+    for block in model.blocks:
+        block.attn.impl = "explicit"
+    model(idx)
+    assert len(calls) == 1
+    model.train()(idx)
+    assert len(calls) == 1 + model.config.n_layers
 
 
 def test_a_replaced_pattern_is_the_one_attention_uses():

@@ -75,10 +75,10 @@ class CausalSelfAttention(nn.Module):
     attention runs over all of them under `mask` (bool [B, 1, T, S], True where query t may
     see key s; None: plain causal, see `KVCache.attention_mask`).
 
-    `impl` picks the kernel when there is no cache: "sdpa" (F.scaled_dot_product_attention,
-    memory linear in T) or "explicit" (`attention_pattern` written out). hook_pattern with a
-    hook attached also takes the explicit path, so its hooks see (and may replace) the
-    probabilities; with a cache the pattern is not computed.
+    `impl` picks the training kernel: "sdpa" (F.scaled_dot_product_attention, memory linear in
+    T) or "explicit" (`attention_pattern` written out, in training mode; eval mode keeps
+    sdpa). hook_pattern with a hook attached takes the explicit path in either mode, so its
+    hooks see (and may replace) the probabilities; with a cache the pattern is not computed.
     """
 
     def __init__(self, config: ModelConfig, layer: int = 0):
@@ -103,7 +103,8 @@ class CausalSelfAttention(nn.Module):
         if cache is not None:
             k, v = cache.update(self.layer, k, v)  # [B, n_heads, S, head_dim], S = length + T
         dropout_p = self.dropout if self.training else 0.0
-        if cache is None and (self.impl == "explicit" or self.hook_pattern.has_hooks()):
+        explicit = self.impl == "explicit" and self.training
+        if cache is None and (explicit or self.hook_pattern.has_hooks()):
             att = self.hook_pattern(attention_pattern(q, k))  # [B, n_heads, T, T] float32
             att = F.dropout(att, dropout_p) if dropout_p > 0 else att
             z = att.to(v.dtype) @ v

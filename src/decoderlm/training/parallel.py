@@ -73,8 +73,9 @@ def init_distributed(device: str | None = None) -> tuple[DistInfo, torch.device]
 
 
 def choose_attention(model: DecoderLM, cfg: TrainConfig, device: torch.device) -> None:
-    """Use the written-out attention (`attn.impl = "explicit"`) in every block when training
-    in bfloat16 on the CPU with block_size <= 128.
+    """Use the written-out attention for training steps (`attn.impl = "explicit"`; evaluation
+    keeps the fused kernel) in every block when training in bfloat16 on the CPU with
+    block_size <= 128.
 
     PyTorch's CPU flash-attention kernel is much slower in bfloat16 than in float32 (see
     benchmarks/attention_backward.py), so the written-out attention wins there, and its T x T
