@@ -236,3 +236,30 @@ def test_settings_with_wrong_types_and_options_that_do_not_apply(tmp_path, capsy
         == 2
     )
     assert "do not apply to a prepared token directory" in capsys.readouterr().err
+
+
+def test_unusable_settings_files_are_one_line_errors_whatever_flags_come_with_them(
+    tmp_path, capsys
+):
+    files = {
+        "binary.yaml": (b"\xff\xfe bad bytes\n", "is not UTF-8 text"),
+        "empty.yaml": (b"", "is empty"),
+        "list.yaml": (b"[1, 2]\n", "holds a list"),
+        "model-list.yaml": (b"model:\n  - n_layers: 2\n", "`model` in the settings file"),
+        "train-number.yaml": (b"train: 5\n", "`train` in the settings file"),
+    }
+    for name, (content, message) in files.items():
+        path = tmp_path / name
+        path.write_bytes(content)
+        # a flag of the same section must not hide the file's mistake
+        argv = ["train", "--config", str(path), "--dropout", "0.1", "--max-steps", "3"]
+        err = one_line_error(capsys, argv + ["--out", str(tmp_path / "run")], message)
+        assert str(path) in err
+    assert not (tmp_path / "run").exists()
+
+
+def test_abbreviated_flags_are_refused(tmp_path, capsys):
+    # --over must never act as --overwrite
+    one_line_error(capsys, ["train", "--over", "--out", str(tmp_path / "r")], "--over")
+    one_line_error(capsys, ["train", "--max-step", "5", "--out", str(tmp_path / "r")], "--max-step")
+    assert not (tmp_path / "r").exists()

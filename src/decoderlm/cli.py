@@ -554,8 +554,14 @@ def _repeatable(action_class: type) -> type:
 
 
 def _parser(**kwargs) -> ArgumentParser:
+    # allow_abbrev=False: a mistyped flag such as --over is refused, never taken as --overwrite
     return ArgumentParser(
-        exit_on_error=False, parser_mode="decoderlm", print_config=None, env_prefix=False, **kwargs
+        exit_on_error=False,
+        parser_mode="decoderlm",
+        print_config=None,
+        env_prefix=False,
+        allow_abbrev=False,
+        **kwargs,
     )
 
 
@@ -699,9 +705,14 @@ def main(argv: list[str] | None = None) -> int:
     command = argv[0] if argv and argv[0] in COMMANDS else None
     parser = build_parser()
     try:
-        settings = parser.parse_args(_settings_file_first(argv), defaults=False)
+        argv = _settings_file_first(argv)
+        _check_settings_files(argv, command)
+        settings = parser.parse_args(argv, defaults=False)
     except SystemExit as exit_:  # --help
         return exit_.code
+    except ValueError as e:  # a settings file that cannot be used
+        print(f"decoderlm: error: {e}", file=sys.stderr)
+        return 2
     except argparse.ArgumentError as e:
         hint = f"decoderlm {command} --help" if command else "decoderlm --help"
         print(f"decoderlm: error: {_one_line(parser, command, e)} (see `{hint}`)", file=sys.stderr)
@@ -722,6 +733,36 @@ def _settings_file_first(argv: list[str]) -> list[str]:
         (files if take else rest).extend(argv[i : i + (take or 1)])
         i += take or 1
     return argv[:1] + files + rest
+
+
+def _check_settings_files(argv: list[str], command: str | None) -> None:
+    """Refuse, with one ValueError naming the file, a settings file (`--config FILE`) that is
+    not UTF-8 text, does not parse, is empty or is not a mapping, or (train) whose `model` or
+    `train` entry is not a mapping. A missing file is left to the parser's own message."""
+    paths = [a.split("=", 1)[1] for a in argv if a.startswith("--config=")]
+    paths += [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--config"]
+    for path in paths:
+        if not Path(path).is_file():
+            continue
+        try:
+            data = _load(Path(path).read_bytes().decode("utf-8"), path)
+        except UnicodeDecodeError:
+            raise ValueError(f"settings file {path} is not UTF-8 text") from None
+        except (yaml.YAMLError, tomllib.TOMLDecodeError) as e:
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise ValueError(f"the settings file does not parse: {path}: {first}") from None
+        if not isinstance(data, dict):
+            what = "is empty" if data is None else f"holds a {type(data).__name__}"
+            raise ValueError(
+                f"a settings file must map settings to values; {path} {what} (write e.g. "
+                f"`max_steps: 100`)"
+            )
+        for section in ("model", "train") if command == "train" else ():
+            if not isinstance(data.get(section, {}), dict):
+                raise ValueError(
+                    f"`{section}` in the settings file must map fields to values ({path} has "
+                    f"{data[section]!r})"
+                )
 
 
 def _run(command: str, kwargs: dict[str, Any]) -> int:
