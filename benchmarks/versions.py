@@ -11,7 +11,8 @@ train-bf16, train-fp32: `python -m decoderlm train` with the default preset for 
     checkpoints; the figure is the tokens/s the command prints (training steps only).
 --in-process: both versions imported into one process (the old one under another package
     name), the same weights, timed in alternation 20 times: one training step (forward,
-    backward, AdamW) of the default preset's shape in float32, and greedy decoding of 64 tokens
+    backward, AdamW) of the default preset's shape in bfloat16 autocast (with the attention
+    kernel the trainer picks) and in float32, and greedy decoding of 64 tokens
     of the 4 x 256 model; the ratio new/old of the medians. Steadier than whole processes on a
     noisy machine, and what the hook points cost is inside it.
 
@@ -109,6 +110,9 @@ def in_process(old_src: str, new_src: str, rounds: int = 20) -> None:
         "new": _import_as(new_src, "decoderlm"),
     }
     shapes = {
+        "train step bf16 (3 x 128, T 96, batch 32)": dict(
+            vocab_size=139, block_size=96, n_layers=3, n_heads=4, d_model=128
+        ),
         "train step (3 x 128, T 96, batch 32)": dict(
             vocab_size=139, block_size=96, n_layers=3, n_heads=4, d_model=128
         ),
@@ -125,8 +129,14 @@ def in_process(old_src: str, new_src: str, rounds: int = 20) -> None:
                 opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
                 x = torch.randint(0, 139, (32, 97))
 
-                def step(model=model, opt=opt, x=x):
-                    loss = model(x[:, :-1], x[:, 1:])[1]
+                bf16 = "bf16" in label
+                if bf16 and hasattr(model.blocks[0].attn, "impl"):  # as the trainer chooses
+                    for block in model.blocks:
+                        block.attn.impl = "explicit"
+
+                def step(model=model, opt=opt, x=x, bf16=bf16):
+                    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                        loss = model(x[:, :-1], x[:, 1:])[1]
                     loss.backward()
                     opt.step()
                     opt.zero_grad(set_to_none=True)
