@@ -94,37 +94,11 @@ def test_eval_on_wikitext_test_maps_unknown_characters_to_the_unknown_token(crop
     crop = set(EMBEDDED_CORPUS.read_text(encoding="utf-8"))
     expected_unknown = sum(1 for c in test_text if c not in crop)  # the oracle
     assert expected_unknown > 0
-    assert (
-        main(
-            [
-                "eval",
-                "--run",
-                str(with_unk.out_dir),
-                "--data",
-                str(WIKI / "test.txt"),
-                "--batch-size",
-                "512",
-            ]
-        )
-        == 0
-    )
+    argv = ["eval", "--run", str(with_unk.out_dir), "--data", str(WIKI / "test.txt")]
+    assert main([*argv, "--batch-size", "512"]) == 0
     out = capsys.readouterr().out
     assert f"unknown characters: {expected_unknown:,} (mapped to the unknown token '\ufffd')" in out
-    assert (
-        main(
-            [
-                "eval",
-                "--run",
-                str(with_unk.out_dir),
-                "--data",
-                str(WIKI / "test.txt"),
-                "--batch-size",
-                "512",
-                "--json",
-            ]
-        )
-        == 0
-    )
+    assert main([*argv, "--batch-size", "512", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["unknown_characters"] == expected_unknown
     assert report["tokens"] == len(test_text) and math.isfinite(report["nats_per_token"])

@@ -99,6 +99,11 @@ def cli(*args, background=False):
     return subprocess.run(command, env=ENV, capture_output=True, text=True, timeout=300)
 
 
+def train_argv(data, out, *flags):
+    """`decoderlm train` of the TINY model on `data` into `out`, then `flags`."""
+    return ["train", "--data", str(data), "--out", str(out), *TINY, *flags]
+
+
 def records(run_dir):
     """metrics.jsonl without the wall-clock fields."""
     lines = (run_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
@@ -122,23 +127,7 @@ def assert_same_run(a, b):
 def uninterrupted(corpus, tmp_path_factory):
     """Run A: 20 steps, cosine to 1e-4 by step 20."""
     out = tmp_path_factory.mktemp("a") / "run"
-    assert (
-        main(
-            [
-                "train",
-                "--data",
-                str(corpus),
-                "--out",
-                str(out),
-                *TINY,
-                "--max-steps",
-                "20",
-                "--decay-steps",
-                "20",
-            ]
-        )
-        == 0
-    )
+    assert main(train_argv(corpus, out, "--max-steps", "20", "--decay-steps", "20")) == 0
     return out
 
 
@@ -167,7 +156,7 @@ def test_stop_after_10_steps_and_resume_in_a_new_process_is_exact(corpus, uninte
 def test_a_killed_or_terminated_run_resumes_exactly(corpus, tmp_path, how):
     steps = ["--max-steps", "400", "--checkpoint-interval", "3", "--eval-interval", "50"]
     reference = tmp_path / "reference"
-    assert main(["train", "--data", str(corpus), "--out", str(reference), *TINY, *steps]) == 0
+    assert main(train_argv(corpus, reference, *steps)) == 0
     out = tmp_path / "run"
     proc = cli("train", "--data", corpus, "--out", out, *TINY, *steps, background=True)
     deadline = time.monotonic() + 120
@@ -205,18 +194,7 @@ def test_a_crash_while_writing_a_checkpoint_leaves_the_previous_one(
 
     monkeypatch.setattr(ckpt.torch, "save", torn_save)
     out = tmp_path / "run"
-    args = [
-        "train",
-        "--data",
-        str(corpus),
-        "--out",
-        str(out),
-        *TINY,
-        "--max-steps",
-        "4",
-        "--checkpoint-interval",
-        "1",
-    ]
+    args = train_argv(corpus, out, "--max-steps", "4", "--checkpoint-interval", "1")
     assert main(args) == 2
     assert "No space left on device" in capsys.readouterr().err
     monkeypatch.undo()
@@ -226,39 +204,14 @@ def test_a_crash_while_writing_a_checkpoint_leaves_the_previous_one(
     assert main(["train", "--resume", str(out)]) == 0
     reference = tmp_path / "reference"
     assert (
-        main(
-            [
-                "train",
-                "--data",
-                str(corpus),
-                "--out",
-                str(reference),
-                *TINY,
-                "--max-steps",
-                "4",
-                "--checkpoint-interval",
-                "1",
-            ]
-        )
-        == 0
+        main(train_argv(corpus, reference, "--max-steps", "4", "--checkpoint-interval", "1")) == 0
     )
     assert_same_run(reference, out)
 
 
 def test_damaged_and_missing_checkpoints_give_clear_errors(corpus, tmp_path, capsys):
     out = tmp_path / "run"
-    base = [
-        "train",
-        "--data",
-        str(corpus),
-        "--out",
-        str(out),
-        *TINY,
-        "--checkpoint-interval",
-        "2",
-        "--keep-checkpoints",
-        "3",
-    ]
+    base = train_argv(corpus, out, "--checkpoint-interval", "2", "--keep-checkpoints", "3")
     assert main([*base, "--max-steps", "4"]) == 0
     capsys.readouterr()
     newest = list_checkpoints(out)[-1] / "trainer_state.pt"
@@ -291,7 +244,7 @@ def test_damaged_and_missing_checkpoints_give_clear_errors(corpus, tmp_path, cap
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
 def test_loss_scaler_only_for_float16_and_saved_with_the_checkpoint(corpus, tmp_path, dtype):
     out = tmp_path / "run"
-    args = ["train", "--data", str(corpus), "--out", str(out), *TINY, "--dtype", dtype]
+    args = train_argv(corpus, out, "--dtype", dtype)
     assert main([*args, "--max-steps", "5", "--decay-steps", "7"]) == 0
     state = load_trainer_state(list_checkpoints(out)[-1])
     assert {float(s["step"]) for s in state["optimizer"]["state"].values()} == {5.0}
@@ -307,7 +260,7 @@ def test_loss_scaler_only_for_float16_and_saved_with_the_checkpoint(corpus, tmp_
 
 def test_checkpoints_load_with_weights_only_and_unsafe_pickles_are_refused(corpus, tmp_path):
     out = tmp_path / "run"
-    assert main(["train", "--data", str(corpus), "--out", str(out), *TINY, "--max-steps", "2"]) == 0
+    assert main(train_argv(corpus, out, "--max-steps", "2")) == 0
     checkpoint = list_checkpoints(out)[-1]
     plain = torch.load(checkpoint / "trainer_state.pt", weights_only=True)  # (a)
     assert isinstance(plain["train"], dict) and isinstance(plain["loss_sum"], float)
@@ -329,7 +282,7 @@ def test_overwrite_deletes_only_the_earlier_run_and_only_once_settings_are_valid
     corpus, tmp_path, capsys
 ):
     out = tmp_path / "run"
-    base = ["train", "--data", str(corpus), "--out", str(out), *TINY, "--max-steps", "2"]
+    base = train_argv(corpus, out, "--max-steps", "2")
     assert main(base) == 0
     (out / "notes.txt").write_text("mine")
     (out / "mine").mkdir()
@@ -348,23 +301,7 @@ def test_resume_notices_changed_data_and_accepts_moved_data(corpus, tmp_path, ca
     text = tmp_path / "text.txt"
     text.write_bytes(corpus.read_bytes())
     out = tmp_path / "run"
-    assert (
-        main(
-            [
-                "train",
-                "--data",
-                str(text),
-                "--out",
-                str(out),
-                *TINY,
-                "--max-steps",
-                "2",
-                "--decay-steps",
-                "4",
-            ]
-        )
-        == 0
-    )
+    assert main(train_argv(text, out, "--max-steps", "2", "--decay-steps", "4")) == 0
     text.write_text(text.read_text()[:1500])
     assert main(["train", "--resume", str(out), "--max-steps", "3"]) == 2
     assert "is not the one the checkpoint was trained on" in capsys.readouterr().err
@@ -395,20 +332,9 @@ def test_resume_finishes_a_run_stopped_after_its_last_step_and_survives_damage(
     corpus, tmp_path, capsys
 ):
     out = tmp_path / "run"
-    args = [
-        "train",
-        "--data",
-        str(corpus),
-        "--out",
-        str(out),
-        *TINY,
-        "--max-steps",
-        "4",
-        "--checkpoint-interval",
-        "1",
-        "--keep-checkpoints",
-        "2",
-    ]
+    args = train_argv(
+        corpus, out, "--max-steps", "4", "--checkpoint-interval", "1", "--keep-checkpoints", "2"
+    )
     assert main(args) == 0
     complete = {name: (out / name).read_bytes() for name in ("model.safetensors", "metrics.jsonl")}
     for name in ("model.safetensors", "config.json", "samples.txt"):

@@ -189,10 +189,6 @@ class MetricsLog:
             self.sink.close()
 
 
-def _silent(*args, **kwargs) -> None:
-    pass
-
-
 def _initial_state(
     model: DecoderLM,
     cfg: TrainConfig,
@@ -293,7 +289,7 @@ def train(
     check_split("train", train_ids, T)
     check_split("validation", val_ids, T)
     device, run_dir = model.device, Path(run_dir) if run_dir is not None else None
-    log = log if info.is_main else _silent
+    log = info.main_only(log)
     par = parallelize(model, cfg, info, device)
     state = _initial_state(model, cfg, info, log, resume, run_dir)
     autocast, first_step = autocast_for(cfg, device), state.step

@@ -51,6 +51,14 @@ class DistInfo:
         """Only rank 0 writes files and prints."""
         return self.rank == 0
 
+    def main_only(self, log):
+        """`log` on rank 0; on the other ranks a function that prints nothing."""
+        return log if self.is_main else _silent
+
+
+def _silent(*args, **kwargs) -> None:
+    pass
+
 
 def init_distributed(device: str | None = None) -> tuple[DistInfo, torch.device]:
     """Join the torchrun job described by the RANK / LOCAL_RANK / WORLD_SIZE environment

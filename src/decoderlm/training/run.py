@@ -138,7 +138,7 @@ def run_experiment(
     """
     model_overrides, train_overrides = dict(model_overrides or {}), dict(train_overrides or {})
     info, device = init_distributed(device)
-    log = log if info.is_main else _silent
+    log = info.main_only(log)
     request = dict(preset=preset, data=data, out=out, dataset=dataset, max_chars=max_chars)
     request.update(model_overrides=model_overrides, train_overrides=train_overrides)
     if resume is not None:
@@ -167,10 +167,6 @@ def run_experiment(
     if info.is_main and not result.interrupted:
         _save_run(model, result, plan, info, device, log)
     return _summarize(plan, result, log)
-
-
-def _silent(*args, **kwargs) -> None:
-    pass
 
 
 def _new_plan(
