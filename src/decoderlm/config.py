@@ -122,10 +122,17 @@ class ModelConfig:
             et al.: norm(x + f(x)), no final norm).
         norm: "layernorm" (Ba et al. 2016) or "rmsnorm" (Zhang & Sennrich 2019; no bias).
         norm_eps: epsilon of the norms.
-        mlp: "gelu" (Linear -> activation -> Linear) or "swiglu" (Shazeer 2020, as in Llama:
-            proj(silu(gate(x)) * fc(x))).
+        mlp: "gelu" (Linear -> activation -> Linear), "swiglu" (Shazeer 2020, as in Llama:
+            proj(silu(gate(x)) * fc(x))) or "relu2" (proj(relu(fc(x))^2), the squared ReLU of
+            So et al. 2021, "Primer", section 4; d_ff defaults to 4 * d_model).
         activation: the GELU of the "gelu" MLP: "gelu" is exact (erf), "gelu_tanh" is the tanh
             approximation GPT-2's released weights were trained with.
+        qk_norm: RMS-normalise every head's q and k over head_dim (no gain) before rotary
+            positions and the dot product (Henry et al. 2020, "Query-Key Normalization").
+        zero_init_proj: initialise the residual output projections (attn.proj, mlp.proj)
+            to zero, so every block starts as the identity (modded-nanogpt, nanochat).
+        logit_softcap: None, or c > 0: logits become c * tanh(logits / c), bounded in
+            (-c, c) (Gemma 2's final-logit soft-capping).
 
     Raises:
         ValueError: a size is not a positive integer, d_model is not divisible by n_heads,
@@ -149,8 +156,11 @@ class ModelConfig:
     norm_position: Literal["pre", "post"] = "pre"
     norm: Literal["layernorm", "rmsnorm"] = "layernorm"
     norm_eps: float = 1e-5
-    mlp: Literal["gelu", "swiglu"] = "gelu"
+    mlp: Literal["gelu", "swiglu", "relu2"] = "gelu"
     activation: Literal["gelu", "gelu_tanh"] = "gelu"
+    qk_norm: bool = False
+    zero_init_proj: bool = False
+    logit_softcap: float | None = None
 
     def __post_init__(self) -> None:
         _check_choices(self)
@@ -186,7 +196,9 @@ class ModelConfig:
         _check_real(self, "dropout", 0.0, 1.0, high_open=True)
         _check_real(self, "rope_base", 1.0, low_open=True)
         _check_real(self, "norm_eps", 0.0, low_open=True)
-        _check_bool(self, "bias", "tie_embeddings")
+        _check_bool(self, "bias", "tie_embeddings", "qk_norm", "zero_init_proj")
+        if self.logit_softcap is not None:
+            _check_real(self, "logit_softcap", 0.0, low_open=True)
 
     @property
     def head_dim(self) -> int:

@@ -161,7 +161,8 @@ def save_gpt2(model: DecoderLM, directory: str | Path) -> None:
 
     Raises:
         ValueError: the model is not GPT-2 shaped (needs pre-norm, learned positions,
-            LayerNorm with bias, the GELU MLP with d_ff any width).
+            LayerNorm with bias, the GELU MLP with d_ff any width, no QK-norm, no logit
+            soft-cap).
     """
     model = unwrap_model(model)
     c = model.config
@@ -173,6 +174,8 @@ def save_gpt2(model: DecoderLM, directory: str | Path) -> None:
             ("norm", "layernorm"),
             ("mlp", "gelu"),
             ("bias", True),
+            ("qk_norm", False),
+            ("logit_softcap", None),
         )
         if getattr(c, k) != want
     }
