@@ -232,13 +232,24 @@ class TrainConfig:
             optimizer step.
         max_steps: optimizer steps.
         lr: peak learning rate of AdamW.
-        min_lr: learning rate at the end of the cosine decay.
+        min_lr: learning rate at the end of the cosine or warm-up-stable-decay schedule.
         warmup_steps: steps of linear warm-up from lr / warmup_steps to lr.
         decay_steps: the cosine decay reaches min_lr at this step and stays there; None
             means max_steps (nanoGPT's lr_decay_iters). Set it to stop a run early (max_steps)
             and resume it later on the same schedule.
-        schedule: "cosine" (linear warm-up, then cosine decay to min_lr) or "constant" (lr at
-            every step, no warm-up).
+        schedule: "cosine" (linear warm-up, then cosine decay to min_lr), "constant" (lr at
+            every step, no warm-up) or "wsd" (warm-up-stable-decay, a trapezoid: linear
+            warm-up, lr until the last cooldown_fraction of decay_steps, then linear decay to
+            min_lr; Hu et al. 2024, "MiniCPM", section 4).
+        cooldown_fraction: the share of decay_steps (default max_steps) that "wsd" spends
+            decaying, in (0, 1].
+        optimizer: "adamw" (every parameter) or "muon": torch.optim.Muon (Jordan et al. 2024;
+            momentum, then the update orthogonalised by Newton-Schulz iterations) for the
+            weight matrices of the Linear layers inside the blocks (attention and MLP), and
+            AdamW for the rest (embeddings, unembedding, norm gains, biases). Muon's decoupled
+            weight decay is weight_decay too. Not with fsdp.
+        muon_lr: Muon's peak learning rate (the schedule scales it like lr).
+        muon_momentum: Muon's momentum coefficient (Nesterov).
         weight_decay: AdamW decoupled weight decay, applied to weight matrices and
             embeddings only (not to biases or LayerNorm gains).
         beta1: AdamW's first moment coefficient (of the gradient's running mean).
@@ -271,7 +282,11 @@ class TrainConfig:
     min_lr: float = 2e-5
     warmup_steps: int = 0
     decay_steps: int | None = None
-    schedule: Literal["cosine", "constant"] = "constant"
+    schedule: Literal["cosine", "constant", "wsd"] = "constant"
+    cooldown_fraction: float = 0.2
+    optimizer: Literal["adamw", "muon"] = "adamw"
+    muon_lr: float = 0.02
+    muon_momentum: float = 0.95
     weight_decay: float = 1e-2
     beta1: float = 0.9
     beta2: float = 0.999
@@ -308,8 +323,16 @@ class TrainConfig:
         _check_int(self, "seed", low=0, high=2**63)
         _check_choices(self)
         _check_real(self, "lr", 0.0, low_open=True)
-        if self.schedule == "cosine":
+        if self.schedule in ("cosine", "wsd"):
             _check_real(self, "min_lr", 0.0, self.lr)
+        _check_real(self, "cooldown_fraction", 0.0, 1.0, low_open=True)
+        _check_real(self, "muon_lr", 0.0, low_open=True)
+        _check_real(self, "muon_momentum", 0.0, 1.0, high_open=True)
+        if self.optimizer == "muon" and self.fsdp:
+            raise ValueError(
+                "optimizer 'muon' orthogonalises whole weight matrices, which fsdp shards; "
+                "use --fsdp false (DDP) or --optimizer adamw"
+            )
         _check_real(self, "weight_decay", 0.0)
         _check_real(self, "beta1", 0.0, 1.0, high_open=True)
         _check_real(self, "beta2", 0.0, 1.0, high_open=True)
