@@ -259,6 +259,12 @@ class TrainConfig:
         eval_batches: each validation estimate covers at most eval_batches * batch_size
             non-overlapping windows, spread evenly over the validation split.
         log_interval: write a metrics line every this many steps.
+        log: more places for the metrics.jsonl records: "csv" (metrics.csv) and/or
+            "tensorboard" (event files in tensorboard/, tags train/loss, val/loss, train/lr,
+            train/grad_norm, train/mfu, train/tokens_per_s, val/bpb; needs the optional
+            tensorboard package); repeat the flag for both.
+        peak_tflops: the device's peak TFLOP/s for the mfu metric (default: a table of
+            known GPUs, or a matmul peak measured once on the CPU).
         dtype: "float32"; "bfloat16" for bfloat16 autocast; "float16" for float16 autocast
             with a GradScaler (dynamic loss scaling). Weights and optimizer state stay float32.
         compile: wrap the model in torch.compile for training.
@@ -294,6 +300,8 @@ class TrainConfig:
     eval_interval: int = 100
     eval_batches: int = 20
     log_interval: int = 10
+    log: list[Literal["csv", "tensorboard"]] = dataclasses.field(default_factory=list)
+    peak_tflops: float | None = None
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     compile: bool = False
     activation_checkpointing: bool = False
@@ -339,6 +347,10 @@ class TrainConfig:
         if self.grad_clip is not None:
             _check_real(self, "grad_clip", 0.0, low_open=True)
         _check_real(self, "val_fraction", 0.0, 1.0, low_open=True, high_open=True)
+        if self.peak_tflops is not None:
+            _check_real(self, "peak_tflops", 0.0, low_open=True)
+        if not isinstance(self.log, list) or not set(self.log) <= {"csv", "tensorboard"}:
+            raise ValueError(f"log must be a list of 'csv' and 'tensorboard', got {self.log!r}")
         if not isinstance(self.sample_prompt, str):
             raise ValueError(f"sample_prompt must be text, got {self.sample_prompt!r}")
 

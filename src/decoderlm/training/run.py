@@ -31,6 +31,7 @@ from ..tokenizers import CharTokenizer, Tokenizer, load_tokenizer
 from ..weights import list_checkpoints
 from .checkpoints import latest_checkpoint, load_trainer_state
 from .loop import TrainResult, train
+from .metrics import bytes_per_token, check_sinks
 from .parallel import DistInfo, barrier, init_distributed
 
 __all__ = ["run_experiment", "RunSummary"]
@@ -40,6 +41,8 @@ _RUN_FILES = (
     "model.safetensors",
     "tokenizer.json",
     "metrics.jsonl",
+    "metrics.csv",
+    "tensorboard",
     "loss.png",
     "attention.png",
     "samples.txt",
@@ -163,6 +166,7 @@ def run_experiment(
         resume=plan.resume_state,
         checkpoint_files=files,
         log=log,
+        val_bytes_per_token=bytes_per_token(plan.tokenizer, plan.val_ids),
     )
     if info.is_main and not result.interrupted:
         _save_run(model, result, plan, info, device, log)
@@ -335,6 +339,7 @@ def _check_plan(plan: RunPlan, info: DistInfo, overwrite: bool) -> None:
         )
     check_split("train", plan.train_ids, plan.model_cfg.block_size)
     check_split("validation", plan.val_ids, plan.model_cfg.block_size)
+    check_sinks(plan.train_cfg)
     _check_run_dir(plan.out_dir, overwrite, plan.checkpoint)
 
 
