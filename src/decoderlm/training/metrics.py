@@ -84,8 +84,8 @@ def measured_matmul_peak(dtype: str = "float32", n: int = 512, seconds: float = 
     """FLOP/s of the fastest of repeated [n, n] @ [n, n] products in `dtype` on the CPU with
     torch's current threads (2 n^3 FLOPs each), over about `seconds`; measured once per
     process and settings."""
-    a = torch.randn(n, n).to(getattr(torch, dtype))
-    b = torch.randn(n, n).to(getattr(torch, dtype))
+    g = torch.Generator().manual_seed(0)  # its own: training's RNG streams stay untouched
+    a, b = (torch.randn(n, n, generator=g).to(getattr(torch, dtype)) for _ in range(2))
     torch.mm(a, b)  # warm-up
     best, deadline = float("inf"), time.perf_counter() + seconds
     while True:
