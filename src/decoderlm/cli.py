@@ -53,6 +53,7 @@ def train(
     no_progress: bool = False,
     model: dict[str, Any] | None = None,
     train: dict[str, Any] | None = None,
+    threads: str | None = None,
 ) -> int:
     """Train a GPT-style model.
 
@@ -78,8 +79,13 @@ def train(
         no_progress: no progress bar.
         model: ModelConfig fields to change (the flags of the model settings).
         train: TrainConfig fields to change (the flags of the training settings).
+        threads: CPU threads: N, or auto (time a few training steps at 1, 2, ... threads on
+            this machine as it is loaded now and keep the fastest); default torch's (the
+            usable cores). OMP_WAIT_POLICY=PASSIVE in the environment makes idle threads
+            sleep instead of spinning.
     """
     from .training.run import run_experiment
+    from .training.threads import parse_threads
 
     for section, fields in (("model", model), ("train", train)):
         if not isinstance(fields, dict | None):
@@ -100,6 +106,7 @@ def train(
         device=_checked_device(device),
         progress=not no_progress,
         resume=resume,
+        threads=parse_threads(threads),
     )
     return 0
 

@@ -26,6 +26,7 @@ import importlib.util
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from ..analysis import flops_per_token, mfu
@@ -117,7 +118,7 @@ def bytes_per_token(tokenizer, ids) -> float | None:
     if tokenizer is None or len(ids) == 0:
         return None
     n_bytes = sum(
-        len(tokenizer.decode(list(map(int, ids[i : i + 65536]))).encode("utf-8"))
+        len(tokenizer.decode(np.asarray(ids[i : i + 65536]).tolist()).encode("utf-8"))
         for i in range(0, len(ids), 65536)
     )
     return n_bytes / len(ids) if n_bytes else None

@@ -30,9 +30,10 @@ from ..presets import get_preset
 from ..tokenizers import CharTokenizer, Tokenizer, load_tokenizer
 from ..weights import list_checkpoints
 from .checkpoints import latest_checkpoint, load_trainer_state
-from .loop import TrainResult, train
+from .loop import TrainResult, autocast_for, train
 from .metrics import bytes_per_token, check_sinks
 from .parallel import DistInfo, barrier, init_distributed
+from .threads import set_threads
 
 __all__ = ["run_experiment", "RunSummary"]
 
@@ -110,6 +111,7 @@ def run_experiment(
     progress: bool = True,
     log=print,
     resume: str | Path | None = None,
+    threads: int | str | None = None,
 ) -> RunSummary:
     """Train a DecoderLM end to end (the seed experiment by default), then sample and plot.
 
@@ -134,6 +136,8 @@ def run_experiment(
         resume: a run directory to continue from its newest complete checkpoint; its model
             config, preset and data are reused (contradicting overrides are refused), training
             settings may be overridden (e.g. max_steps), and metrics.jsonl is appended to.
+        threads: CPU threads: None (torch's default), N, or "auto" (timed, see
+            `decoderlm.training.threads.set_threads`).
 
     Raises:
         ValueError / FileNotFoundError: bad settings, data or checkpoints (messages say what
@@ -153,6 +157,9 @@ def run_experiment(
         _prepare_run_dir(plan.out_dir, plan.resumed_step, log)
     barrier(info)
     model = _build_model(plan, info, device)
+    set_threads(
+        threads, model, plan.train_cfg, plan.train_ids, autocast_for(plan.train_cfg, device), log
+    )
     _log_start(plan, model, info, device, log)
     files = {"extra": plan.extra, "tokenizer": plan.tokenizer}
     result = train(
