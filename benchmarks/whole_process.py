@@ -1,0 +1,77 @@
+"""Helpers of the whole-process benchmarks (overhead.py, busy_machine.py, ablation.py,
+vs_nanogpt.py): run a command as a fresh process and time it, run `decoderlm train`, read a
+run's metrics, summarise repeated figures. Not a benchmark itself."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = ROOT.parent / "shared"
+FINAL = re.compile(r"final validation loss ([0-9.]+) nats")
+
+
+class Failed(SystemExit):
+    """A benchmark step failed: exit with one line naming the command and its last words."""
+
+    def __init__(self, command: list[str], result: subprocess.CompletedProcess):
+        last = (result.stderr or result.stdout or "").strip().splitlines()[-1:] or ["no output"]
+        super().__init__(f"error: `{' '.join(map(str, command))}` failed: {last[0]}")
+
+
+def timed(command: list, env: dict | None = None, cwd=None) -> tuple[float, str]:
+    """(wall seconds, stdout) of `command` as a fresh process; Failed if it fails."""
+    command = [str(c) for c in command]
+    start = time.perf_counter()
+    result = subprocess.run(
+        command, capture_output=True, text=True, env={**os.environ, **(env or {})}, cwd=cwd
+    )
+    seconds = time.perf_counter() - start
+    if result.returncode != 0:
+        raise Failed(command, result)
+    return seconds, result.stdout
+
+
+def decoderlm_train(out: Path, flags: list, env: dict | None = None) -> dict:
+    """`python -m decoderlm train --out OUT --overwrite --no-progress FLAGS` as a fresh process:
+    {"wall_s", "val_loss" (the whole validation split, nats/token), "records" (metrics.jsonl)}."""
+    command = [sys.executable, "-m", "decoderlm", "train", "--out", out, "--overwrite"]
+    wall, stdout = timed([*command, "--no-progress", *flags], env)
+    final = FINAL.search(stdout)
+    return {
+        "wall_s": wall,
+        "val_loss": float(final[1]) if final else None,
+        "records": read_records(out),
+        "stdout": stdout,
+    }
+
+
+def read_records(run_dir: Path) -> list[dict]:
+    """metrics.jsonl of a run directory, one dict per line."""
+    lines = (Path(run_dir) / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
+    return [json.loads(line) for line in lines]
+
+
+def steady_tokens_per_s(records: list[dict]) -> float:
+    """Training tokens/s between the first and the last record that are not evaluations
+    (falls back to the last record's overall tokens_per_s)."""
+    plain = [r for r in records if "val_loss" not in r]
+    if len(plain) >= 2 and plain[-1]["elapsed_s"] > plain[0]["elapsed_s"]:
+        a, b = plain[0], plain[-1]
+        return (b["tokens"] - a["tokens"]) / (b["elapsed_s"] - a["elapsed_s"])
+    return records[-1]["tokens_per_s"]
+
+
+def spread(values: list[float]) -> str:
+    """ "mean ± half the range" of the values (± 0 for one value)."""
+    if not values:
+        return "n/a"
+    half = (max(values) - min(values)) / 2
+    return f"{statistics.fmean(values):.4f} ± {half:.4f}"
