@@ -1,0 +1,84 @@
+"""Training tokens/s on a quiet machine and with one core kept busy by another process.
+
+For each setting (threads 1, threads 2, threads 2 with OMP_WAIT_POLICY=PASSIVE, threads auto,
+no flag) `decoderlm train` of the default recipe runs as a fresh process, quiet and busy (this
+script starts a process that spins on one core for the busy runs and stops it afterwards);
+settings and conditions alternate, and each is repeated. tokens/s is the steady training rate
+between the first and the last metrics record that is not an evaluation.
+
+    python benchmarks/busy_machine.py [--steps 300] [--repeats 2] [TRAIN FLAGS ...]
+
+Prints a Markdown table: setting, quiet tokens/s, busy tokens/s, busy / quiet (the goal: the
+default keeps >= 80% of its quiet rate with one core busy).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from whole_process import Failed, decoderlm_train, steady_tokens_per_s
+
+SETTINGS = {
+    "threads 1": (["--threads", "1"], {}),
+    "threads 2": (["--threads", "2"], {}),
+    "threads 2, OMP_WAIT_POLICY=PASSIVE": (["--threads", "2"], {"OMP_WAIT_POLICY": "PASSIVE"}),
+    "threads auto": (["--threads", "auto"], {}),
+    "default (no flag)": ([], {}),
+}
+
+
+@contextlib.contextmanager
+def one_core_busy(busy: bool):
+    """A process spinning on one core while active (nothing when busy is False)."""
+    if not busy:
+        yield
+        return
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        yield
+    finally:
+        spinner.kill()
+        spinner.wait()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS))
+    args, flags = parser.parse_known_args()
+    if args.steps < 20 or args.repeats < 1:
+        raise SystemExit("error: --steps must be at least 20 and --repeats positive")
+    steps = ["--max-steps", args.steps, "--log-interval", 10, "--eval-interval", args.steps]
+    rates = {(s, busy): [] for s in args.settings for busy in (False, True)}
+    with tempfile.TemporaryDirectory() as work:
+        for round_ in range(args.repeats):
+            for busy in (False, True):
+                for setting in args.settings:
+                    extra, env = SETTINGS[setting]
+                    with one_core_busy(busy):
+                        run = decoderlm_train(Path(work) / "run", [*steps, *extra, *flags], env)
+                    rates[setting, busy].append(steady_tokens_per_s(run["records"]))
+                    label = "busy" if busy else "quiet"
+                    print(
+                        f"round {round_ + 1} {label:5} {setting}: {rates[setting, busy][-1]:,.0f}"
+                    )
+    print("\n| setting | quiet tokens/s | one core busy tokens/s | busy / quiet |")
+    print("| --- | --- | --- | --- |")
+    for setting in args.settings:
+        quiet = statistics.median(rates[setting, False])
+        busy = statistics.median(rates[setting, True])
+        print(f"| {setting} | {quiet:,.0f} | {busy:,.0f} | {busy / quiet:.0%} |")
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except Failed as e:
+        raise SystemExit(str(e)) from None
