@@ -176,3 +176,16 @@ def test_seed_notebook_run_is_unchanged():
     assert [r["train_loss"] for r in result.metrics] == [sum(losses) / 3]
     for a, b in zip(notebook.parameters(), trained.parameters(), strict=True):
         assert torch.equal(a, b)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_bfloat16_training_records_grad_norm_and_mfu():
+    cfg = TrainConfig(batch_size=4, max_steps=4, log_interval=2, eval_interval=4, dtype="bfloat16")
+    torch.manual_seed(0)
+    model = DecoderLM(tiny_config()).cuda()
+    result = train(model, cfg, DATA[:2500].cuda(), DATA[2500:].cuda(), None, False, log=quiet)
+    for record in result.metrics:
+        assert math.isfinite(record["grad_norm"]) and record["grad_norm"] > 0
+        known = metrics.peak_flops(torch.device("cuda"), "bfloat16") is not None
+        assert ("mfu" in record) == known
