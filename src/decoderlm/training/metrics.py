@@ -8,7 +8,8 @@
                et al. 2020 count of `decoderlm.analysis.flops_per_token`) / (peak FLOP/s *
                processes). The peak is --peak-tflops, else a small table of known GPUs'
                dense bfloat16 / float16 / float32 peaks, else on the CPU a matmul peak
-               measured once per process (`measured_matmul_peak`); omitted when unknown.
+               measured once per process (`measured_matmul_peak`, the higher of the dtype's
+               and float32's); omitted when unknown.
     val_bpb    bits per UTF-8 byte of the validation text: val_bpc * (validation tokens /
                validation bytes), comparable across char, byte and BPE tokenizers (val_bpc
                is bits per token).
@@ -108,8 +109,8 @@ def peak_flops(device: torch.device, dtype: str, given_tflops: float | None = No
             if key in name:
                 return peaks.get(dtype)
         return None
-    if device.type == "cpu":
-        return measured_matmul_peak(dtype)
+    if device.type == "cpu":  # a slow dtype (float16 here) runs some products in float32
+        return max(measured_matmul_peak(dtype), measured_matmul_peak("float32"))
     return None
 
 
