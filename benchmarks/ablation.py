@@ -31,11 +31,12 @@ OPTIONS = {
     "softcap-15": ["--logit-softcap", "15"],
     "wsd": ["--schedule", "wsd", "--cooldown-fraction", "0.4"],
     "dropout-0.1": ["--dropout", "0.1"],
+    "resid-dropout-0.15": ["--resid-dropout", "0.15"],
 }
 VARIANTS = {
     "base": [],
     **OPTIONS,
-    "all": [flag for name, flags in OPTIONS.items() for flag in flags],
+    "all": [f for name, flags in OPTIONS.items() if "dropout" not in name for f in flags],
 }
 
 

@@ -98,3 +98,19 @@ def test_gpt2_export_refuses_what_gpt2_cannot_express(tmp_path):
     for combo in (dict(qk_norm=True), dict(logit_softcap=30.0), dict(mlp="relu2")):
         with pytest.raises(ValueError, match="only GPT-2-shaped models"):
             save_gpt2(DecoderLM(tiny_config(**combo)), tmp_path)
+
+
+def test_dropout_can_be_placed_per_site():
+    model = DecoderLM(tiny_config(dropout=0.1, attn_dropout=0.3, resid_dropout=0.0))
+    assert model.drop.p == 0.1  # embed_dropout unset: dropout
+    for block in model.blocks:
+        assert block.attn.dropout == 0.3
+        assert block.attn.resid_dropout.p == 0.0 and block.mlp.dropout.p == 0.0
+    only_embed = DecoderLM(tiny_config(embed_dropout=0.5)).train()
+    idx = torch.randint(0, 65, (1, 16))
+    _, cache = run_with_cache(only_embed, idx, ["hook_embed", "blocks.0.hook_resid_pre"])
+    embed, dropped = cache["hook_embed"], cache["blocks.0.hook_resid_pre"]
+    kept = dropped != 0
+    assert (~kept).any() and torch.allclose(dropped[kept], 2 * embed[kept])  # scaled by 1/(1-p)
+    with pytest.raises(ValueError, match=r"attn_dropout must be a finite number in \[0.0, 1.0\)"):
+        tiny_config(attn_dropout=1.0)

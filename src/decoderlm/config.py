@@ -110,6 +110,9 @@ class ModelConfig:
             rule for "swiglu": 2/3 * 4 * d_model rounded up to a multiple of 256.
         dropout: dropout probability on embeddings, attention weights and residual branches
             (training mode only).
+        embed_dropout, attn_dropout, resid_dropout: the dropout of one place instead of
+            `dropout` (None: `dropout`): the embeddings (token + positions), the attention
+            probabilities, the outputs of the attention and MLP branches.
         bias: whether Linear layers and LayerNorms carry a bias.
         tie_embeddings: share the unembedding matrix with the token embedding (GPT-2).
         pos_encoding: "learned" (GPT-2: a trained [block_size, d_model] table added to the
@@ -149,6 +152,9 @@ class ModelConfig:
     d_model: int = 768
     d_ff: int | None = None
     dropout: float = 0.0
+    embed_dropout: float | None = None
+    attn_dropout: float | None = None
+    resid_dropout: float | None = None
     bias: bool = True
     tie_embeddings: bool = True
     pos_encoding: Literal["learned", "sinusoidal", "rope"] = "learned"
@@ -193,12 +199,19 @@ class ModelConfig:
             raise ValueError(
                 f"rope needs an even head_dim, got d_model / n_heads = {self.head_dim}"
             )
-        _check_real(self, "dropout", 0.0, 1.0, high_open=True)
+        for name in ("dropout", "embed_dropout", "attn_dropout", "resid_dropout"):
+            if getattr(self, name) is not None:
+                _check_real(self, name, 0.0, 1.0, high_open=True)
         _check_real(self, "rope_base", 1.0, low_open=True)
         _check_real(self, "norm_eps", 0.0, low_open=True)
         _check_bool(self, "bias", "tie_embeddings", "qk_norm", "zero_init_proj")
         if self.logit_softcap is not None:
             _check_real(self, "logit_softcap", 0.0, low_open=True)
+
+    def dropout_at(self, place: Literal["embed", "attn", "resid"]) -> float:
+        """The dropout probability of a place: its own field when set, else `dropout`."""
+        own = getattr(self, f"{place}_dropout")
+        return self.dropout if own is None else own
 
     @property
     def head_dim(self) -> int:

@@ -83,14 +83,15 @@ class CausalSelfAttention(nn.Module):
 
     def __init__(self, config: ModelConfig, layer: int = 0):
         super().__init__()
-        self.n_heads, self.layer, self.dropout = config.n_heads, layer, config.dropout
+        self.n_heads, self.layer = config.n_heads, layer
+        self.dropout = config.dropout_at("attn")
         self.qk_norm_eps = config.norm_eps if config.qk_norm else None
         self.impl = "sdpa"
         self.qkv = nn.Linear(config.d_model, 3 * config.d_model, bias=config.bias)
         self.hook_q, self.hook_k, self.hook_v = HookPoint(), HookPoint(), HookPoint()
         self.hook_pattern, self.hook_z = HookPoint(), HookPoint()
         self.proj = nn.Linear(config.d_model, config.d_model, bias=config.bias)
-        self.resid_dropout = nn.Dropout(config.dropout)
+        self.resid_dropout = nn.Dropout(config.dropout_at("resid"))
 
     def forward(self, x: Tensor, rope=None, cache: KVCache | None = None, mask=None) -> Tensor:
         B, T, C = x.shape
@@ -142,7 +143,7 @@ class MLP(nn.Module):
         self.proj = nn.Linear(config.d_ff, config.d_model, bias=config.bias)
         self.approximate = "tanh" if config.activation == "gelu_tanh" else "none"
         self.relu2 = config.mlp == "relu2"
-        self.dropout = nn.Dropout(config.dropout)
+        self.dropout = nn.Dropout(config.dropout_at("resid"))
 
     def forward(self, x: Tensor) -> Tensor:
         if self.gate is not None:
@@ -226,7 +227,7 @@ class DecoderLM(nn.Module):
             self.register_buffer("rope_cos", cos, persistent=False)
             self.register_buffer("rope_sin", sin, persistent=False)
         self.hook_embed = HookPoint()
-        self.drop = nn.Dropout(config.dropout)
+        self.drop = nn.Dropout(config.dropout_at("embed"))
         self.blocks = nn.ModuleList(Block(config, layer) for layer in range(config.n_layers))
         self.ln_f = make_norm(config) if config.norm_position == "pre" else None
         self.hook_normalized = HookPoint()
