@@ -199,7 +199,8 @@ class ModelConfig:
             raise ValueError(
                 f"rope needs an even head_dim, got d_model / n_heads = {self.head_dim}"
             )
-        for name in ("dropout", "embed_dropout", "attn_dropout", "resid_dropout"):
+        _check_real(self, "dropout", 0.0, 1.0, high_open=True)
+        for name in ("embed_dropout", "attn_dropout", "resid_dropout"):
             if getattr(self, name) is not None:
                 _check_real(self, name, 0.0, 1.0, high_open=True)
         _check_real(self, "rope_base", 1.0, low_open=True)
