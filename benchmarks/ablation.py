@@ -21,7 +21,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from whole_process import Failed, decoderlm_train, spread, steady_tokens_per_s
+from whole_process import decoderlm_train, run_main, spread, steady_tokens_per_s
 
 OPTIONS = {
     "muon": ["--optimizer", "muon"],
@@ -78,7 +78,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except Failed as e:
-        raise SystemExit(str(e)) from None
+    run_main(main)

@@ -18,7 +18,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from whole_process import Failed, timed
+from whole_process import run_main, timed
 
 PHASES = {
     "training/run.py:.*run_experiment": "run_experiment (all but imports and parsing)",
@@ -103,7 +103,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except Failed as e:
-        raise SystemExit(str(e)) from None
+    run_main(main)

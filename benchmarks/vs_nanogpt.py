@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from train_speed import RECIPE, SHAKESPEARE
-from whole_process import SHARED, Failed, decoderlm_train, timed
+from whole_process import SHARED, decoderlm_train, run_main, timed
 
 RUN_RECIPE = SHARED / "peers" / "nanogpt" / "run_recipe.sh"
 _NAMES = {"attn.c_attn": "attn.qkv", "attn.c_proj": "attn.proj", "mlp.c_fc": "mlp.fc"}
@@ -133,7 +133,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except Failed as e:
-        raise SystemExit(str(e)) from None
+    run_main(main)

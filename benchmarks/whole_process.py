@@ -26,6 +26,14 @@ class Failed(SystemExit):
         super().__init__(f"error: `{' '.join(map(str, command))}` failed: {last[0]}")
 
 
+def run_main(main) -> None:
+    """Call a benchmark's main(); a Failed step ends the script with its one line."""
+    try:
+        main()
+    except Failed as e:
+        raise SystemExit(str(e)) from None
+
+
 def timed(command: list, env: dict | None = None, cwd=None) -> tuple[float, str]:
     """(wall seconds, stdout) of `command` as a fresh process; Failed if it fails."""
     command = [str(c) for c in command]
