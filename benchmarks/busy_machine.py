@@ -1,7 +1,9 @@
 """Training tokens/s on a quiet machine and with one core kept busy by another process.
 
 For each setting (threads 1, threads 2, threads 2 with OMP_WAIT_POLICY=PASSIVE, threads auto,
-no flag) `decoderlm train` of the default recipe runs as a fresh process, quiet and busy (this
+no flag, and 2 data-parallel processes of 1 thread each under torchrun with half the batch
+each, the same global batch) `decoderlm train` of the default recipe runs as a fresh process
+(or job), quiet and busy (this
 script starts a process that spins on one core for the busy runs and stops it afterwards);
 settings and conditions alternate, and each is repeated. tokens/s is the steady training rate
 between the first and the last metrics record that is not an evaluation.
@@ -24,12 +26,17 @@ from pathlib import Path
 
 from whole_process import decoderlm_train, run_main, steady_tokens_per_s
 
-SETTINGS = {
-    "threads 1": (["--threads", "1"], {}),
-    "threads 2": (["--threads", "2"], {}),
-    "threads 2, OMP_WAIT_POLICY=PASSIVE": (["--threads", "2"], {"OMP_WAIT_POLICY": "PASSIVE"}),
-    "threads auto": (["--threads", "auto"], {}),
-    "default (no flag)": ([], {}),
+SETTINGS = {  # flags, environment, processes
+    "threads 1": (["--threads", "1"], {}, 1),
+    "threads 2": (["--threads", "2"], {}, 1),
+    "threads 2, OMP_WAIT_POLICY=PASSIVE": (["--threads", "2"], {"OMP_WAIT_POLICY": "PASSIVE"}, 1),
+    "threads auto": (["--threads", "auto"], {}, 1),
+    "default (no flag)": ([], {}, 1),
+    "2 processes x 1 thread (DDP, half batch each)": (
+        ["--threads", "1", "--batch-size", "16"],
+        {"OMP_NUM_THREADS": "1"},
+        2,
+    ),
 }
 
 
@@ -61,9 +68,10 @@ def main() -> None:
         for round_ in range(args.repeats):
             for busy in (False, True):
                 for setting in args.settings:
-                    extra, env = SETTINGS[setting]
+                    extra, env, processes = SETTINGS[setting]
                     with one_core_busy(busy):
-                        run = decoderlm_train(Path(work) / "run", [*steps, *extra, *flags], env)
+                        flags_ = [*steps, *extra, *flags]
+                        run = decoderlm_train(Path(work) / "run", flags_, env, processes)
                     rates[setting, busy].append(steady_tokens_per_s(run["records"]))
                     label = "busy" if busy else "quiet"
                     print(

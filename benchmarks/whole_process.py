@@ -47,10 +47,14 @@ def timed(command: list, env: dict | None = None, cwd=None) -> tuple[float, str]
     return seconds, result.stdout
 
 
-def decoderlm_train(out: Path, flags: list, env: dict | None = None) -> dict:
-    """`python -m decoderlm train --out OUT --overwrite --no-progress FLAGS` as a fresh process:
-    {"wall_s", "val_loss" (the whole validation split, nats/token), "records" (metrics.jsonl)}."""
-    command = [sys.executable, "-m", "decoderlm", "train", "--out", out, "--overwrite"]
+def decoderlm_train(out: Path, flags: list, env: dict | None = None, processes: int = 1) -> dict:
+    """`python -m decoderlm train --out OUT --overwrite --no-progress FLAGS` as a fresh process
+    (under torchrun with `processes` > 1): {"wall_s", "val_loss" (the whole validation split,
+    nats/token), "records" (metrics.jsonl)}."""
+    launcher = [sys.executable, "-m"]
+    if processes > 1:
+        launcher += ["torch.distributed.run", "--nproc_per_node", str(processes), "-m"]
+    command = [*launcher, "decoderlm", "train", "--out", out, "--overwrite"]
     wall, stdout = timed([*command, "--no-progress", *flags], env)
     final = FINAL.search(stdout)
     return {
