@@ -276,12 +276,12 @@ def _resumed_data_spec(saved: dict, config_path: Path, data, given: dict) -> dic
 
 
 def _note_schedule_change(saved_train: dict, train_cfg: TrainConfig, log) -> None:
-    """Say so when a resumed cosine schedule now decays over another number of steps."""
+    """Say so when a resumed cosine or wsd schedule now decays over another number of steps."""
     old_decay = saved_train.get("decay_steps") or saved_train["max_steps"]
     new_decay = train_cfg.decay_steps or train_cfg.max_steps
-    if train_cfg.schedule == "cosine" and new_decay != old_decay:
+    if train_cfg.schedule in ("cosine", "wsd") and new_decay != old_decay:
         log(
-            f"note: the cosine schedule now decays over {new_decay} steps instead of "
+            f"note: the {train_cfg.schedule} schedule now decays over {new_decay} steps instead of "
             f"{old_decay}; pass --decay-steps {old_decay} to keep the original schedule"
         )
 
