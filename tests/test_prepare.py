@@ -14,7 +14,7 @@ import pytest
 
 from decoderlm.cli import main
 from decoderlm.data import load_token_dir
-from decoderlm.prepare import encode_source, prepare
+from decoderlm.prepare import encode_source, iter_token_chunks, prepare
 from decoderlm.tokenizers import GPT2Tokenizer
 
 from conftest import one_line_error, quiet
@@ -64,10 +64,17 @@ def test_bpe_chunks_are_cut_where_the_ids_do_not_change(tmp_path):
     text = "".join(rng.choice(atoms) for _ in range(6000))
     path = tmp_path / "adversarial.txt"
     path.write_text(text, encoding="utf-8", newline="")
-    whole = GPT2Tokenizer().encode(path.read_text(encoding="utf-8"))
+    tok = GPT2Tokenizer()
+    whole = tok.encode_ordinary(path.read_text(encoding="utf-8"))
+    special = tok.encode(path.read_text(encoding="utf-8"), allowed_special="all")
+    assert whole != special
     for chunk_bytes in (5, 17, 64, 1000):
-        ids, _ = encode_source(GPT2Tokenizer(), path, chunk_bytes=chunk_bytes)
+        ids, _ = encode_source(tok, path, chunk_bytes=chunk_bytes)
         assert ids.tolist() == whole, chunk_bytes
+        ids = np.concatenate(
+            [i for i, _ in iter_token_chunks(tok, path, "error", chunk_bytes, True)]
+        )
+        assert ids.tolist() == special, chunk_bytes
 
 
 @needs_shared

@@ -100,3 +100,105 @@ def test_make_tokenizer_kinds():
     with pytest.raises(ValueError, match="pass text"):
         make_tokenizer("char")
     assert token_dtype(65_536) == np.uint16 and token_dtype(65_537) == np.uint32
+
+
+# --- special tokens, as tiktoken treats them (issue 11) ------------------------------------
+
+SPECIAL_TEXTS = ["plain text", "a<|endoftext|>b", "<|endoftext|><|endoftext|>", "x<|endoftext", ""]
+SPECIAL_MODES = [
+    {},
+    {"allowed_special": "all"},
+    {"allowed_special": {"<|endoftext|>"}},
+    {"allowed_special": {"<|other|>"}},
+    {"disallowed_special": ()},
+    {"allowed_special": set(), "disallowed_special": ()},
+    {"allowed_special": "all", "disallowed_special": "all"},
+    {"disallowed_special": {"<|endoftext|>"}},
+    {"disallowed_special": {"text"}},
+]
+
+
+def _same_as_tiktoken(tok, oracle, texts=SPECIAL_TEXTS):
+    """Every text under every mode: the same ids as tiktoken, or the same error."""
+    for text in texts:
+        for mode in SPECIAL_MODES:
+            try:
+                want = oracle.encode(text, **mode)
+            except ValueError as e:
+                with pytest.raises(ValueError) as err:
+                    tok.encode(text, **mode)
+                assert str(err.value) == str(e), (text, mode)
+                continue
+            assert tok.encode(text, **mode) == want, (text, mode)
+        assert tok.encode_ordinary(text) == oracle.encode_ordinary(text)
+
+
+def _tiktoken_of(pieces: dict[bytes, int], special: dict[str, int]):
+    """A tiktoken Encoding whose pre-tokens are single characters and whose ranks are
+    `pieces`: the independent oracle for the byte and char tokenizers."""
+    import tiktoken
+
+    return tiktoken.Encoding(
+        "oracle", pat_str=r"[\s\S]", mergeable_ranks=pieces, special_tokens=special
+    )
+
+
+def test_gpt2_special_tokens_follow_tiktoken():
+    import tiktoken
+    from tiktoken.load import data_gym_to_mergeable_bpe_ranks
+    from tiktoken_ext.openai_public import r50k_pat_str
+
+    from decoderlm import GPT2Tokenizer
+    from decoderlm.tokenizers import GPT2_BPE_DIR
+
+    ranks = data_gym_to_mergeable_bpe_ranks(
+        str(GPT2_BPE_DIR / "vocab.bpe"), str(GPT2_BPE_DIR / "encoder.json")
+    )
+    oracle = tiktoken.Encoding(
+        "gpt2", pat_str=r50k_pat_str, mergeable_ranks=ranks, special_tokens={"<|endoftext|>": 50256}
+    )
+    tok = GPT2Tokenizer()
+    assert tok.eot_token == 50256 and tok.special_tokens == {"<|endoftext|>": 50256}
+    assert tok.encode("a<|endoftext|>b", allowed_special="all") == [64, 50256, 65]
+    with pytest.raises(ValueError, match="disallowed special token"):
+        tok.encode("a<|endoftext|>b")  # tiktoken's default: an error, not the separator
+    _same_as_tiktoken(tok, oracle)
+
+
+def test_byte_tokenizer_end_of_text_follows_tiktoken(tmp_path):
+    from decoderlm.tokenizers import END_OF_TEXT
+
+    plain = ByteTokenizer()
+    assert plain.eot_token is None and plain.special_tokens == {}
+    tok = ByteTokenizer([END_OF_TEXT])
+    assert tok.vocab_size == 257 and tok.eot_token == 256
+    oracle = _tiktoken_of({bytes([b]): b for b in range(256)}, {END_OF_TEXT: 256})
+    _same_as_tiktoken(tok, oracle, [*SPECIAL_TEXTS, "é<|endoftext|>東京"])
+    ids = tok.encode("é<|endoftext|>x", allowed_special="all")
+    assert tok.decode(ids) == "é<|endoftext|>x" and ids[2] == 256
+    # without a special token there is nothing to disallow: the string is ordinary bytes
+    assert plain.encode("a<|endoftext|>") == list(b"a<|endoftext|>")
+    tok.save_pretrained(tmp_path)
+    again = load_tokenizer(tmp_path)
+    assert again.special_tokens == {END_OF_TEXT: 256} and again.vocab_size == 257
+
+
+def test_char_tokenizer_end_of_text_only_when_asked_and_follows_tiktoken(tmp_path):
+    text = "a<|endoftext|>b plain text x"
+    default = make_tokenizer("char", text)
+    assert default.eot_token is None and default.special_tokens == {}
+    assert "special_tokens" not in default.to_dict()  # saved as before issue 11
+    tok = make_tokenizer("char", text, eot=True)
+    assert tok.chars == default.chars and tok.eot_token == default.vocab_size
+    assert tok.vocab_size == default.vocab_size + 1
+    ascii_chars = {c.encode(): i for i, c in enumerate(tok.chars) if c.isascii()}
+    oracle = _tiktoken_of(ascii_chars, {"<|endoftext|>": tok.eot_token})
+    _same_as_tiktoken(tok, oracle)
+    ids = tok.encode("ab<|endoftext|>", allowed_special="all")
+    assert ids == tok.encode("ab") + [tok.eot_token]
+    assert tok.decode(ids) == "ab<|endoftext|>"
+    tok.save_pretrained(tmp_path)
+    again = load_tokenizer(tmp_path)
+    assert again.special_tokens == tok.special_tokens and again.chars == tok.chars
+    with pytest.raises(ValueError, match="duplicates"):
+        CharTokenizer(["a"], special_tokens=["<s>", "<s>"])

@@ -221,7 +221,8 @@ def sample(
             prompts = ["<|endoftext|>"]
     if not all(prompts):
         raise ValueError("a prompt is empty; give at least one character")
-    encoded = [tokenizer.encode(p) for p in prompts]  # every prompt checked before sampling
+    # a prompt's "<|endoftext|>" is the special token, as in nanoGPT's sample.py and Hugging Face
+    encoded = [tokenizer.encode(p, allowed_special="all") for p in prompts]  # all checked first
     first = True
     for ids in encoded:
         for i in range(num_samples):

@@ -376,7 +376,7 @@ def load_corpus(spec: dict, tokenizer=None):
     text, source = load_text(spec["path"], spec["max_chars"], spec["dataset"])
     if tokenizer is None:
         tokenizer = CharTokenizer.from_text(text, unk_token=DEFAULT_UNK_TOKEN)
-    ids = torch.tensor(tokenizer.encode(text), dtype=torch.long)
+    ids = torch.tensor(tokenizer.encode_ordinary(text), dtype=torch.long)  # a corpus is text
     train_ids, val_ids = split_ids(ids, spec["val_fraction"])
     return (
         tokenizer,

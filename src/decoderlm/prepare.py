@@ -115,39 +115,59 @@ def _bpe_cut(text: str) -> int:
         end = i
 
 
+def _special_cut(text: str, specials: Iterable[str]) -> int:
+    """len(text) less its longest suffix that begins one of `specials` (a special token cut
+    by a chunk boundary waits for the next chunk)."""
+    keep = 0
+    for s in specials:
+        for k in range(min(len(s) - 1, len(text)), keep, -1):
+            if s.startswith(text[-k:]):
+                keep = k
+                break
+    return len(text) - keep
+
+
 def iter_token_chunks(
-    tokenizer: Tokenizer, source: Path | str, unknown: str = "error", chunk_bytes: int = CHUNK_BYTES
+    tokenizer: Tokenizer,
+    source: Path | str,
+    unknown: str = "error",
+    chunk_bytes: int = CHUNK_BYTES,
+    special: bool = False,
 ) -> Iterator[tuple[np.ndarray, int]]:
     """Encode one source (a file, or a text string) piece by piece.
 
     Yields (ids, n_unknown): ids a 1-D integer array (int64; uint8 for a ByteTokenizer reading
     a file, whose bytes are taken as they are, without newline translation); n_unknown the
     count of characters in the piece outside a char vocabulary (mapped to its unk_id when
-    unknown="unk"). The concatenated ids equal tokenizer.encode(whole text).
+    unknown="unk"). The concatenated ids equal tokenizer.encode_ordinary(whole text), or with
+    `special`, tokenizer.encode(whole text, allowed_special="all"): the text's special-token
+    strings (e.g. "<|endoftext|>") become their ids.
 
     Raises:
         ValueError: a file is not UTF-8 (char and gpt2), with the byte offset.
         UnknownCharacterError: characters outside the vocabulary and unknown="error" (or no
             unk_token); positions count from the start of the source.
     """
-    if tokenizer.kind == "byte" and isinstance(source, Path):
+    if tokenizer.kind == "byte" and isinstance(source, Path) and not special:
         with open(source, "rb") as f:
             while data := f.read(chunk_bytes):
                 yield np.frombuffer(data, dtype=np.uint8), 0
         return
     is_bpe, is_char = isinstance(tokenizer, GPT2Tokenizer), isinstance(tokenizer, CharTokenizer)
+    specials = list(tokenizer.special_tokens) if special else []
+    modes = {"allowed_special": "all"} if special else {"disallowed_special": ()}
     carry, position = "", 0
     for chunk in [*_text_chunks(source, chunk_bytes), None]:
         if chunk is None:
             piece, carry = carry, ""
         else:
             text = carry + chunk
-            cut = _bpe_cut(text) if is_bpe else len(text)
+            cut = _bpe_cut(text) if is_bpe else _special_cut(text, specials)
             piece, carry = text[:cut], text[cut:]
         if not piece:
             continue
         try:
-            ids = tokenizer.encode(piece, unknown)
+            ids = tokenizer.encode(piece, unknown, **modes)
         except UnknownCharacterError as e:
             hint = str(e).split("; ", 1)[1]
             raise UnknownCharacterError([(c, i + position) for c, i in e.unknown], hint) from None

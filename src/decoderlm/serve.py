@@ -118,7 +118,7 @@ def _check(req, served: _Served) -> tuple[list[list[int]], list[str]]:
             400, f"{len(prompts)} prompts x n={req.n} completions; at most 16 per request"
         )
     try:
-        encoded = [served.tokenizer.encode(p) for p in prompts]
+        encoded = [served.tokenizer.encode(p, allowed_special="all") for p in prompts]
     except ValueError as e:
         raise HTTPException(400, f"prompt: {e}") from None
     longest = max(len(ids) for ids in encoded)

@@ -496,7 +496,7 @@ def _write_artifacts(
         title=f"attention on validation tokens 0-{n - 1}: {tokenizer.decode(window[0])!r}",
     )
     try:
-        prompt = tokenizer.encode(cfg.sample_prompt)
+        prompt = tokenizer.encode(cfg.sample_prompt, allowed_special="all")
     except ValueError:  # the prompt has characters outside a character vocabulary
         prompt = []
         log(
