@@ -111,29 +111,48 @@ def prepare(
     tokenizer: Literal["char", "byte", "gpt2"] = "char",
     val_fraction: float = 0.1,
     overwrite: bool = False,
+    eot: bool = False,
+    special_in_text: bool = False,
 ) -> int:
     """Tokenize text files into train.bin / val.bin.
 
     Stream text files through a tokenizer into DIR/train.bin (the first 1 - F of the token
     stream) and DIR/val.bin (the last F), np.uint16 or np.uint32, with DIR/meta.json; see
-    decoderlm.prepare.
+    decoderlm.prepare. A directory with train/valid/test files (train.txt, valid.txt,
+    test.txt or WikiText's wiki.train.raw, ...) keeps its splits: train.bin from train,
+    val.bin from valid, test never read. Each file is a document: with several files, the
+    end-of-text token (GPT-2's <|endoftext|>, or --eot) follows each one.
 
     Args:
         out: the token directory to write.
-        data: UTF-8 text files, or directories (their *.txt files, or the wiki.train.raw of
-            a WikiText directory), encoded in this order; repeat --data for each (give --data
-            or --dataset).
+        data: UTF-8 text files, or directories (their *.txt files, or the splits of a
+            train/valid/test directory), encoded in this order; repeat --data for each
+            (give --data or --dataset).
         dataset: e.g. wikitext-2-raw-v1 (train split) through the optional `datasets`
             package (needs the network).
         tokenizer: char: the corpus's characters plus an unknown token U+FFFD; byte: the 256
             UTF-8 bytes (any file); gpt2: GPT-2's BPE.
-        val_fraction: the last F of the tokens form val.bin, in [0, 1).
+        val_fraction: the last F of the tokens form val.bin, in [0, 1) (unused when the
+            input has a valid file).
         overwrite: replace a token directory already in --out.
+        eot: give a char or byte vocabulary the end-of-text token <|endoftext|> (GPT-2
+            has it always).
+        special_in_text: the text's own <|endoftext|> strings are the end-of-text token
+            (document separators); by default they are ordinary text.
     """
     from .prepare import prepare as prepare_tokens
 
     _one_of(data=data, dataset=dataset)
-    prepare_tokens(data, tokenizer, out, val_fraction, overwrite, dataset)
+    prepare_tokens(
+        data,
+        tokenizer,
+        out,
+        val_fraction,
+        overwrite,
+        dataset,
+        eot=eot,
+        special_in_text=special_in_text,
+    )
     if val_fraction == 0:
         print(
             "note: --val-fraction 0 leaves val.bin empty; `decoderlm train` needs a "
