@@ -41,7 +41,7 @@ def test_tokenizer_save_load_and_decode_errors(tmp_path):
     assert load_tokenizer(tmp_path).encode("é—ü") == tok.encode("é—ü")
     with pytest.raises(ValueError, match="outside"):
         tok.decode([0, tok.vocab_size])
-    (tmp_path / "tokenizer.json").write_text('{"type": "bpe"}')
+    (tmp_path / "decoderlm_tokenizer.json").write_text('{"type": "bpe"}')
     with pytest.raises(ValueError, match="unknown or malformed tokenizer"):
         load_tokenizer(tmp_path)
     with pytest.raises(FileNotFoundError):
@@ -58,7 +58,7 @@ def test_byte_tokenizer_is_utf8_bytes_and_decodes_with_replacement(tmp_path):
     with pytest.raises(ValueError, match="outside"):
         tok.decode([256])
     tok.save_pretrained(tmp_path)
-    assert json.loads((tmp_path / "tokenizer.json").read_text()) == {"type": "byte"}
+    assert json.loads((tmp_path / "decoderlm_tokenizer.json").read_text()) == {"type": "byte"}
     assert isinstance(load_tokenizer(tmp_path), ByteTokenizer)
 
 
@@ -85,7 +85,8 @@ def test_char_unknown_token_is_appended_and_optional(tmp_path):
     tok.save_pretrained(tmp_path)
     again = load_tokenizer(tmp_path)
     assert again.chars == tok.chars and again.unk_token == "\ufffd"
-    # tokenizer.json written before unk_token existed
+    # tokenizer.json written before unk_token (and decoderlm_tokenizer.json) existed
+    (tmp_path / "decoderlm_tokenizer.json").unlink()
     (tmp_path / "tokenizer.json").write_text(json.dumps({"type": "char", "chars": ["a", "b"]}))
     assert load_tokenizer(tmp_path).unk_token is None
 
@@ -202,3 +203,39 @@ def test_char_tokenizer_end_of_text_only_when_asked_and_follows_tiktoken(tmp_pat
     assert again.special_tokens == tok.special_tokens and again.chars == tok.chars
     with pytest.raises(ValueError, match="duplicates"):
         CharTokenizer(["a"], special_tokens=["<s>", "<s>"])
+
+
+# --- run files other tools read (issue 11) --------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["char", "byte", "gpt2"])
+@pytest.mark.parametrize("eot", [False, True])
+def test_saved_tokenizer_json_loads_in_transformers_with_the_same_ids(tmp_path, kind, eot):
+    transformers = pytest.importorskip("transformers")
+    text = "Hello world, naïve 東京 🙂\n\n  x\ty <|endoftext|> end\r\n"
+    tok = make_tokenizer(kind, text, eot=eot)
+    tok.save_pretrained(tmp_path)
+    hf = transformers.PreTrainedTokenizerFast(tokenizer_file=str(tmp_path / "tokenizer.json"))
+    assert len(hf) == tok.vocab_size
+    plain = text.replace("<|endoftext|>", "")
+    assert hf.encode(plain) == tok.encode(plain)
+    # Hugging Face turns a special token's string into its id: our allowed_special="all"
+    if tok.eot_token is not None:
+        assert hf.encode(text) == tok.encode(text, allowed_special="all")
+        assert tok.eot_token in hf.encode(text)
+    assert hf.decode(tok.encode(plain)) == tok.decode(tok.encode(plain))
+    if kind == "char":  # characters outside the vocabulary: the unknown token on both sides
+        assert hf.encode("Zq!") == tok.encode("Zq!", unknown="unk")
+    assert load_tokenizer(tmp_path).to_dict() == tok.to_dict()
+
+
+def test_old_run_directories_and_hf_only_directories(tmp_path):
+    from pathlib import Path
+
+    fixture = Path(__file__).parent / "fixtures" / "run_v0" / "gpt2-style"
+    old = load_tokenizer(fixture)  # written before decoderlm_tokenizer.json existed
+    assert old.kind == json.loads((fixture / "tokenizer.json").read_text())["type"]
+    make_tokenizer("byte").save_pretrained(tmp_path)
+    (tmp_path / "decoderlm_tokenizer.json").unlink()
+    with pytest.raises(ValueError, match="Hugging Face tokenizer and decoderlm_tokenizer.json"):
+        load_tokenizer(tmp_path)

@@ -6,8 +6,11 @@ more entry, an explicit unknown token, after them (see `CharTokenizer.from_text`
 `ByteTokenizer` has 256 ids, the bytes of the UTF-8 encoding: every string encodes.
 `GPT2Tokenizer` is OpenAI's GPT-2 byte-level BPE (50,257 ids, `<|endoftext|>` = 50256), run by
 tiktoken from the encoder.json and vocab.bpe files the package ships (no network).
-A tokenizer is saved with the model as tokenizer.json ({"type": kind, ...fields}), so a
-checkpoint always decodes with its own vocabulary; `load_tokenizer` reads any of the three and
+A tokenizer is saved with the model as decoderlm_tokenizer.json ({"type": kind, ...fields}),
+so a checkpoint always decodes with its own vocabulary, and beside it as tokenizer.json in
+Hugging Face's format (see `hf_tokenizer`: `transformers.PreTrainedTokenizerFast(
+tokenizer_file=...)` gives the same ids). `load_tokenizer` reads decoderlm_tokenizer.json, or
+the tokenizer.json of a directory written before it existed ({"type": ...} under that name);
 `make_tokenizer` builds one by kind.
 
 Special tokens follow tiktoken: every tokenizer has `special_tokens` ({string: id}, empty when
@@ -29,6 +32,7 @@ from collections.abc import Set as AbstractSet
 from pathlib import Path
 
 from .files import read_json, write_json
+from .hf_tokenizer import hf_tokenizer_json
 
 __all__ = [
     "DEFAULT_UNK_TOKEN",
@@ -44,7 +48,8 @@ __all__ = [
     "tokenizer_from_dict",
 ]
 
-TOKENIZER_NAME = "tokenizer.json"
+TOKENIZER_NAME = "decoderlm_tokenizer.json"
+HF_TOKENIZER_NAME = "tokenizer.json"  # Hugging Face's format; our own format before issue 11
 TOKENIZER_KINDS = ("char", "byte", "gpt2")
 END_OF_TEXT = "<|endoftext|>"
 DEFAULT_UNK_TOKEN = "\ufffd"  # U+FFFD REPLACEMENT CHARACTER, what decoders print for "unknown"
@@ -153,18 +158,27 @@ class Tokenizer:
         hold; `tokenizer_from_dict` rebuilds the tokenizer from it."""
         return {"type": self.kind, **self._saved_fields()}
 
+    def to_hf_json(self) -> dict:
+        """This tokenizer as a Hugging Face tokenizer.json document (see `hf_tokenizer`)."""
+        return hf_tokenizer_json(self.kind, self.special_tokens, **self._hf_fields())
+
+    def _hf_fields(self) -> dict:
+        return {}
+
     def save_pretrained(self, directory: str | Path) -> None:
-        """Write tokenizer.json (`to_dict()`) into `directory` (created if missing)."""
+        """Write decoderlm_tokenizer.json (`to_dict()`) and tokenizer.json (`to_hf_json()`)
+        into `directory` (created if missing)."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
+        write_json(directory / HF_TOKENIZER_NAME, self.to_hf_json())
         write_json(directory / TOKENIZER_NAME, self.to_dict())
 
     @classmethod
     def from_pretrained(cls, directory: str | Path):
-        """Read tokenizer.json from `directory`.
+        """Read the tokenizer of `directory` (see `load_tokenizer`).
 
         Raises:
-            FileNotFoundError: no tokenizer.json. ValueError: it holds another kind.
+            FileNotFoundError: no tokenizer file. ValueError: it holds another kind.
         """
         tok = load_tokenizer(directory)
         if not isinstance(tok, cls):
@@ -363,6 +377,9 @@ class CharTokenizer(Tokenizer):
         pieces = self.chars + list(self._special)
         return "".join(pieces[i] for i in ids)
 
+    def _hf_fields(self) -> dict:
+        return {"chars": self.chars, "unk_token": self.unk_token}
+
     def _saved_fields(self) -> dict:
         fields = {"chars": self.chars, "unk_token": self.unk_token}
         return {**fields, "special_tokens": list(self._special)} if self._special else fields
@@ -453,7 +470,7 @@ class GPT2Tokenizer(Tokenizer):
         from tiktoken.load import data_gym_to_mergeable_bpe_ranks
         from tiktoken_ext.openai_public import r50k_pat_str
 
-        bpe_dir = Path(bpe_dir) if bpe_dir is not None else GPT2_BPE_DIR
+        self.bpe_dir = bpe_dir = Path(bpe_dir) if bpe_dir is not None else GPT2_BPE_DIR
         for name in _GPT2_HASHES:
             if not (bpe_dir / name).is_file():
                 raise FileNotFoundError(
@@ -510,6 +527,9 @@ class GPT2Tokenizer(Tokenizer):
         """
         return self.encoding.decode(_checked_ids(ids, self.vocab_size, "GPT-2"))
 
+    def _hf_fields(self) -> dict:
+        return {"bpe_dir": self.bpe_dir}
+
     def __repr__(self) -> str:
         return "GPT2Tokenizer(vocab_size=50257)"
 
@@ -558,13 +578,24 @@ def tokenizer_from_dict(data, source: str = "tokenizer") -> Tokenizer:
 
 
 def load_tokenizer(directory: str | Path) -> Tokenizer:
-    """Load the tokenizer saved in a directory (tokenizer.json): char, byte or gpt2.
+    """Load the tokenizer saved in a directory: char, byte or gpt2, from its
+    decoderlm_tokenizer.json, or from the tokenizer.json ({"type": ...}) of a directory
+    written before that file existed.
 
     Raises:
-        FileNotFoundError: no tokenizer.json in `directory`.
-        ValueError: the file names an unknown tokenizer type or is malformed.
+        FileNotFoundError: neither file in `directory`.
+        ValueError: the file names an unknown tokenizer type or is malformed, or the
+            directory has only a Hugging Face tokenizer.json (not one of ours).
     """
-    path = Path(directory) / TOKENIZER_NAME
+    path, old = Path(directory) / TOKENIZER_NAME, Path(directory) / HF_TOKENIZER_NAME
+    if not path.is_file() and old.is_file():
+        data = read_json(old)
+        if isinstance(data, dict) and "type" not in data and "model" in data:
+            raise ValueError(
+                f"{old} is a Hugging Face tokenizer and {path.name} is missing; "
+                f"decoderlm reads its own {path.name} (written with every run)"
+            )
+        return tokenizer_from_dict(data, str(old))
     return tokenizer_from_dict(read_json(path), str(path))
 
 

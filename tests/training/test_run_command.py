@@ -138,7 +138,9 @@ def test_sample_with_unknown_characters_or_mismatched_tokenizer(tmp_path, capsys
     assert main(["sample", "--run", str(out), "--prompt", "Zebra!"]) == 2
     err = capsys.readouterr().err
     assert "'Z' at position 0" in err and "'!' at position 5" in err
-    (out / "tokenizer.json").write_text(json.dumps({"type": "char", "chars": list("abc")}))
+    (out / "decoderlm_tokenizer.json").write_text(
+        json.dumps({"type": "char", "chars": list("abc")})
+    )
     assert main(["sample", "--run", str(out), "--prompt", "a"]) == 2
     assert "3 tokens but the model expects vocab_size=" in capsys.readouterr().err
 

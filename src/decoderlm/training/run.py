@@ -3,8 +3,8 @@
 `run_experiment` decides what to train (a new run from a preset and overrides, or a resumed
 one from its newest checkpoint), checks and prepares the run directory, builds the model,
 calls `loop.train`, then writes the run's files: model.safetensors, config.json,
-tokenizer.json, loss.png, attention.png and samples.txt (metrics.jsonl and checkpoints/ are
-written while training).
+tokenizer.json (Hugging Face's format), decoderlm_tokenizer.json, loss.png, attention.png and
+samples.txt (metrics.jsonl and checkpoints/ are written while training).
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ _RUN_FILES = (
     "config.json",
     "model.safetensors",
     "tokenizer.json",
+    "decoderlm_tokenizer.json",
     "metrics.jsonl",
     "loss.png",
     "attention.png",
@@ -461,8 +462,8 @@ def _summarize(plan: RunPlan, result: TrainResult, log) -> RunSummary:
         f"{result.tokens_per_s:,.0f} tokens/s"
     )
     log(
-        f"wrote {plan.out_dir}/: model.safetensors config.json tokenizer.json metrics.jsonl "
-        f"loss.png attention.png samples.txt checkpoints/"
+        f"wrote {plan.out_dir}/: model.safetensors config.json tokenizer.json "
+        f"decoderlm_tokenizer.json metrics.jsonl loss.png attention.png samples.txt checkpoints/"
     )
     return summary
 
