@@ -205,10 +205,15 @@ def sample(
     top_p: float | None = None,
     seed: NonNegativeInt | None = None,
     compile: bool = False,
+    only_new: bool = False,
 ) -> int:
     """Print text sampled from a trained model.
 
-    Sample a continuation of each prompt and print it, samples separated by a line `---`.
+    Sample a continuation of each prompt and print the prompt followed by it (as
+    transformers and nanoGPT do), samples separated by a line `---`; with several prompts
+    each sample starts with a line `### prompt I of N` (`, sample J of M` with several
+    samples). A prompt's <|endoftext|> is the end-of-text token where the vocabulary has one
+    (as nanoGPT's sample.py encodes it); elsewhere it is ordinary text.
 
     Args:
         run: a run directory (give --run or --hf).
@@ -227,12 +232,15 @@ def sample(
         seed: the same seed gives the same text.
         compile: decode with torch.compile: faster per token after a one-time compile
             (needs a C++ compiler on the CPU).
+        only_new: print only the continuation, not the prompt (the default prompt is never
+            printed).
     """
     from .generate import stream_text
     from .tokenizers import CharTokenizer
 
     model, tokenizer = _model_and_tokenizer(run, hf, device)
     prompts = list(prompt or []) + (_read_prompts(prompt_file) if prompt_file else [])
+    only_new = only_new or not prompts
     if not prompts:
         if isinstance(tokenizer, CharTokenizer):
             prompts = ["\n" if "\n" in tokenizer.stoi else tokenizer.chars[0]]
@@ -240,14 +248,16 @@ def sample(
             prompts = ["<|endoftext|>"]
     if not all(prompts):
         raise ValueError("a prompt is empty; give at least one character")
-    # a prompt's "<|endoftext|>" is the special token, as in nanoGPT's sample.py and Hugging Face
     encoded = [tokenizer.encode(p, allowed_special="all") for p in prompts]  # all checked first
-    first = True
-    for ids in encoded:
+    for n, ids in enumerate(encoded):
         for i in range(num_samples):
-            if not first:
+            if n or i:
                 print("\n---")
-            first = False
+            if len(prompts) > 1:
+                of_m = f", sample {i + 1} of {num_samples}" if num_samples > 1 else ""
+                print(f"### prompt {n + 1} of {len(prompts)}{of_m}")
+            if not only_new:
+                sys.stdout.write(prompts[n])
             _print_stream(
                 stream_text(
                     model,
