@@ -33,7 +33,7 @@ import yaml
 from jsonargparse import ActionConfigFile, ArgumentParser, Namespace, set_loader
 from jsonargparse.typing import NonNegativeInt, NotEmptyStr, PositiveInt
 
-from .config import ModelConfig, TrainConfig
+from .config import DtypeName, ModelConfig, TrainConfig, canonical_dtype
 from .presets import PRESETS
 
 __all__ = ["COMMANDS", "build_parser", "main"]
@@ -339,7 +339,7 @@ def params(
     model_config: NotEmptyStr | None = None,
     batch_size: PositiveInt = 1,
     seq_len: PositiveInt | None = None,
-    dtype: Literal["fp32", "bf16", "fp16"] = "fp32",
+    dtype: DtypeName = "float32",
     json: bool = False,
 ) -> int:
     """Parameter, FLOP and memory counts of a model.
@@ -350,16 +350,17 @@ def params(
     Args:
         preset: the model of a preset (give one of --preset, --run, --model-config).
         run: the model of a run directory.
-        model_config: a config.json (a run's, or ModelConfig fields as a JSON object).
+        model_config: a run's config.json, or ModelConfig fields in a YAML, JSON or TOML
+            (.toml) file (optionally under `model`).
         batch_size: sequences per batch for the memory figures.
         seq_len: sequence length T (default: block_size).
-        dtype: the number format for the memory figures.
+        dtype: the number format for the memory figures (fp32, bf16, fp16 are the same as
+            float32, bfloat16, float16, here and in train).
         json: print JSON instead of a table.
     """
     import torch
 
     from .analysis import count_parameters, flops_per_token, memory_bytes
-    from .files import read_json
     from .model import DecoderLM
     from .presets import get_preset
 
@@ -368,8 +369,11 @@ def params(
         config = ModelConfig.from_dict(get_preset(preset).model)
     else:
         path = Path(run or model_config)
-        data = read_json(path / "config.json" if path.is_dir() else path)
-        config = ModelConfig.from_dict(data.get("model", data) if isinstance(data, dict) else data)
+        path = path / "config.json" if path.is_dir() else path
+        if not path.is_file():
+            raise FileNotFoundError(f"{path} not found")
+        data = _read_settings(path, "n_layers: 12")
+        config = ModelConfig.from_dict(data.get("model", data))
     counts = count_parameters(config)
     with torch.device("meta"):  # the real modules, without allocating their memory
         built = DecoderLM(config).num_parameters()
@@ -385,7 +389,7 @@ def params(
         "memory_bytes_checkpointed": memory_bytes(config, batch_size, T, dtype, True),
         "batch_size": batch_size,
         "seq_len": T,
-        "dtype": dtype,
+        "dtype": canonical_dtype(dtype),
     }
     print(_json_text(report) if json else _params_table(report))
     return 0
@@ -560,15 +564,19 @@ _FILE_ERRORS = [  # jsonargparse's words for a bad settings file -> ours
 
 
 def _load(text: str, path: str = "") -> Any:
-    """Read a settings file (TOML if its name ends in .toml, else YAML, which includes JSON)
-    or a flag's value (YAML; `none` means None as `null` does)."""
+    """Read a settings file (TOML if its name ends in .toml, JSON if in .json, else YAML) or a
+    flag's value (YAML; `none` means None as `null` does). A .json name is read as JSON, whose
+    1e-05 is a number (YAML 1.1 reads it as text)."""
     if str(path).endswith(".toml"):
         return tomllib.loads(text)
+    if str(path).endswith(".json"):
+        return json.loads(text)
     value = yaml.safe_load(text)
     return None if value in ("none", "None") else value
 
 
-set_loader("decoderlm", _load, exceptions=(yaml.YAMLError, tomllib.TOMLDecodeError))
+_PARSE_ERRORS = (yaml.YAMLError, tomllib.TOMLDecodeError, json.JSONDecodeError)
+set_loader("decoderlm", _load, exceptions=_PARSE_ERRORS)
 
 
 @functools.cache
@@ -600,6 +608,7 @@ def build_parser() -> ArgumentParser:
     root = _parser(
         prog="decoderlm", description="Train, sample and inspect decoder-only language models."
     )
+    root.add_argument("--version", action="version", version=f"decoderlm {_version()}")
     subcommands = root.add_subcommands(dest="command", metavar="COMMAND")
     for name, function in COMMANDS.items():
         summary, _, details = typing.cast(str, function.__doc__).partition("\n\n")
@@ -625,6 +634,12 @@ def build_parser() -> ArgumentParser:
         _flat_flags(parser)
         subcommands.add_subcommand(name, parser, help=summary.strip().rstrip("."))
     return root
+
+
+def _version() -> str:
+    from . import __version__
+
+    return __version__
 
 
 def _add_settings(parser: ArgumentParser) -> None:
@@ -765,6 +780,28 @@ def _settings_file_first(argv: list[str]) -> list[str]:
     return argv[:1] + files + rest
 
 
+def _read_settings(path: str | Path, example: str) -> dict:
+    """The mapping in a YAML, JSON or TOML (a .toml name) settings file.
+
+    Raises:
+        ValueError: (one line naming the file) not UTF-8 text, does not parse, is empty or is
+            not a mapping (`example` shows one).
+    """
+    try:
+        data = _load(Path(path).read_bytes().decode("utf-8"), str(path))
+    except UnicodeDecodeError:
+        raise ValueError(f"settings file {path} is not UTF-8 text") from None
+    except _PARSE_ERRORS as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ValueError(f"the settings file does not parse: {path}: {first}") from None
+    if not isinstance(data, dict):
+        what = "is empty" if data is None else f"holds a {type(data).__name__}"
+        raise ValueError(
+            f"a settings file must map settings to values; {path} {what} (write e.g. `{example}`)"
+        )
+    return data
+
+
 def _check_settings_files(argv: list[str], command: str | None) -> None:
     """Refuse, with one ValueError naming the file, a settings file (`--config FILE`) that is
     not UTF-8 text, does not parse, is empty or is not a mapping, or (train) whose `model` or
@@ -774,19 +811,7 @@ def _check_settings_files(argv: list[str], command: str | None) -> None:
     for path in paths:
         if not Path(path).is_file():
             continue
-        try:
-            data = _load(Path(path).read_bytes().decode("utf-8"), path)
-        except UnicodeDecodeError:
-            raise ValueError(f"settings file {path} is not UTF-8 text") from None
-        except (yaml.YAMLError, tomllib.TOMLDecodeError) as e:
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise ValueError(f"the settings file does not parse: {path}: {first}") from None
-        if not isinstance(data, dict):
-            what = "is empty" if data is None else f"holds a {type(data).__name__}"
-            raise ValueError(
-                f"a settings file must map settings to values; {path} {what} (write e.g. "
-                f"`max_steps: 100`)"
-            )
+        data = _read_settings(path, "max_steps: 100")
         for section in ("model", "train") if command == "train" else ():
             if not isinstance(data.get(section, {}), dict):
                 raise ValueError(
