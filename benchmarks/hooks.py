@@ -16,6 +16,7 @@ import time
 
 import torch
 
+from common import arguments
 from decoderlm import DecoderLM, ModelConfig
 from decoderlm.generate import generate
 from decoderlm.hooks import HookPoint
@@ -60,6 +61,7 @@ def calls_and_seconds(job) -> tuple[int, float]:
 
 
 def main() -> None:
+    arguments(__doc__).parse_args()
     torch.manual_seed(0)
     per_call = call_ns()
     print(f"one hook-point call, nothing attached: {per_call:.0f} ns")
