@@ -51,6 +51,7 @@ def train(
     resume: NotEmptyStr | None = None,
     device: str | None = None,
     no_progress: bool = False,
+    nproc_per_node: PositiveInt | None = None,
     model: dict[str, Any] | None = None,
     train: dict[str, Any] | None = None,
 ) -> int:
@@ -76,6 +77,9 @@ def train(
             --max-steps may change; the model and data may not).
         device: cpu, cuda, ... (default: cuda if available).
         no_progress: no progress bar.
+        nproc_per_node: train with N processes on this machine, started through torchrun
+            (--standalone; DDP, or FSDP with --fsdp); Ctrl-C stops them all after a
+            checkpoint, as it stops one process. Under a torchrun of your own, leave it out.
         model: ModelConfig fields to change (the flags of the model settings).
         train: TrainConfig fields to change (the flags of the training settings).
     """
@@ -764,6 +768,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     kwargs = settings.get(settings.command, Namespace()).as_dict()
     kwargs.pop("config", None)
+    nproc = kwargs.pop("nproc_per_node", None)
+    if nproc and "LOCAL_RANK" not in os.environ:  # the launcher; its workers see LOCAL_RANK
+        from .training.launch import launch
+
+        return launch(argv, nproc)
     return _run(settings.command, kwargs)
 
 

@@ -30,6 +30,7 @@ from ..presets import get_preset
 from ..tokenizers import CharTokenizer, Tokenizer, load_tokenizer
 from ..weights import list_checkpoints
 from .checkpoints import latest_checkpoint, load_trainer_state
+from .launch import resume_command
 from .loop import TrainResult, train
 from .parallel import DistInfo, barrier, init_distributed
 
@@ -435,7 +436,7 @@ def _save_run(
 def _summarize(plan: RunPlan, result: TrainResult, log) -> RunSummary:
     """The RunSummary, and the closing lines (how to resume, or the final loss and files)."""
     if result.interrupted:
-        log(f"resume with: decoderlm train --resume {plan.out_dir}")
+        log(f"resume with: {resume_command(plan.out_dir)}")
         return RunSummary(
             plan.out_dir,
             None,
