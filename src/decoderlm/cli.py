@@ -181,8 +181,8 @@ def evaluate(
     Args:
         run: a run directory.
         data: a text file (scored whole, unknown characters mapped to the run's unknown token
-            and counted) or a prepared token directory (default: the data the run was trained
-            on).
+            and counted; its <|endoftext|> strings are ordinary text) or a prepared token
+            directory (default: the data the run was trained on).
         split: split of the run's data or of a token directory (default: val).
         json: print JSON instead of text.
         device: cpu, cuda, ...
@@ -292,7 +292,8 @@ def serve(
     """An OpenAI-style HTTP API for a model.
 
     Serve POST /v1/completions, GET /v1/models and GET /health (needs the [serve] extra:
-    FastAPI and uvicorn).
+    FastAPI and uvicorn). A prompt's <|endoftext|> is the end-of-text token where the
+    vocabulary has one, as in `decoderlm sample`.
 
     Args:
         run: a run directory (give --run or --hf).
