@@ -57,6 +57,11 @@ def test_load_text_from_file_directory_and_errors(tmp_path):
     (wiki / "wiki.train.raw").write_text(" \n = Train = \n", encoding="utf-8")
     (wiki / "wiki.valid.raw").write_text("valid", encoding="utf-8")
     assert load_text(wiki)[0] == " \n = Train = \n"
+    plain = tmp_path / "splits"  # issue 11: the train.txt / valid.txt / test.txt layout
+    plain.mkdir()
+    for name in ("train.txt", "valid.txt", "test.txt"):
+        (plain / name).write_text(name, encoding="utf-8")
+    assert load_text(plain)[0] == "train.txt"
     (tmp_path / "latin1.txt").write_bytes("caf\xe9".encode("latin-1"))
     with pytest.raises(ValueError, match="not UTF-8"):
         load_text(tmp_path / "latin1.txt")

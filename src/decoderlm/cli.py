@@ -64,9 +64,9 @@ def train(
 
     Args:
         preset: named settings (default: 'default').
-        data: a UTF-8 text file, a directory with wiki.train.raw, or a directory made by
-            `decoderlm prepare` (default: the embedded first 300,000 characters of
-            WikiText-2 raw, validation split).
+        data: a UTF-8 text file, a directory with wiki.train.raw or train.txt (its train
+            split), or a directory made by `decoderlm prepare` (default: the embedded first
+            300,000 characters of WikiText-2 raw, validation split).
         dataset: e.g. wikitext-2-raw-v1 through the optional `datasets` package (needs the
             network).
         max_chars: use only the first N characters (0: all).

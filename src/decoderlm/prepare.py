@@ -40,7 +40,14 @@ from pathlib import Path
 
 import numpy as np
 
-from .data import META_NAME, WIKITEXT_FILES, _load_hf_wikitext, is_token_dir, iter_text_chunks
+from .data import (
+    META_NAME,
+    SPLIT_LAYOUTS,
+    WIKITEXT_FILES,
+    _load_hf_wikitext,
+    is_token_dir,
+    iter_text_chunks,
+)
 from .files import make_temp_dir, write_json
 from .tokenizers import (
     DEFAULT_UNK_TOKEN,
@@ -102,10 +109,6 @@ def source_files(paths: Iterable[str | Path]) -> list[Path]:
         if path.stat().st_size == 0:
             raise ValueError(f"{path} is empty")
     return files
-
-
-# (train, valid, test) file names of the split layouts a directory may have
-SPLIT_LAYOUTS = (WIKITEXT_FILES, ("train.txt", "valid.txt", "test.txt"))
 
 
 def split_sources(paths: Iterable[str | Path]) -> tuple[list[Path], list[Path], list[Path]]:
