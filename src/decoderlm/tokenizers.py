@@ -128,6 +128,11 @@ class Tokenizer:
             ValueError: the text holds a disallowed special token's string (tiktoken's error).
         """
         _check_unknown_mode(unknown)
+        return self._encode(text, unknown, allowed_special, disallowed_special)
+
+    def _encode(self, text, unknown, allowed_special, disallowed_special) -> list[int]:
+        """`encode` after its checks: the special tokens cut out, the rest by
+        `_encode_ordinary`."""
         ids: list[int] = []
         for piece, special in _split_special(
             text, self.special_tokens, allowed_special, disallowed_special
@@ -499,22 +504,9 @@ class GPT2Tokenizer(Tokenizer):
     def special_tokens(self) -> dict[str, int]:
         return dict(self.encoding._special_tokens)
 
-    def encode(
-        self,
-        text: str,
-        unknown: str = "error",
-        *,
-        allowed_special: AbstractSet[str] | str = frozenset(),
-        disallowed_special: Collection[str] | str = "all",
-    ) -> list[int]:
-        """Token ids of `text`, ints in [0, 50257): tiktoken's `Encoding.encode` with the same
-        `allowed_special` / `disallowed_special` (see `Tokenizer.encode`); `unknown` is
-        accepted and unused.
-
-        Raises:
-            ValueError: the text holds "<|endoftext|>" and it is disallowed (the default).
-        """
-        _check_unknown_mode(unknown)
+    def _encode(self, text, unknown, allowed_special, disallowed_special) -> list[int]:
+        """tiktoken's `Encoding.encode` with the same allowed_special / disallowed_special
+        (ids in [0, 50257)); `unknown` is unused: every string encodes."""
         return self.encoding.encode(
             text, allowed_special=allowed_special, disallowed_special=disallowed_special
         )
