@@ -16,7 +16,7 @@ from decoderlm.cli import main
 from decoderlm.data import WIKITEXT_FILES as WIKITEXT_NAMES
 from decoderlm.data import load_token_dir
 from decoderlm.prepare import encode_source, iter_token_chunks, prepare
-from decoderlm.tokenizers import GPT2Tokenizer
+from decoderlm.tokenizers import GPT2Tokenizer, make_tokenizer
 
 from conftest import one_line_error, quiet
 
@@ -73,7 +73,7 @@ def test_bpe_chunks_are_cut_where_the_ids_do_not_change(tmp_path):
         ids, _ = encode_source(tok, path, chunk_bytes=chunk_bytes)
         assert ids.tolist() == whole, chunk_bytes
         ids = np.concatenate(
-            [i for i, _ in iter_token_chunks(tok, path, "error", chunk_bytes, True)]
+            [i for i, _ in iter_token_chunks(tok, path, "error", chunk_bytes, "special")]
         )
         assert ids.tolist() == special, chunk_bytes
 
@@ -391,9 +391,9 @@ def test_prepare_several_files_appends_end_of_text_after_each_like_nanogpt(tmp_p
     # nanoGPT's openwebtext/prepare.py: encode_ordinary(text) then append eot_token per doc
     expect = enc.encode_ordinary(a.read_text()) + [50256] + enc.encode_ordinary(b.read_text())
     assert _stream(tmp_path / "g") == expect + [50256]
-    assert meta["documents"] == {"count": 2, "separator": 50256, "special_in_text": False}
+    assert meta["documents"] == {"count": 2, "separator": 50256, "endoftext": "text"}
     # one file: one document, nothing appended; the text's separators are special only if asked
-    prepare([a], "gpt2", tmp_path / "s", special_in_text=True, log=quiet)
+    prepare([a], "gpt2", tmp_path / "s", endoftext="special", log=quiet)
     assert _stream(tmp_path / "s") == enc.encode(a.read_text(), allowed_special="all")
     assert 50256 in _stream(tmp_path / "s")
 
@@ -413,7 +413,7 @@ def test_prepare_char_gets_end_of_text_only_when_asked(tmp_path, capsys):
     assert _stream(tmp_path / "byte") == [*b"abc\n", 256, *b"cab\n", 256]
     one_line_error(
         capsys,
-        ["prepare", "--data", str(a), "--out", str(tmp_path / "x"), "--special-in-text"],
+        ["prepare", "--data", str(a), "--out", str(tmp_path / "x"), "--endoftext", "special"],
         "no end-of-text token",
         "--eot",
     )
@@ -441,3 +441,24 @@ def test_prepare_keeps_the_splits_of_a_train_valid_test_directory(tmp_path, caps
         f"no {names[0]}",
         names[1],
     )
+
+
+def test_endoftext_in_the_text_is_text_special_or_refused_in_one_line(tmp_path, capsys):
+    text = "ab<|endoftext|>ba\n" * 40  # chunks of 7 characters cut the token in every place
+    (tmp_path / "c.txt").write_text(text, encoding="utf-8")
+    tok = make_tokenizer("char", text, eot=True)
+    for mode, want in (
+        ("text", tok.encode_ordinary(text)),
+        ("special", tok.encode(text, allowed_special="all")),
+    ):
+        ids = [i for i, _ in iter_token_chunks(tok, tmp_path / "c.txt", "error", 7, mode)]
+        assert np.concatenate(ids).tolist() == want, mode
+    assert tok.eot_token in tok.encode(text, allowed_special="all")
+    one_line_error(
+        capsys,
+        ["prepare", "--data", str(tmp_path / "c.txt"), "--out", str(tmp_path / "x")]
+        + ["--tokenizer", "gpt2", "--endoftext", "error"],
+        "holds the special token '<|endoftext|>' at character 2",
+        "--endoftext special",
+    )
+    assert not (tmp_path / "x").exists()

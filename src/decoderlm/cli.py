@@ -116,7 +116,7 @@ def prepare(
     val_fraction: float = 0.1,
     overwrite: bool = False,
     eot: bool = False,
-    special_in_text: bool = False,
+    endoftext: Literal["text", "special", "error"] = "text",
 ) -> int:
     """Tokenize text files into train.bin / val.bin.
 
@@ -141,21 +141,15 @@ def prepare(
         overwrite: replace a token directory already in --out.
         eot: give a char or byte vocabulary the end-of-text token <|endoftext|> (GPT-2
             has it always).
-        special_in_text: the text's own <|endoftext|> strings are the end-of-text token
-            (document separators); by default they are ordinary text.
+        endoftext: what the text's own <|endoftext|> strings are: text (ordinary
+            characters, the default), special (the end-of-text token: document separators)
+            or error (refused, tiktoken's default).
     """
     from .prepare import prepare as prepare_tokens
 
     _one_of(data=data, dataset=dataset)
     prepare_tokens(
-        data,
-        tokenizer,
-        out,
-        val_fraction,
-        overwrite,
-        dataset,
-        eot=eot,
-        special_in_text=special_in_text,
+        data, tokenizer, out, val_fraction, overwrite, dataset, eot=eot, endoftext=endoftext
     )
     if val_fraction == 0:
         print(

@@ -18,7 +18,8 @@ trained on); `split_sources` says which file goes where.
 Documents: every file is one document. When the input has several files and the tokenizer has
 an end-of-text token (GPT-2; char or byte only with eot=True), its id follows each document, as
 nanoGPT's OpenWebText preparation appends it after each text. The files' own "<|endoftext|>"
-strings are ordinary text unless special_in_text=True, when they become that id.
+strings are ordinary text (endoftext="text") unless endoftext="special" makes them that id or
+endoftext="error" refuses them (tiktoken's default for text holding a special token).
 
 The .bin files are raw little-endian np.uint16 (vocab_size <= 65,536) or np.uint32, without a
 header; `data.load_token_dir` opens them as read-only np.memmap arrays. The text is read and
@@ -183,35 +184,45 @@ def _special_cut(text: str, specials: Iterable[str]) -> int:
     return len(text) - keep
 
 
+# endoftext -> the encode arguments: a special token's string is text, the token, or an error
+_SPECIAL_MODES = {
+    "text": {"disallowed_special": ()},
+    "special": {"allowed_special": "all"},
+    "error": {},
+}
+
+
 def iter_token_chunks(
     tokenizer: Tokenizer,
     source: Path | str,
     unknown: str = "error",
     chunk_bytes: int = CHUNK_BYTES,
-    special: bool = False,
+    endoftext: str = "text",
 ) -> Iterator[tuple[np.ndarray, int]]:
     """Encode one source (a file, or a text string) piece by piece.
 
     Yields (ids, n_unknown): ids a 1-D integer array (int64; uint8 for a ByteTokenizer reading
     a file, whose bytes are taken as they are, without newline translation); n_unknown the
     count of characters in the piece outside a char vocabulary (mapped to its unk_id when
-    unknown="unk"). The concatenated ids equal tokenizer.encode_ordinary(whole text), or with
-    `special`, tokenizer.encode(whole text, allowed_special="all"): the text's special-token
-    strings (e.g. "<|endoftext|>") become their ids.
+    unknown="unk"). The concatenated ids equal tokenizer.encode_ordinary(whole text)
+    (endoftext="text"), or tokenizer.encode(whole text, allowed_special="all") ("special": the
+    text's special-token strings, e.g. "<|endoftext|>", become their ids); "error" refuses a
+    text holding one (tiktoken's default).
 
     Raises:
-        ValueError: a file is not UTF-8 (char and gpt2), with the byte offset.
+        ValueError: a file is not UTF-8 (char and gpt2), with the byte offset; endoftext
+            "error" and a special token's string in the text (one line: where).
         UnknownCharacterError: characters outside the vocabulary and unknown="error" (or no
             unk_token); positions count from the start of the source.
     """
-    if tokenizer.kind == "byte" and isinstance(source, Path) and not special:
+    if tokenizer.kind == "byte" and isinstance(source, Path) and endoftext == "text":
         with open(source, "rb") as f:
             while data := f.read(chunk_bytes):
                 yield np.frombuffer(data, dtype=np.uint8), 0
         return
     is_bpe, is_char = isinstance(tokenizer, GPT2Tokenizer), isinstance(tokenizer, CharTokenizer)
-    specials = list(tokenizer.special_tokens) if special else []
-    modes = {"allowed_special": "all"} if special else {"disallowed_special": ()}
+    specials = list(tokenizer.special_tokens) if endoftext != "text" else []
+    modes = _SPECIAL_MODES[endoftext]
     carry, position = "", 0
     for chunk in [*_text_chunks(source, chunk_bytes), None]:
         if chunk is None:
@@ -227,6 +238,13 @@ def iter_token_chunks(
         except UnknownCharacterError as e:
             hint = str(e).split("; ", 1)[1]
             raise UnknownCharacterError([(c, i + position) for c, i in e.unknown], hint) from None
+        except ValueError:  # a disallowed special token (tiktoken's message is several lines)
+            at, token = min((piece.find(s), s) for s in specials if s in piece)
+            raise ValueError(
+                f"{source} holds the special token {token!r} at character {position + at}; "
+                f"read it as text (--endoftext text) or as the end-of-text token "
+                f"(--endoftext special)"
+            ) from None
         n_unknown = tokenizer.count_unknown(piece) if is_char and unknown == "unk" else 0
         position += len(piece)
         yield np.asarray(ids, dtype=np.int64), n_unknown
@@ -275,14 +293,14 @@ def _write_stream(
     dtype: np.dtype,
     chunk_bytes: int,
     eot: int | None,
-    special: bool,
+    endoftext: str,
 ) -> int:
     """Write the token stream of `sources` to `path`, `eot` (unless None) after each source;
     returns its length in tokens."""
     n = 0
     with open(path, "wb") as f:
         for source in sources:
-            for ids, _ in iter_token_chunks(tok, source, "error", chunk_bytes, special):
+            for ids, _ in iter_token_chunks(tok, source, "error", chunk_bytes, endoftext):
                 f.write(ids.astype(dtype).tobytes())
                 n += len(ids)
             if eot is not None:
@@ -343,7 +361,7 @@ def prepare(
     chunk_bytes: int = CHUNK_BYTES,
     log=print,
     eot: bool = False,
-    special_in_text: bool = False,
+    endoftext: str = "text",
 ) -> dict:
     """Tokenize text files into a token directory `out` (see the module docstring).
 
@@ -360,8 +378,9 @@ def prepare(
         chunk_bytes: bytes read (characters, for `dataset`) per chunk.
         eot: give a char or byte vocabulary the end-of-text token "<|endoftext|>" (its last
             id); GPT-2 always has one. With several files it follows each of them.
-        special_in_text: the text's "<|endoftext|>" strings are that token (default: they
-            are ordinary text).
+        endoftext: what the text's "<|endoftext|>" strings are: "text" (ordinary text, the
+            default), "special" (the end-of-text token) or "error" (refused, as tiktoken's
+            encode does by default).
 
     Returns:
         meta, the dict written to meta.json.
@@ -370,7 +389,8 @@ def prepare(
         FileNotFoundError / ValueError: a missing or empty file, a file that is not UTF-8
             (the byte offset; char and gpt2), a bad tokenizer or val_fraction, `out` a file or
             already there without `overwrite`, a corpus too short for a train split,
-            special_in_text with a tokenizer without an end-of-text token.
+            endoftext "special" with a tokenizer without an end-of-text token, endoftext
+            "error" and a file holding one.
         RuntimeError: `dataset` without the `datasets` package.
     """
     if tokenizer not in TOKENIZER_KINDS:
@@ -379,9 +399,11 @@ def prepare(
         raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
     if (dataset is None) == (not data):
         raise ValueError("give data paths or a dataset name (one of the two)")
-    if special_in_text and tokenizer != "gpt2" and not eot:
+    if endoftext not in _SPECIAL_MODES:
+        raise ValueError(f"endoftext must be one of {list(_SPECIAL_MODES)}, got {endoftext!r}")
+    if endoftext == "special" and tokenizer != "gpt2" and not eot:
         raise ValueError(
-            f"--special-in-text: a {tokenizer} vocabulary has no end-of-text token; add --eot"
+            f"--endoftext special: a {tokenizer} vocabulary has no end-of-text token; add --eot"
         )
     out = Path(out)
     _check_out(out, overwrite)
@@ -398,7 +420,7 @@ def prepare(
     )
     separator = tok.eot_token if len(sources) > 1 else None
     dtype = token_dtype(tok.vocab_size)
-    stream = dict(chunk_bytes=chunk_bytes, eot=separator, special=special_in_text)
+    stream = dict(chunk_bytes=chunk_bytes, eot=separator, endoftext=endoftext)
     out.parent.mkdir(parents=True, exist_ok=True)
     stage = make_temp_dir(out.parent, f".{out.name}.", ".partial")
     try:
@@ -422,15 +444,11 @@ def prepare(
             "tokens": {"train": n_train, "val": n_total - n_train},
             "val_fraction": None if val else val_fraction,
             "split": split,
-            "documents": {
-                "count": len(sources),
-                "separator": separator,
-                "special_in_text": special_in_text,
-            },
+            "documents": {"count": len(sources), "separator": separator, "endoftext": endoftext},
             "sources": infos,
             "unknown_characters": 0,
             "newlines": "as in the files"
-            if tokenizer == "byte" and not special_in_text
+            if tokenizer == "byte" and endoftext == "text"
             else "universal: \\r\\n and \\r read as \\n",
         }
         write_json(stage / META_NAME, meta)
