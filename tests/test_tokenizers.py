@@ -203,6 +203,9 @@ def test_char_tokenizer_end_of_text_only_when_asked_and_follows_tiktoken(tmp_pat
     assert again.special_tokens == tok.special_tokens and again.chars == tok.chars
     with pytest.raises(ValueError, match="duplicates"):
         CharTokenizer(["a"], special_tokens=["<s>", "<s>"])
+    with pytest.raises(UnknownCharacterError) as err:  # positions count in the whole text
+        tok.encode("ab<|endoftext|>aZ", allowed_special="all")
+    assert err.value.unknown == [("Z", 16)]
 
 
 # --- run files other tools read (issue 11) --------------------------------------------------

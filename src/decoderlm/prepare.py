@@ -236,8 +236,7 @@ def iter_token_chunks(
         try:
             ids = tokenizer.encode(piece, unknown, **modes)
         except UnknownCharacterError as e:
-            hint = str(e).split("; ", 1)[1]
-            raise UnknownCharacterError([(c, i + position) for c, i in e.unknown], hint) from None
+            raise e.shifted(position) from None
         except ValueError:  # a disallowed special token (tiktoken's message is several lines)
             at, token = min((piece.find(s), s) for s in specials if s in piece)
             raise ValueError(

@@ -69,13 +69,17 @@ class UnknownCharacterError(ValueError):
     """
 
     def __init__(self, unknown: list[tuple[str, int]], hint: str = ""):
-        self.unknown = unknown
+        self.unknown, self.hint = unknown, hint
         shown = ", ".join(f"{c!r} at position {i}" for c, i in unknown[:10])
         more = f" and {len(unknown) - 10} more" if len(unknown) > 10 else ""
         hint = hint or "remove them from the text or train on a corpus that contains them"
         super().__init__(
             f"{len(unknown)} character(s) not in the vocabulary: {shown}{more}; {hint}"
         )
+
+    def shifted(self, offset: int) -> UnknownCharacterError:
+        """The same error with every position moved by `offset` (a piece of a longer text)."""
+        return UnknownCharacterError([(c, i + offset) for c, i in self.unknown], self.hint)
 
 
 class Tokenizer:
@@ -134,10 +138,15 @@ class Tokenizer:
         """`encode` after its checks: the special tokens cut out, the rest by
         `_encode_ordinary`."""
         ids: list[int] = []
+        at = 0  # where the piece starts in the text
         for piece, special in _split_special(
             text, self.special_tokens, allowed_special, disallowed_special
         ):
-            ids += [special] if special is not None else self._encode_ordinary(piece, unknown)
+            try:
+                ids += [special] if special is not None else self._encode_ordinary(piece, unknown)
+            except UnknownCharacterError as e:
+                raise e.shifted(at) from None
+            at += len(piece)
         return ids
 
     def encode_ordinary(self, text: str, unknown: str = "error") -> list[int]:
@@ -345,7 +354,7 @@ class CharTokenizer(Tokenizer):
         Raises:
             UnknownCharacterError (a ValueError): unknown="error" (or "unk" without an
                 unk_token) and the text has characters outside the vocabulary; it names each
-                of them and the position where it first occurs (within this piece).
+                of them and the position where it first occurs.
         """
         stoi = self.stoi
         try:
