@@ -242,3 +242,17 @@ def test_old_run_directories_and_hf_only_directories(tmp_path):
     (tmp_path / "decoderlm_tokenizer.json").unlink()
     with pytest.raises(ValueError, match="Hugging Face tokenizer and decoderlm_tokenizer.json"):
         load_tokenizer(tmp_path)
+
+
+@pytest.mark.parametrize("style", ["gpt2-style", "llama-style"])
+def test_an_old_run_directory_still_samples(capsys, style):
+    from pathlib import Path
+
+    from decoderlm.cli import main
+
+    run = Path(__file__).parent / "fixtures" / "run_v0" / style
+    args = ["sample", "--run", str(run), "--prompt", "The ", "--max-new-tokens", "8", "--seed", "0"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("The ") and len(out) == len("The ") + 8 + 1  # one char per token
+    assert set(out[4:-1]) <= set(load_tokenizer(run).chars)
