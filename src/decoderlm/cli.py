@@ -218,8 +218,9 @@ def sample(
         hf: a Hugging Face GPT-2 checkpoint directory (config.json + model.safetensors);
             GPT-2 BPE tokenizer.
         device: cpu, cuda, ...
-        prompt: text to continue; repeat for several (default: a newline, or the first
-            character of a character vocabulary without one; <|endoftext|> for GPT-2).
+        prompt: text to continue; repeat for several (default: <|endoftext|> where the
+            vocabulary has it, as for GPT-2; else a newline, or the first character of a
+            character vocabulary without one).
         prompt_file: a UTF-8 file of prompts, one per line.
         num_samples: samples per prompt (sample i uses seed + i).
         stop: end a sample where this text appears (not printed); repeatable.
@@ -239,11 +240,13 @@ def sample(
     model, tokenizer = _model_and_tokenizer(run, hf, device)
     prompts = list(prompt or []) + (_read_prompts(prompt_file) if prompt_file else [])
     only_new = only_new or not prompts
-    if not prompts:
-        if isinstance(tokenizer, CharTokenizer):
+    if not prompts:  # the start of a document
+        if tokenizer.eot_token is not None:
+            prompts = ["<|endoftext|>"]
+        elif isinstance(tokenizer, CharTokenizer):
             prompts = ["\n" if "\n" in tokenizer.stoi else tokenizer.chars[0]]
         else:
-            prompts = ["<|endoftext|>"]
+            prompts = ["\n"]
     if not all(prompts):
         raise ValueError("a prompt is empty; give at least one character")
     encoded = [tokenizer.encode(p, allowed_special="all") for p in prompts]  # all checked first
