@@ -132,7 +132,7 @@ def evaluate_run(
     """Loss of the model in run directory `run` on a whole split or text.
 
     Args:
-        run: a run directory (model.safetensors, config.json, tokenizer.json).
+        run: a run directory (model.safetensors, config.json, its tokenizer files).
         data: None (the run's own data, from config.json's "data_spec"); a prepared token
             directory (its `split`, default "val"; it must use the run's tokenizer); or a text
             file / directory of text files (all of it), encoded with the run's tokenizer, with

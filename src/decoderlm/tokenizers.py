@@ -511,7 +511,7 @@ class GPT2Tokenizer(Tokenizer):
 
     @property
     def special_tokens(self) -> dict[str, int]:
-        return dict(self.encoding._special_tokens)
+        return {s: self.encoding.encode_single_token(s) for s in self.encoding.special_tokens_set}
 
     def _encode(self, text, unknown, allowed_special, disallowed_special) -> list[int]:
         """tiktoken's `Encoding.encode` with the same allowed_special / disallowed_special
