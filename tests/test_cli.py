@@ -320,6 +320,10 @@ def test_model_config_reads_yaml_json_and_toml(tmp_path, capsys):
         assert main(["params", "--model-config", str(tmp_path / name), "--json"]) == 0
         reports.append(json.loads(capsys.readouterr().out))
     assert reports[0]["config"] == fields and reports[0] == reports[1] == reports[2]
+    # and --config itself, in TOML, for params as for train
+    (tmp_path / "p.toml").write_text(f'model_config = "{tmp_path / "m.toml"}"\njson = true\n')
+    assert main(["params", "--config", str(tmp_path / "p.toml")]) == 0
+    assert json.loads(capsys.readouterr().out) == reports[0]
     (tmp_path / "bad.toml").write_text("n_layers = [")
     one_line_error(
         capsys, ["params", "--model-config", str(tmp_path / "bad.toml")], "does not parse"
