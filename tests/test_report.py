@@ -1,0 +1,81 @@
+"""The lens report's data and file: quantised attention, sizes, nothing fetched, JSON beside."""
+
+import json
+import re
+
+import numpy as np
+import pytest
+import torch
+
+from decoderlm import CharTokenizer, DecoderLM, ModelConfig
+from decoderlm.lens import attention_patterns
+from decoderlm.report import build_report, quantize_attention, unquantize_attention, write_report
+
+from conftest import halved_random_model
+
+TEXT = "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n"
+
+
+def report_of(model, tok, text=TEXT, **kwargs):
+    return build_report(model, tok, tok.encode(text), **kwargs)
+
+
+def test_quantised_attention_is_the_lower_triangle_to_one_255th():
+    model = halved_random_model(0)
+    idx = torch.randint(0, 65, (1, 9))
+    att = attention_patterns(model, idx)[:, 0]  # [L, H, T, T]
+    data = quantize_attention(att)
+    assert len(data) == 2 * 4 * 9 * 10 // 2
+    import base64
+
+    back = unquantize_attention(base64.b64encode(data).decode(), 2, 4, 9)
+    np.testing.assert_allclose(back, att.numpy(), atol=0.5 / 255 + 1e-7)
+
+
+def test_the_seed_model_report_on_128_characters_is_small_and_self_contained(tmp_path):
+    # the default preset's shape (3 x 128, 4 heads) with a 128-token context
+    tok = CharTokenizer.from_text(TEXT + "abcdefghijklmnopqrstuvwxyz")
+    torch.manual_seed(0)
+    model = DecoderLM(
+        ModelConfig(vocab_size=tok.vocab_size, block_size=128, n_layers=3, n_heads=4, d_model=128)
+    )
+    text = (TEXT * 2)[:128]
+    ids = tok.encode(text)
+    corrupted = ids[:-3] + tok.encode("xyz")
+    report = build_report(model, tok, ids, corrupted=corrupted)
+    html, js = write_report(report, tmp_path / "report.html")
+    assert html.stat().st_size < 1_000_000 and js == tmp_path / "report.json"
+    page = html.read_text(encoding="utf-8")
+    assert not re.search(r"(src|href)\s*=\s*[\"']?(https?:)?//", page)  # nothing fetched
+    assert "@import" not in page and "fetch(" not in page and "<link" not in page
+    data = json.loads(js.read_text(encoding="utf-8"))
+    assert data["tokens"] == [tok.decode([i]) for i in ids]
+    assert len(data["surprisal"]["bits"]) == 127
+    assert data["patching"]["answer"] and len(data["patching"]["resid_pre"]) == 3
+    assert len(data["scores"]["probe"]["induction"]) == 3
+    assert len(data["lens"]["top"]) == 4 and len(data["lens"]["top"][0]) == 128
+    # the page holds exactly that data
+    inline = re.search(r"const R = (.*?);\n", page).group(1).replace("<\\/", "</")
+    assert json.loads(inline) == data
+
+
+def test_a_text_with_a_script_end_tag_cannot_break_the_page(tmp_path):
+    text = "a</script><!--"
+    tok = CharTokenizer.from_text(text)
+    model = halved_random_model(1, vocab_size=tok.vocab_size)
+    title = "<script>alert(1)</script>"  # in one string of the data
+    html, _ = write_report(report_of(model, tok, text, title=title), tmp_path / "r.html")
+    assert html.read_text(encoding="utf-8").count("</script>") == 1
+
+
+def test_bad_requests_are_refused_in_one_line():
+    tok = CharTokenizer.from_text(TEXT)
+    model = halved_random_model(2, vocab_size=tok.vocab_size)
+    with pytest.raises(ValueError, match="2 to 32 tokens"):
+        report_of(model, tok, TEXT)  # 80 characters > block_size 32
+    with pytest.raises(ValueError, match="layers must be in 0..1"):
+        report_of(model, tok, TEXT[:20], layers=[2])
+    with pytest.raises(ValueError, match="as many tokens"):
+        report_of(model, tok, TEXT[:20], corrupted=tok.encode(TEXT[:19]))
+    only = report_of(model, tok, TEXT[:20], layers=[1])
+    assert only["attention"]["layers"] == [1]
