@@ -2,16 +2,18 @@
 
 import json
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
 from decoderlm import CharTokenizer, DecoderLM, ModelConfig
+from decoderlm.cli import main
 from decoderlm.lens import attention_patterns
 from decoderlm.report import build_report, quantize_attention, unquantize_attention, write_report
 
-from conftest import halved_random_model
+from conftest import halved_random_model, one_line_error
 
 TEXT = "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n"
 
@@ -79,3 +81,40 @@ def test_bad_requests_are_refused_in_one_line():
         report_of(model, tok, TEXT[:20], corrupted=tok.encode(TEXT[:19]))
     only = report_of(model, tok, TEXT[:20], layers=[1])
     assert only["attention"]["layers"] == [1]
+
+
+RUN = Path(__file__).parent / "fixtures" / "run_v0" / "gpt2-style"  # char model, block 16
+
+
+def test_decoderlm_inspect_writes_the_report_and_its_json(tmp_path, capsys):
+    out = tmp_path / "look" / "r.html"
+    out.parent.mkdir()
+    argv = ["inspect", "--run", str(RUN), "--text", "The cat sat on the mat today", "--out"]
+    assert (
+        main([*argv, str(out), "--layers", "1", "--corrupt", "The dog sat on the mat today"]) == 0
+    )
+    assert "wrote" in capsys.readouterr().out
+    data = json.loads(out.with_suffix(".json").read_text(encoding="utf-8"))
+    assert "".join(data["tokens"]) == "The cat sat on t"  # cut to the 16-token context
+    assert data["attention"]["layers"] == [1] and data["patching"] is not None
+    text_file = tmp_path / "t.txt"
+    text_file.write_text("hello there", encoding="utf-8")
+    assert (
+        main(["inspect", "--run", str(RUN), "--text-file", str(text_file), "--out", str(out)]) == 0
+    )
+    assert json.loads(out.with_suffix(".json").read_text())["patching"] is None
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--text", "Quixotic"], "Q"),  # not in the run's characters
+        (["--text", "abc", "--corrupt", "ab"], "as many tokens"),
+        ([], "give one of --text or --text-file"),
+        (["--text", "abc", "--layers", "5"], "--layers must be in 0..1"),
+    ],
+)
+def test_decoderlm_inspect_refuses_bad_input_in_one_line(tmp_path, capsys, extra, message):
+    argv = ["inspect", "--run", str(RUN), "--out", str(tmp_path / "r.html"), *extra]
+    one_line_error(capsys, argv, message)
+    assert not (tmp_path / "r.html").exists()
