@@ -32,6 +32,8 @@ __all__ = [
     "pattern_score",
     "head_scores",
     "repeated_probe",
+    "default_probe",
+    "PROBE_HALF",
     "probe_metrics",
     "logit_difference",
     "patch_resid_pre",
@@ -211,6 +213,15 @@ def head_scores(model: DecoderLM, idx: Tensor) -> dict[str, Tensor]:
     att = attention_patterns(model, idx)
     targets = detection_patterns(idx.to(att.device))
     return {kind: pattern_score(att, t).cpu() for kind, t in targets.items()}
+
+
+PROBE_HALF = 32  # tokens in each half of the default repeated probe
+
+
+def default_probe(vocab_size: int, block_size: int) -> Tensor:
+    """The probe of reports and training logs: `repeated_probe` of batch 4 with halves of
+    min(PROBE_HALF, block_size // 2) ids from [0, vocab_size), seed 0: [4, 2 * half]."""
+    return repeated_probe(vocab_size, max(1, min(PROBE_HALF, block_size // 2)), batch=4)
 
 
 def repeated_probe(vocab_size: int, seq_len: int, batch: int = 4, seed: int = 0) -> Tensor:

@@ -21,27 +21,20 @@ import torch
 from .files import atomic_write
 from .lens import (
     attention_patterns,
+    default_probe,
     embedding_map,
     head_scores,
     logit_lens,
     patch_heads,
     patch_resid_pre,
-    repeated_probe,
     surprisal,
     token_byte_counts,
 )
 from .model import DecoderLM
 from .tokenizers import Tokenizer
 
-__all__ = [
-    "build_report",
-    "write_report",
-    "quantize_attention",
-    "unquantize_attention",
-    "PROBE_HALF",
-]
+__all__ = ["build_report", "write_report", "quantize_attention", "unquantize_attention"]
 
-PROBE_HALF = 32  # tokens in each half of the repeated probe (at most block_size / 2)
 _DATA_MARK = "/*REPORT_DATA*/null"
 
 
@@ -157,8 +150,7 @@ def build_report(
     s = surprisal(model, idx, k, token_byte_counts(tokenizer, ids))
     lens = logit_lens(model, idx, k)
     att = attention_patterns(model, idx[None])[layers, 0]  # [len(layers), n_heads, T, T]
-    half = max(1, min(PROBE_HALF, c.block_size // 2))
-    probe = repeated_probe(c.vocab_size, half, batch=4)
+    probe = default_probe(c.vocab_size, c.block_size)
     emb = embedding_map(model)
     return {
         "title": title,
