@@ -43,7 +43,7 @@ __all__ = [
 ]
 
 _LN2 = math.log(2.0)
-_LOGITS_BUDGET = 2**26  # float32 logits per patching forward pass (256 MiB)
+_PATCH_TOKENS = 2**14  # tokens per batched forward pass of activation patching
 
 
 def unembed(model: DecoderLM, resid: Tensor) -> Tensor:
@@ -266,9 +266,9 @@ def logit_difference(logits: Tensor, answer: int, wrong: int) -> Tensor:
 
 def _patched_metric(model, corrupted, name, patch, n, answer, wrong) -> Tensor:
     """[n] logit differences of n corrupted runs, run i with patch(activation, i) applied to
-    row i at hook point `name` (batched under a memory budget for the logits)."""
+    row i at hook point `name`. Batched; only the last position is unembedded."""
     T = corrupted.numel()
-    chunk = max(1, _LOGITS_BUDGET // (T * model.config.vocab_size))
+    chunk = max(1, _PATCH_TOKENS // T)
     out = []
     for start in range(0, n, chunk):
         rows = range(start, min(n, start + chunk))
@@ -279,8 +279,9 @@ def _patched_metric(model, corrupted, name, patch, n, answer, wrong) -> Tensor:
                 patch(x[b], i)
             return x
 
-        with hooks(model, [(name, replace)]):
-            logits, _ = model(corrupted[None].expand(len(rows), T))
+        last = [(name, replace), ("hook_normalized", lambda x, _name: x[:, -1:])]
+        with hooks(model, last):
+            logits, _ = model(corrupted[None].expand(len(rows), T))  # [rows, 1, vocab_size]
         out.append(logit_difference(logits, answer, wrong))
     return torch.cat(out).cpu()
 

@@ -60,14 +60,21 @@ def quantize_attention(att: torch.Tensor) -> bytes:
 
 
 def _labels(tokenizer: Tokenizer, ids) -> list[str]:
-    """Each token's text (bytes that are not whole UTF-8 characters shown as U+FFFD)."""
-    return [tokenizer.decode([int(i)]) for i in ids]
+    """Each token's text (bytes that are not whole UTF-8 characters shown as U+FFFD; an id the
+    tokenizer lacks, e.g. a padded vocabulary's, as <id>)."""
+    out = []
+    for i in ids:
+        try:
+            out.append(tokenizer.decode([int(i)]))
+        except ValueError:
+            out.append(f"<{int(i)}>")
+    return out
 
 
 def _guesses(tokenizer, top_ids, top_probs) -> list:
     """[[label, probability], ...] per row of top_ids / top_probs [N, k]."""
     return [
-        [[tokenizer.decode([int(i)]), round(float(p), 4)] for i, p in zip(ids, ps, strict=True)]
+        [[label, round(float(p), 4)] for label, p in zip(_labels(tokenizer, ids), ps, strict=True)]
         for ids, ps in zip(top_ids, top_probs, strict=True)
     ]
 
@@ -102,8 +109,8 @@ def _patching(model, tokenizer, ids, corrupted) -> dict:
     wrong = corrupt_top if corrupt_top != answer else clean_top[1]
     return {
         "corrupted": _labels(tokenizer, corrupted),
-        "answer": tokenizer.decode([answer]),
-        "wrong": tokenizer.decode([wrong]),
+        "answer": _labels(tokenizer, [answer])[0],
+        "wrong": _labels(tokenizer, [wrong])[0],
         "resid_pre": _r(patch_resid_pre(model, clean_t, corrupt_t, answer, wrong), 3),
         "heads": _r(patch_heads(model, clean_t, corrupt_t, answer, wrong), 3),
     }
@@ -150,8 +157,9 @@ def build_report(
     s = surprisal(model, idx, k, token_byte_counts(tokenizer, ids))
     lens = logit_lens(model, idx, k)
     att = attention_patterns(model, idx[None])[layers, 0]  # [len(layers), n_heads, T, T]
-    probe = default_probe(c.vocab_size, c.block_size)
-    emb = embedding_map(model)
+    vocab = min(c.vocab_size, tokenizer.vocab_size)  # ids a padded vocabulary never trains
+    probe = default_probe(vocab, c.block_size)
+    emb = embedding_map(model, min(vocab, 512))
     return {
         "title": title,
         "model": _model_info(model),
@@ -176,7 +184,7 @@ def build_report(
             "probe_shape": list(probe.shape),
         },
         "lens": {
-            "top": [[tokenizer.decode([int(i)]) for i in row[:, 0]] for row in lens["top_ids"]],
+            "top": [_labels(tokenizer, row[:, 0]) for row in lens["top_ids"]],
             "top_prob": _r(lens["top_probs"][..., 0], 3),
             "next_prob": _r(lens["next_prob"], 3),
         },
