@@ -87,8 +87,7 @@ RUN = Path(__file__).parent / "fixtures" / "run_v0" / "gpt2-style"  # char model
 
 
 def test_decoderlm_inspect_writes_the_report_and_its_json(tmp_path, capsys):
-    out = tmp_path / "look" / "r.html"
-    out.parent.mkdir()
+    out = tmp_path / "look" / "r.html"  # its directory is made
     argv = ["inspect", "--run", str(RUN), "--text", "The cat sat on the mat today", "--out"]
     assert (
         main([*argv, str(out), "--layers", "1", "--corrupt", "The dog sat on the mat today"]) == 0

@@ -199,7 +199,7 @@ def build_report(
 
 def write_report(report: dict, path: str | Path) -> tuple[Path, Path]:
     """Write the report as one self-contained HTML file at `path` and its data as JSON
-    beside it (same name, .json), each atomically.
+    beside it (same name, .json), each atomically; missing directories are created.
 
     Returns:
         (html path, json path).
@@ -210,6 +210,7 @@ def write_report(report: dict, path: str | Path) -> tuple[Path, Path]:
     safe = data.replace("</", "<\\/").replace("<!--", "<\\!--")  # cannot end the <script>
     html = template.replace(_DATA_MARK, safe)
     json_path = path.with_suffix(".json")
+    path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(path, lambda tmp: Path(tmp).write_text(html, encoding="utf-8"))
     atomic_write(json_path, lambda tmp: Path(tmp).write_text(data, encoding="utf-8"))
     return path, json_path
