@@ -117,3 +117,47 @@ def test_decoderlm_inspect_refuses_bad_input_in_one_line(tmp_path, capsys, extra
     argv = ["inspect", "--run", str(RUN), "--out", str(tmp_path / "r.html"), *extra]
     one_line_error(capsys, argv, message)
     assert not (tmp_path / "r.html").exists()
+
+
+@pytest.mark.parametrize(
+    "combo",
+    [
+        dict(pos_encoding="sinusoidal", tie_embeddings=False),
+        dict(pos_encoding="rope", norm_position="post", norm="rmsnorm", mlp="swiglu"),
+        dict(dtype="bfloat16"),
+    ],
+)
+def test_every_model_option_gets_a_report(combo):
+    combo = dict(combo)
+    dtype = combo.pop("dtype", None)
+    tok = CharTokenizer.from_text(TEXT)
+    model = halved_random_model(3, vocab_size=tok.vocab_size, **combo)
+    if dtype:
+        model = model.to(torch.bfloat16)
+    ids = tok.encode(TEXT[:24])
+    report = build_report(model, tok, ids, corrupted=tok.encode("A" + TEXT[1:24]))
+    assert len(report["lens"]["top"]) == 3 and len(report["surprisal"]["bits"]) == 23
+    with torch.no_grad():
+        logits = model(torch.tensor([ids]))[0][0].float()
+    assert report["lens"]["top"][-1] == [tok.decode([int(i)]) for i in logits.argmax(-1)]
+    positions = report["embedding"]["positions"]
+    assert (positions is None) == (model.pos_emb is None)
+    json.dumps(report, allow_nan=False)
+
+
+def test_decoderlm_inspect_reads_a_gpt2_checkpoint(tmp_path, capsys):
+    from decoderlm.hf import save_gpt2
+
+    torch.manual_seed(0)
+    model = DecoderLM(
+        ModelConfig(vocab_size=50257, block_size=32, n_layers=2, n_heads=2, d_model=16)
+    )
+    save_gpt2(model, tmp_path / "gpt2")
+    out = tmp_path / "r.html"
+    text = "When Mary and John went to the store, John gave a drink to"
+    assert main(["inspect", "--hf", str(tmp_path / "gpt2"), "--text", text, "--out", str(out)]) == 0
+    data = json.loads(out.with_suffix(".json").read_text(encoding="utf-8"))
+    assert "".join(data["tokens"]) == text and len(data["embedding"]["labels"]) == 512
+    # bits per byte: the same bits over the UTF-8 bytes of tokens 1.. (not over tokens)
+    bits = sum(data["surprisal"]["bits"])
+    assert data["surprisal"]["bits_per_byte"] == pytest.approx(bits / len(text[4:]), rel=1e-3)
