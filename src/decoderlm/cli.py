@@ -1,4 +1,4 @@
-"""The `decoderlm` command: train | prepare | eval | sample | serve | presets | params.
+"""The `decoderlm` command: train | prepare | eval | sample | serve | presets | params | inspect.
 
 Each command is the plain function of the same name below (`eval` is `evaluate`): its signature
 and docstring are the command's flags and --help, read by jsonargparse; `train` also takes
@@ -361,6 +361,57 @@ def params(
     return 0
 
 
+def inspect(
+    run: NotEmptyStr | None = None,
+    hf: NotEmptyStr | None = None,
+    text: str | None = None,
+    text_file: str | None = None,
+    out: NotEmptyStr = "report.html",
+    layers: list[NonNegativeInt] | None = None,
+    max_tokens: PositiveInt = 128,
+    corrupt: str | None = None,
+    device: str = "cpu",
+) -> int:
+    """Write an HTML report of what a model does on a text.
+
+    One self-contained HTML file (nothing fetched; opens offline) with views linked by
+    hovering a token: the text coloured by surprisal (bits) with the top guesses, the
+    attention of every layer and head, previous-token / duplicate-token / induction head
+    scores, the logit lens, the embedding map, and activation patching with --corrupt; the
+    same data as JSON beside it (same name, .json). See decoderlm.report.
+
+    Args:
+        run: a run directory (give --run or --hf).
+        hf: a Hugging Face GPT-2 checkpoint directory (config.json + model.safetensors).
+        text: the text to look at (give --text or --text-file).
+        text_file: a UTF-8 file holding the text.
+        out: the HTML file to write.
+        layers: layers whose attention maps are stored (default: all); repeat for several.
+        max_tokens: use the first N tokens of the text (at most the model's context).
+        corrupt: a corrupted text with as many tokens as the text (after --max-tokens): adds
+            the patching view (metric: the clean run's top next token against the corrupted
+            run's).
+        device: cpu, cuda, ...
+    """
+    from .report import build_report, write_report
+
+    _one_of(text=text, text_file=text_file)
+    if text_file is not None:
+        try:
+            text = Path(text_file).read_text(encoding="utf-8-sig")
+        except UnicodeDecodeError:
+            raise ValueError(f"{text_file} is not UTF-8 text") from None
+    model, tokenizer = _model_and_tokenizer(run, hf, device)
+    n = min(max_tokens, model.config.max_positions)
+    ids = tokenizer.encode(text)[:n]
+    corrupted = None if corrupt is None else tokenizer.encode(corrupt)[:n]
+    title = f"{run or hf}: {tokenizer.decode(ids)[:80]!r}"
+    report = build_report(model, tokenizer, ids, layers, corrupted, title=title)
+    html, data = write_report(report, out)
+    print(f"wrote {html} ({html.stat().st_size:,} bytes) and {data} ({len(ids)} tokens)")
+    return 0
+
+
 def _params_table(report: dict) -> str:
     """The report of `params` as text."""
     counts, built, T = report["parameters"], report["parameters_of_modules"], report["seq_len"]
@@ -494,6 +545,7 @@ COMMANDS = {
     "serve": serve,
     "presets": presets,
     "params": params,
+    "inspect": inspect,
 }
 _METAVARS = {
     "run": "DIR",
@@ -505,6 +557,9 @@ _METAVARS = {
     "prompt_file": "FILE",
     "model_config": "FILE",
     "stop": "TEXT",
+    "text": "TEXT",
+    "text_file": "FILE",
+    "corrupt": "TEXT",
 }
 _UNIONS = (typing.Union, types.UnionType)
 _KINDS = {
@@ -593,6 +648,8 @@ def build_parser() -> ArgumentParser:
         if function is train:
             _add_settings(parser)
         _flat_flags(parser)
+        if function is inspect:  # its --out is a file, not a run directory
+            parser._option_string_actions["--out"].metavar = "FILE"
         subcommands.add_subcommand(name, parser, help=summary.strip().rstrip("."))
     return root
 

@@ -10,7 +10,8 @@ process's gradient.
 metrics.jsonl gets one JSON object per logged step: step (optimizer steps done), train_loss
 (mean over the steps since the last record and over all ranks, nats), lr, tokens (seen so
 far, all ranks), elapsed_s, tokens_per_s, and on evaluation steps val_loss (nats) and val_bpc
-(val_loss / ln 2, bits per token).
+(val_loss / ln 2, bits per token), induction_score (per layer, the best head's) and
+probe_second_half_loss (nats) on a repeated random-token probe (`decoderlm.lens.probe_metrics`).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from tqdm.auto import tqdm
 from ..config import TrainConfig
 from ..data import check_split, windows
 from ..evaluate import LN2, evaluate
+from ..lens import default_probe, probe_metrics
 from ..model import DecoderLM
 from ..weights import list_checkpoints
 from .optim import configure_optimizer, lr_at, set_lr
@@ -139,6 +141,7 @@ class MetricsLog:
         first_step: int,
     ):
         self.cfg, self.info, self.records, self.sink = cfg, info, [], None
+        self.probe = None  # () -> dict of more evaluation metrics (the lens probe)
         if info.is_main and run_dir is not None:
             run_dir.mkdir(parents=True, exist_ok=True)
             self.sink = open(run_dir / "metrics.jsonl", "a", encoding="utf-8")
@@ -172,7 +175,7 @@ class MetricsLog:
         }
         if is_eval:
             val = evaluate_val()
-            record.update(val_loss=val, val_bpc=val / LN2)
+            record.update(val_loss=val, val_bpc=val / LN2, **(self.probe() if self.probe else {}))
             if self.info.is_main:
                 self.bar.write(
                     f"step {done:>6}: train {record['train_loss']:.4f}, "
@@ -296,6 +299,8 @@ def train(
     eval_windows = cfg.eval_batches * cfg.batch_size * info.world_size  # as one process
     validate = functools.partial(evaluate, model, val_ids, eval_windows, cfg.batch_size, autocast)
     metrics = MetricsLog(run_dir, cfg, info, progress, first_step)
+    probe = default_probe(model.config.vocab_size, T)
+    metrics.probe = functools.partial(probe_metrics, model, probe)
     checkpoint, interrupted = None, False
     state.start_clock()
     model.train()

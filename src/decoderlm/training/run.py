@@ -3,8 +3,8 @@
 `run_experiment` decides what to train (a new run from a preset and overrides, or a resumed
 one from its newest checkpoint), checks and prepares the run directory, builds the model,
 calls `loop.train`, then writes the run's files: model.safetensors, config.json,
-tokenizer.json, loss.png, attention.png and samples.txt (metrics.jsonl and checkpoints/ are
-written while training).
+tokenizer.json, loss.png, attention.png, samples.txt and report.html / report.json (the lens
+report; metrics.jsonl and checkpoints/ are written while training).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from ..hooks import run_with_cache
 from ..model import DecoderLM
 from ..plots import plot_attention, plot_loss
 from ..presets import get_preset
+from ..report import build_report, write_report
 from ..tokenizers import CharTokenizer, Tokenizer, load_tokenizer
 from ..weights import list_checkpoints
 from .checkpoints import latest_checkpoint, load_trainer_state
@@ -43,6 +44,8 @@ _RUN_FILES = (
     "loss.png",
     "attention.png",
     "samples.txt",
+    "report.html",
+    "report.json",
     "checkpoints",
 )
 
@@ -115,7 +118,8 @@ def run_experiment(
     splits 90/10, trains with the preset's settings plus overrides, and writes into the run
     directory: metrics.jsonl and checkpoints/ while training, then model.safetensors,
     config.json, tokenizer.json, loss.png, attention.png (every layer and head on the first 64
-    validation tokens) and samples.txt (sample_chars tokens from sample_prompt).
+    validation tokens), samples.txt (sample_chars tokens from sample_prompt) and report.html
+    with report.json (`decoderlm.report` on the first 128 validation tokens).
 
     Under torchrun every process calls this; rank 0 alone writes files and prints.
 
@@ -462,7 +466,7 @@ def _summarize(plan: RunPlan, result: TrainResult, log) -> RunSummary:
     )
     log(
         f"wrote {plan.out_dir}/: model.safetensors config.json tokenizer.json metrics.jsonl "
-        f"loss.png attention.png samples.txt checkpoints/"
+        f"loss.png attention.png samples.txt report.html checkpoints/"
     )
     return summary
 
@@ -476,6 +480,14 @@ def attention_maps(model: DecoderLM, idx: torch.Tensor) -> torch.Tensor:
     return torch.stack(list(cache.values()))[:, 0].cpu()  # hook order is layer order
 
 
+def _write_report(model: DecoderLM, tokenizer, val_ids, out_dir: Path) -> None:
+    """report.html / report.json of the final model on the first 128 validation tokens."""
+    n = min(128, model.config.max_positions, len(val_ids))
+    ids = [int(i) for i in np.asarray(val_ids[:n])]
+    title = f"{out_dir.name}: the first {n} validation tokens"
+    write_report(build_report(model, tokenizer, ids, title=title), out_dir / "report.html")
+
+
 def _write_artifacts(
     model: DecoderLM,
     tokenizer,
@@ -485,7 +497,8 @@ def _write_artifacts(
     out_dir: Path,
     log=print,
 ) -> None:
-    """loss.png, attention.png (every layer and head on the first 64 validation tokens) and
+    """loss.png, attention.png (every layer and head on the first 64 validation tokens),
+    report.html / report.json (the lens report on the first 128 validation tokens) and
     samples.txt (sample_chars tokens from sample_prompt) in out_dir."""
     plot_loss(metrics, out_dir / "loss.png")
     n = min(64, model.config.block_size, len(val_ids))
@@ -495,6 +508,7 @@ def _write_artifacts(
         out_dir / "attention.png",
         title=f"attention on validation tokens 0-{n - 1}: {tokenizer.decode(window[0])!r}",
     )
+    _write_report(model, tokenizer, val_ids, out_dir)
     try:
         prompt = tokenizer.encode(cfg.sample_prompt)
     except ValueError:  # the prompt has characters outside a character vocabulary
