@@ -254,8 +254,10 @@ class TrainConfig:
         beta2: AdamW's second moment coefficient (of the squared gradient's running mean).
         grad_clip: clip the global gradient norm to this value; None disables clipping.
         eval_interval: estimate the validation loss every this many steps (and at the end).
-        eval_batches: each validation estimate covers at most eval_batches * batch_size
-            non-overlapping windows, spread evenly over the validation split.
+        eval_batches: each validation estimate during training covers at most eval_batches
+            optimizer-step batches (batch_size * grad_accum_steps * world_size windows each)
+            of non-overlapping windows, spread evenly over the validation split; the same
+            windows however a step is split into micro-batches.
         log_interval: write a metrics line every this many steps.
         dtype: "float32"; "bfloat16" for bfloat16 autocast; "float16" for float16 autocast
             with a GradScaler (dynamic loss scaling). Weights and optimizer state stay float32.

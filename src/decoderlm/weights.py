@@ -127,8 +127,8 @@ def read_model_dir(
     if not weights.is_file():
         raise FileNotFoundError(f"{weights} not found")
     state = normalize_state_dict(read_safetensors(weights, map_location))
-    tied = model_config.tie_embeddings
-    in_file = sum(t.numel() for k, t in state.items() if not (tied and k == "lm_head.weight"))
+    shared = model_config.tie_embeddings and "tok_emb.weight" in state  # the head: a copy
+    in_file = sum(t.numel() for k, t in state.items() if not (shared and k == "lm_head.weight"))
     expected_total = count_parameters(model_config)["total"]
     if in_file != expected_total:
         raise ValueError(
