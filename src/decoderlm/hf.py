@@ -214,7 +214,8 @@ def save_gpt2(model: DecoderLM, directory: str | Path, eos_token_id: int | None 
         model: the DecoderLM (possibly wrapped).
         directory: where to write.
         eos_token_id: written as bos_token_id and eos_token_id; None: GPT-2's <|endoftext|>
-            (50256) when the vocabulary has that id, else neither is written.
+            (50256) when the vocabulary has that id, else null for both (no special token;
+            an absent entry would make transformers assume 50256).
 
     Raises:
         ValueError: the model is not GPT-2 shaped (needs pre-norm, learned positions,
@@ -282,9 +283,10 @@ def save_gpt2(model: DecoderLM, directory: str | Path, eos_token_id: int | None 
 
 def _special_ids(vocab_size: int, eos_token_id: int | None) -> dict:
     """config.json's bos_token_id / eos_token_id entries: eos_token_id, or GPT-2's 50256 when
-    the vocabulary has it; none when there is no such id."""
+    the vocabulary has it, else null (transformers' GPT2Config would otherwise assume 50256)."""
     if eos_token_id is None:
-        return {"bos_token_id": 50256, "eos_token_id": 50256} if vocab_size > 50256 else {}
+        eos = 50256 if vocab_size > 50256 else None
+        return {"bos_token_id": eos, "eos_token_id": eos}
     if isinstance(eos_token_id, bool) or not isinstance(eos_token_id, int):
         raise ValueError(f"eos_token_id must be an integer, got {eos_token_id!r}")
     if not 0 <= eos_token_id < vocab_size:
