@@ -72,6 +72,12 @@ def test_one_matrix_stands_for_both_tied_or_untied(tmp_path):
     state["lm_head.weight"] = state.pop("tok_emb.weight")  # the unembedding alone
     save_file(state, tmp_path / "model.safetensors")
     assert torch.equal(DecoderLM.from_pretrained(tmp_path)(idx)[0], model(idx)[0])
+    untied_config = json.loads((tmp_path / "config.json").read_text())
+    untied_config["model"]["tie_embeddings"] = False  # an untied model's file, one matrix
+    (tmp_path / "config.json").write_text(json.dumps(untied_config))
+    untied = DecoderLM.from_pretrained(tmp_path)
+    assert untied.lm_head.weight is not untied.tok_emb.weight
+    assert torch.equal(untied(idx)[0], model(idx)[0])
 
 
 def test_tied_weights_stay_one_parameter_after_to_and_load_state_dict(tmp_path):
@@ -101,7 +107,8 @@ def test_max_positions_is_saved_and_a_config_json_without_it_still_loads(tmp_pat
     assert DecoderLM.from_pretrained(tmp_path).config.max_positions == 48
     tiny_model().save_pretrained(tmp_path)
     config = json.loads((tmp_path / "config.json").read_text())
-    del config["model"]["max_positions"]  # written before the field existed
+    del config["model"]["max_positions"]  # written before these fields existed
+    del config["model"]["padded_vocab_size"]
     (tmp_path / "config.json").write_text(json.dumps(config))
     assert DecoderLM.from_pretrained(tmp_path).config.max_positions == 32  # block_size
 

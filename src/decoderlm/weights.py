@@ -41,6 +41,7 @@ WEIGHTS_NAME = "model.safetensors"
 CHECKPOINTS_DIR = "checkpoints"
 _STEP_PREFIX = "step-"
 _WRAPPER_PREFIXES = ("module.", "_orig_mod.")  # DDP / DataParallel and torch.compile
+_PAIR = ("tok_emb.weight", "lm_head.weight")  # the token embedding and the unembedding
 
 
 def normalize_state_dict(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -127,8 +128,10 @@ def read_model_dir(
     if not weights.is_file():
         raise FileNotFoundError(f"{weights} not found")
     state = normalize_state_dict(read_safetensors(weights, map_location))
-    shared = model_config.tie_embeddings and "tok_emb.weight" in state  # the head: a copy
-    in_file = sum(t.numel() for k, t in state.items() if not (shared and k == "lm_head.weight"))
+    pair = [state[k] for k in _PAIR if k in state]
+    in_file = sum(t.numel() for k, t in state.items() if k not in _PAIR)
+    if pair:  # one matrix when tied, two when not, whether the file holds one or both
+        in_file += pair[0].numel() * (1 if model_config.tie_embeddings else 2)
     expected_total = count_parameters(model_config)["total"]
     if in_file != expected_total:
         raise ValueError(
@@ -165,7 +168,7 @@ def resolve_tied(
         ValueError: tied, and the two tensors differ; the message names both keys and the
             largest absolute difference, and how to load them untied.
     """
-    emb_key, head_key = prefix + "tok_emb.weight", prefix + "lm_head.weight"
+    emb_key, head_key = (prefix + key for key in _PAIR)
     emb, head = state.get(emb_key), state.get(head_key)
     if emb is None or head is None:
         if emb is not None or head is not None:
