@@ -8,6 +8,7 @@ from decoderlm import DecoderLM, reference
 from decoderlm.analysis import count_parameters
 from decoderlm.evaluate import evaluate
 from decoderlm.generate import generate
+from decoderlm.hooks import run_with_cache
 
 from conftest import assert_matches_reference, randomize, tiny_config, tiny_model
 
@@ -36,6 +37,8 @@ def test_padded_rows_never_reach_the_logits_the_loss_or_sampling(tied):
     logits, loss = padded(IDX, targets)
     assert logits.shape == (2, 32, 65)
     assert_matches_reference(padded, IDX)  # the NumPy forward, which drops rows past 65
+    (_, _), cache = run_with_cache(padded, IDX, ["hook_normalized"])
+    assert torch.equal(padded.unembed(cache["hook_normalized"]), logits)  # e.g. a logit lens
     plain_logits, plain_loss = plain(IDX, targets)
     torch.testing.assert_close(logits, plain_logits, atol=1e-5, rtol=0)
     torch.testing.assert_close(loss, plain_loss, atol=1e-6, rtol=0)

@@ -286,10 +286,16 @@ class DecoderLM(nn.Module):
             x = x[:, -1:]
         if self.ln_f is not None:
             x = self.ln_f(x)
-        logits = self.lm_head(self.hook_normalized(x))  # [B, T, vocab_rows]
-        if self.config.vocab_rows > self.config.vocab_size:  # padding: never a token
+        return self.unembed(self.hook_normalized(x))  # [B, T, vocab_size]
+
+    def unembed(self, x: Tensor) -> Tensor:
+        """lm_head(x) without the padded rows: x [..., d_model] (what lm_head reads, after
+        ln_f) -> logits [..., vocab_size]. A padded vocabulary's extra rows get no logits, so
+        nothing downstream (sampling, loss, evaluation) can produce a padded id."""
+        logits = self.lm_head(x)  # [..., vocab_rows]
+        if self.config.vocab_rows > self.config.vocab_size:
             logits = logits[..., : self.config.vocab_size]
-        return logits  # [B, T, vocab_size]
+        return logits
 
     def forward(self, idx: Tensor, targets: Tensor | None = None):
         """Logits for every position, and the next-token loss when targets are given.
