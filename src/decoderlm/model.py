@@ -420,5 +420,7 @@ class DecoderLM(nn.Module):
 
 
 def _resolve_tied_on_load(model: DecoderLM, state_dict, prefix: str, *args) -> None:
-    """load_state_dict pre-hook: `resolve_tied` on the keys of this model."""
-    resolve_tied(state_dict, model.config.tie_embeddings, "the state dict", prefix)
+    """load_state_dict pre-hook of a tied model: `resolve_tied` on the keys of this model (an
+    untied model loads exactly the tensors given)."""
+    if model.config.tie_embeddings:
+        resolve_tied(state_dict, True, "the state dict", prefix)
