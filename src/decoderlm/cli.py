@@ -75,7 +75,8 @@ def train(
         resume: continue the run in DIR from its newest checkpoint (settings such as
             --max-steps may change; the model and data may not).
         device: cpu, cuda, ... (default: cuda if available).
-        no_progress: no progress bar.
+        no_progress: print neither the progress bar nor the evaluation lines (metrics.jsonl
+            still has them).
         model: ModelConfig fields to change (the flags of the model settings).
         train: TrainConfig fields to change (the flags of the training settings).
     """
