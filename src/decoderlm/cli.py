@@ -2,7 +2,7 @@
 
 Each command is the plain function of the same name below (`eval` is `evaluate`): its signature
 and docstring are the command's flags and --help, read by jsonargparse; `train` also takes
-every ModelConfig field but vocab_size and every TrainConfig field as a flag. Flags are written
+every ModelConfig field and every TrainConfig field as a flag. Flags are written
 with dashes (`--max-steps`), booleans as `--flag`, `--flag true` or `--flag false`, an unset
 optional value as `none`, and a list flag is repeated for each value.
 `--config FILE` reads the flags of a command from a YAML, JSON or TOML (a .toml name) file
@@ -75,7 +75,8 @@ def train(
         resume: continue the run in DIR from its newest checkpoint (settings such as
             --max-steps may change; the model and data may not).
         device: cpu, cuda, ... (default: cuda if available).
-        no_progress: no progress bar.
+        no_progress: print neither the progress bar nor the evaluation lines (metrics.jsonl
+            still has them).
         model: ModelConfig fields to change (the flags of the model settings).
         train: TrainConfig fields to change (the flags of the training settings).
     """
@@ -186,6 +187,7 @@ def sample(
     top_p: float | None = None,
     seed: NonNegativeInt | None = None,
     compile: bool = False,
+    block_size: PositiveInt | None = None,
 ) -> int:
     """Print text sampled from a trained model.
 
@@ -208,11 +210,15 @@ def sample(
         seed: the same seed gives the same text.
         compile: decode with torch.compile: faster per token after a one-time compile
             (needs a C++ compiler on the CPU).
+        block_size: crop the model's context to N positions (at most its block_size;
+            DecoderLM.crop_block_size): it then sees at most the last N tokens.
     """
     from .generate import stream_text
     from .tokenizers import CharTokenizer
 
     model, tokenizer = _model_and_tokenizer(run, hf, device)
+    if block_size is not None:
+        model.crop_block_size(block_size)
     prompts = list(prompt or []) + (_read_prompts(prompt_file) if prompt_file else [])
     if not prompts:
         if isinstance(tokenizer, CharTokenizer):
@@ -350,6 +356,11 @@ def params(
         "config": config.to_dict(),
         "parameters": counts,
         "parameters_of_modules": built,
+        "vocabulary": {
+            "tokens": config.vocab_size,
+            "rows": config.vocab_rows,
+            "padding_rows": config.vocab_rows - config.vocab_size,
+        },
         "flops_per_token": {c: flops_per_token(config, T, c) for c in ("kaplan", "palm")},
         "memory_bytes": memory_bytes(config, batch_size, T, dtype),
         "memory_bytes_checkpointed": memory_bytes(config, batch_size, T, dtype, True),
@@ -426,6 +437,12 @@ def _params_table(report: dict) -> str:
         f"  {part:<11} {counts[part]:>15,}"
         for part in ("embeddings", "attention", "mlp", "norms", "head")
     ]
+    vocab = report["vocabulary"]
+    if vocab["padding_rows"]:
+        lines.append(
+            f"vocabulary: {vocab['tokens']:,} tokens in {vocab['rows']:,} embedding rows "
+            f"({vocab['padding_rows']:,} padding rows, counted above, never produced)"
+        )
     k, p = report["flops_per_token"]["kaplan"], report["flops_per_token"]["palm"]
     lines.append(
         f"FLOPs per token at T={T}: forward {k['forward']:,}, training "
@@ -655,16 +672,16 @@ def build_parser() -> ArgumentParser:
 
 
 def _add_settings(parser: ArgumentParser) -> None:
-    """The ModelConfig (but vocab_size) and TrainConfig fields as flags of `train`, shown with
-    the values of the 'default' preset."""
-    parser.add_class_arguments(ModelConfig, "model", skip={"vocab_size"})
+    """The ModelConfig and TrainConfig fields as flags of `train`, shown with the values of the
+    'default' preset (vocab_size: the tokenizer's unless given)."""
+    parser.add_class_arguments(ModelConfig, "model")
     parser.add_class_arguments(TrainConfig, "train")
     default = PRESETS["default"]
     shown = {
         "model": ModelConfig.from_dict(default.model).to_dict(),
         "train": TrainConfig.from_dict(default.train).to_dict(),
     }
-    del shown["model"]["vocab_size"]
+    shown["model"]["vocab_size"] = None  # the tokenizer's
     parser.set_defaults(
         {
             f"{section}.{key}": value

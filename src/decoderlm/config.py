@@ -95,7 +95,14 @@ class ModelConfig:
     """Hyperparameters of a decoder-only transformer (GPT-2 by default).
 
     Attributes:
-        vocab_size: number of token ids; logits are [B, T, vocab_size].
+        vocab_size: number of token ids; logits are [B, T, vocab_size]. `decoderlm train`
+            takes the tokenizer's; a larger --vocab-size there becomes padded_vocab_size, a
+            smaller one is refused.
+        padded_vocab_size: rows of the token embedding and the unembedding when larger than
+            vocab_size (e.g. 50,304 = 64 x 786 for GPT-2's 50,257 tokens, as nanoGPT pads
+            for faster matmuls); None means vocab_size. The padded rows are never produced:
+            the model drops their logits, so logits stay [B, T, vocab_size] and no sampling,
+            loss or evaluation can meet a padded id.
         block_size: context length: the positions the model is trained on, and the most one
             forward pass may see with learned positions.
         max_positions: the most positions one forward pass (or one KV cache) may see; None
@@ -128,13 +135,15 @@ class ModelConfig:
             approximation GPT-2's released weights were trained with.
 
     Raises:
-        ValueError: a size is not a positive integer, d_model is not divisible by n_heads,
+        ValueError: a size is not a positive integer, padded_vocab_size is below vocab_size,
+            d_model is not divisible by n_heads,
             head_dim is odd with rope, max_positions is below block_size (or above it with
             learned positions), dropout is outside [0, 1), or an option is not one of
             its choices.
     """
 
     vocab_size: int = 50257
+    padded_vocab_size: int | None = None
     block_size: int = 1024
     max_positions: int | None = None
     n_layers: int = 12
@@ -155,6 +164,13 @@ class ModelConfig:
     def __post_init__(self) -> None:
         _check_choices(self)
         _check_int(self, "vocab_size", "block_size", "n_layers", "n_heads", "d_model", high=2**31)
+        if self.padded_vocab_size is not None:
+            _check_int(self, "padded_vocab_size", high=2**31)
+            if self.padded_vocab_size < self.vocab_size:
+                raise ValueError(
+                    f"padded_vocab_size ({self.padded_vocab_size}) must be >= vocab_size "
+                    f"({self.vocab_size}): padding only adds rows; leave it unset for none"
+                )
         if self.d_ff is None:
             self.d_ff = 4 * self.d_model
             if self.mlp == "swiglu":
@@ -192,6 +208,11 @@ class ModelConfig:
     def head_dim(self) -> int:
         """Width of one attention head: d_model // n_heads."""
         return self.d_model // self.n_heads
+
+    @property
+    def vocab_rows(self) -> int:
+        """Rows of the token embedding and the unembedding: padded_vocab_size, or vocab_size."""
+        return self.padded_vocab_size or self.vocab_size
 
     @property
     def length_limit(self) -> str:
@@ -233,8 +254,10 @@ class TrainConfig:
         beta2: AdamW's second moment coefficient (of the squared gradient's running mean).
         grad_clip: clip the global gradient norm to this value; None disables clipping.
         eval_interval: estimate the validation loss every this many steps (and at the end).
-        eval_batches: each validation estimate covers at most eval_batches * batch_size
-            non-overlapping windows, spread evenly over the validation split.
+        eval_batches: each validation estimate during training covers at most eval_batches
+            optimizer-step batches (batch_size * grad_accum_steps * world_size windows each)
+            of non-overlapping windows, spread evenly over the validation split; the same
+            windows however a step is split into micro-batches.
         log_interval: write a metrics line every this many steps.
         dtype: "float32"; "bfloat16" for bfloat16 autocast; "float16" for float16 autocast
             with a GradScaler (dynamic loss scaling). Weights and optimizer state stay float32.

@@ -26,6 +26,7 @@ __all__ = [
     "save_weights",
     "read_model_dir",
     "load_state",
+    "resolve_tied",
     "read_safetensors",
     "normalize_state_dict",
     "unwrap_model",
@@ -40,6 +41,7 @@ WEIGHTS_NAME = "model.safetensors"
 CHECKPOINTS_DIR = "checkpoints"
 _STEP_PREFIX = "step-"
 _WRAPPER_PREFIXES = ("module.", "_orig_mod.")  # DDP / DataParallel and torch.compile
+_PAIR = ("tok_emb.weight", "lm_head.weight")  # the token embedding and the unembedding
 
 
 def normalize_state_dict(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -126,8 +128,10 @@ def read_model_dir(
     if not weights.is_file():
         raise FileNotFoundError(f"{weights} not found")
     state = normalize_state_dict(read_safetensors(weights, map_location))
-    tied = model_config.tie_embeddings
-    in_file = sum(t.numel() for k, t in state.items() if not (tied and k == "lm_head.weight"))
+    pair = [state[k] for k in _PAIR if k in state]
+    in_file = sum(t.numel() for k, t in state.items() if k not in _PAIR)
+    if pair:  # one matrix when tied, two when not, whether the file holds one or both
+        in_file += pair[0].numel() * (1 if model_config.tie_embeddings else 2)
     expected_total = count_parameters(model_config)["total"]
     if in_file != expected_total:
         raise ValueError(
@@ -145,16 +149,67 @@ def read_safetensors(path: Path, device: str = "cpu") -> dict[str, torch.Tensor]
         raise ValueError(f"{path} is not a readable safetensors file ({e})") from None
 
 
-def load_state(model: torch.nn.Module, state: dict[str, torch.Tensor], source) -> torch.nn.Module:
+def resolve_tied(
+    state: dict, tied: bool, source, prefix: str = "", file_keys: dict | None = None
+) -> None:
+    """Make `state` (changed in place) hold both the token embedding and the unembedding, by
+    the rule for tied weights: one of the two alone stands for both (tied or not); both in a
+    tied model must be equal bitwise (same shape, dtype and values), and then are one tensor.
+
+    Args:
+        state: a state dict; its keys prefix + "tok_emb.weight" and prefix + "lm_head.weight".
+        tied: whether the model that will load it ties them (config.tie_embeddings).
+        source: names the file in messages.
+        prefix: of both keys (load_state_dict's prefix).
+        file_keys: our key -> the file's own name for it, used in messages (e.g. GPT-2's
+            "transformer.wte.weight").
+
+    Raises:
+        ValueError: tied, and the two tensors differ; the message names both keys and the
+            largest absolute difference, and how to load them untied.
+    """
+    emb_key, head_key = (prefix + key for key in _PAIR)
+    emb, head = state.get(emb_key), state.get(head_key)
+    if emb is None or head is None:
+        if emb is not None or head is not None:
+            state[emb_key] = state[head_key] = emb if emb is not None else head
+        return
+    if not tied or emb is head:
+        return
+    if emb.shape == head.shape and emb.dtype == head.dtype and torch.equal(emb, head):
+        state[head_key] = emb
+        return
+    names = [(file_keys or {}).get(k[len(prefix) :], k) for k in (emb_key, head_key)]
+    if emb.shape == head.shape:
+        diff = f"max abs difference {(emb.double() - head.double()).abs().max().item():.6g}"
+        if emb.dtype != head.dtype:
+            diff += f", dtypes {emb.dtype} and {head.dtype}"
+    else:
+        diff = f"shapes {tuple(emb.shape)} and {tuple(head.shape)}"
+    raise ValueError(
+        f"{source} holds two different matrices {names[0]} and {names[1]} ({diff}) but the "
+        f"model ties them (one matrix for both); loading would drop one. Load them untied "
+        f"with tie_embeddings=False (DecoderLM.from_pretrained or decoderlm.hf.load_gpt2), "
+        f"or set tie_embeddings (GPT-2: tie_word_embeddings) to false in config.json"
+    )
+
+
+def load_state(
+    model: torch.nn.Module, state: dict[str, torch.Tensor], source, file_keys: dict | None = None
+) -> torch.nn.Module:
     """Load `state` (our key names) into `model` (a DecoderLM), checked key by key and shape
-    by shape first; a tied unembedding may be absent from `state`. Returns the model.
+    by shape first; tied or not, the token embedding or the unembedding may stand for both
+    (see `resolve_tied`). Returns the model.
+
+    file_keys: our key -> the file's name for it, for messages.
 
     Raises:
         ValueError: the tensors do not match the model (the message lists missing,
-            unexpected and mis-shaped tensors, and names `source`).
+            unexpected and mis-shaped tensors, and names `source`), or two different
+            matrices for tied weights.
     """
-    if model.config.tie_embeddings and "tok_emb.weight" in state:
-        state = {**state, "lm_head.weight": state["tok_emb.weight"]}
+    state = dict(state)
+    resolve_tied(state, model.config.tie_embeddings, source, file_keys=file_keys)
     expected = model.state_dict()
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))

@@ -97,6 +97,13 @@ def micro_batches(
         yield windows(train_ids, mine, block_size)
 
 
+def eval_window_count(cfg: TrainConfig, info: DistInfo) -> int:
+    """Windows of each validation estimate during training: eval_batches batches of one
+    optimizer step (batch_size * grad_accum_steps * world_size sequences), so how a step is
+    split into micro-batches and processes does not change which windows are scored."""
+    return cfg.eval_batches * cfg.batch_size * cfg.grad_accum_steps * info.world_size
+
+
 def train_step(
     par: Parallelized,
     optimizer: torch.optim.Optimizer,
@@ -130,7 +137,8 @@ def train_step(
 
 class MetricsLog:
     """The records of logged steps: kept in `records`, appended to metrics.jsonl (rank 0 with
-    a run directory), shown on a tqdm progress bar, and evaluation lines printed (rank 0)."""
+    a run directory), and with `progress` shown on a tqdm progress bar with a printed line per
+    evaluation (rank 0); without it nothing is printed."""
 
     def __init__(
         self,
@@ -142,13 +150,14 @@ class MetricsLog:
     ):
         self.cfg, self.info, self.records, self.sink = cfg, info, [], None
         self.probe = None  # () -> dict of more evaluation metrics (the lens probe)
+        self.show = progress and info.is_main
         if info.is_main and run_dir is not None:
             run_dir.mkdir(parents=True, exist_ok=True)
             self.sink = open(run_dir / "metrics.jsonl", "a", encoding="utf-8")
         self.bar = tqdm(
             total=cfg.max_steps,
             initial=first_step,
-            disable=not (progress and info.is_main),
+            disable=not self.show,
             unit="step",
             mininterval=0.5,
             dynamic_ncols=True,
@@ -176,7 +185,7 @@ class MetricsLog:
         if is_eval:
             val = evaluate_val()
             record.update(val_loss=val, val_bpc=val / LN2, **(self.probe() if self.probe else {}))
-            if self.info.is_main:
+            if self.show:
                 self.bar.write(
                     f"step {done:>6}: train {record['train_loss']:.4f}, "
                     f"val {val:.4f} nats ({val / LN2:.3f} bits/token)"
@@ -271,7 +280,8 @@ def train(
         cfg: the TrainConfig.
         train_ids, val_ids: [N] token ids (int64 tensors, or numpy / memmapped arrays).
         run_dir: where metrics.jsonl and checkpoints/ go (rank 0 writes); None keeps nothing.
-        progress: show a tqdm progress bar on stderr (rank 0).
+        progress: show a tqdm progress bar on stderr and a line per evaluation (rank 0);
+            False prints neither (metrics.jsonl and the returned records still have them).
         info: this process's DistInfo (see `parallel.init_distributed`); None: one process.
         resume: a checkpoint's trainer state to continue from (`load_trainer_state`; the
             model weights must already be the checkpoint's); see `TrainState`.
@@ -296,7 +306,7 @@ def train(
     par = parallelize(model, cfg, info, device)
     state = _initial_state(model, cfg, info, log, resume, run_dir)
     autocast, first_step = autocast_for(cfg, device), state.step
-    eval_windows = cfg.eval_batches * cfg.batch_size * info.world_size  # as one process
+    eval_windows = eval_window_count(cfg, info)
     validate = functools.partial(evaluate, model, val_ids, eval_windows, cfg.batch_size, autocast)
     metrics = MetricsLog(run_dir, cfg, info, progress, first_step)
     probe = default_probe(model.config.vocab_size, T)

@@ -190,12 +190,32 @@ def _new_plan(
     tokenizer, train_ids, val_ids, source, fingerprint = load_corpus(spec)
     spec["fingerprint"] = fingerprint
     model_cfg = ModelConfig.from_dict(
-        {**preset_spec.model, **model_overrides, "vocab_size": tokenizer.vocab_size}
+        {**preset_spec.model, **_vocab_settings(model_overrides, tokenizer.vocab_size)}
     )
     out_dir = Path(out) if out is not None else _free_run_dir(preset)
     return RunPlan(
         out_dir, preset, spec, model_cfg, train_cfg, tokenizer, train_ids, val_ids, source
     )
+
+
+def _vocab_settings(model_overrides: dict, n_tokens: int) -> dict:
+    """model_overrides with vocab_size the tokenizer's n_tokens. A vocab_size asked for that is
+    larger becomes padded_vocab_size (rows never produced); a smaller one is a ValueError."""
+    settings = {**model_overrides, "vocab_size": n_tokens}
+    asked = model_overrides.get("vocab_size")
+    if asked is None or asked == n_tokens:
+        return settings
+    if isinstance(asked, bool) or not isinstance(asked, int) or asked < n_tokens:
+        raise ValueError(
+            f"vocab_size {asked!r} is smaller than the tokenizer's {n_tokens} tokens; "
+            f"drop --vocab-size (it defaults to the tokenizer's) or give at least {n_tokens}"
+        )
+    if model_overrides.get("padded_vocab_size") not in (None, asked):
+        raise ValueError(
+            f"vocab_size {asked} (padding the tokenizer's {n_tokens} tokens) and "
+            f"padded_vocab_size {model_overrides['padded_vocab_size']} disagree; give one"
+        )
+    return {**settings, "padded_vocab_size": asked}
 
 
 def _resume_plan(
@@ -407,7 +427,9 @@ def _log_start(plan: RunPlan, model: DecoderLM, info: DistInfo, device: torch.de
     log(
         f"model: {model.num_parameters():,} parameters (n_layers {cfg.n_layers}, "
         f"d_model {cfg.d_model}, n_heads {cfg.n_heads}, block_size "
-        f"{cfg.block_size}); preset {plan.preset!r}, {train_cfg.max_steps} steps, "
+        f"{cfg.block_size}"
+        + (f", vocabulary padded to {cfg.padded_vocab_size} rows" if cfg.padded_vocab_size else "")
+        + f"); preset {plan.preset!r}, {train_cfg.max_steps} steps, "
         f"{train_cfg.dtype} on {device}"
         + (f" x {info.world_size} processes" if info.world_size > 1 else "")
         + (f"; resuming from {plan.checkpoint}" if plan.checkpoint else "")
