@@ -18,6 +18,7 @@ import torch
 
 from .data import check_split, is_token_dir, load_corpus, load_token_dir, windows
 from .files import read_json
+from .finetune import load_model
 from .model import DecoderLM
 from .prepare import encode_source, source_files
 from .tokenizers import CharTokenizer, Tokenizer, load_tokenizer
@@ -132,7 +133,8 @@ def evaluate_run(
     """Loss of the model in run directory `run` on a whole split or text.
 
     Args:
-        run: a run directory (model.safetensors, config.json, tokenizer.json).
+        run: a run directory (model.safetensors, config.json, tokenizer.json), or a LoRA
+            run's adapter directory (loaded over its base model).
         data: None (the run's own data, from config.json's "data_spec"); a prepared token
             directory (its `split`, default "val"; it must use the run's tokenizer); or a text
             file / directory of text files (all of it), encoded with the run's tokenizer, with
@@ -154,7 +156,7 @@ def evaluate_run(
     run = Path(run)
     if split not in (None, "val", "train"):
         raise ValueError(f"unknown split {split!r}; use 'val' or 'train'")
-    model = DecoderLM.from_pretrained(run, map_location=device)
+    model = load_model(run, map_location=device)  # an adapter run: over its base
     tokenizer = load_tokenizer(run)
     check_vocab(tokenizer, model, run)
     if data is None:

@@ -13,7 +13,8 @@ class Preset:
     """A named model (ModelConfig fields) and, for the runnable ones, training settings.
 
     `decoderlm train --preset NAME` trains a character model of that shape: vocab_size is then
-    set from the corpus's tokenizer.
+    set from the corpus's tokenizer. A preset without a model ("finetune") has training
+    settings for `decoderlm train --init-from SRC`, whose model comes from SRC.
     """
 
     description: str
@@ -57,6 +58,25 @@ PRESETS: dict[str, Preset] = {
             grad_clip=1.0,
             dtype="bfloat16",
             eval_interval=300,
+        ),
+    ),
+    "finetune": Preset(
+        description="what `decoderlm train --init-from SRC` runs: the model of SRC (its shape "
+        "and tokenizer), trained 300 steps with a 20-step warm-up then cosine decay from lr "
+        "3e-4 to 3e-5 (a tenth of 'default'), no weight decay (it would pull the weights "
+        "towards 0, not towards the pretrained ones), clipping at 1.0, bfloat16 autocast",
+        train=dict(
+            batch_size=32,
+            max_steps=300,
+            lr=3e-4,
+            min_lr=3e-5,
+            warmup_steps=20,
+            schedule="cosine",
+            weight_decay=0.0,
+            beta2=0.99,
+            grad_clip=1.0,
+            dtype="bfloat16",
+            eval_interval=50,
         ),
     ),
     **{
