@@ -381,15 +381,16 @@ def load_corpus(spec: dict, tokenizer=None):
     ids = torch.tensor(tokenizer.encode(text, unknown=unknown), dtype=torch.long)
     train_ids, val_ids = split_ids(ids, spec["val_fraction"])
     n_unknown = tokenizer.count_unknown(text) if unknown == "unk" else 0
-    if n_unknown:
-        source += (
-            f" ({n_unknown:,} characters outside the vocabulary, mapped to the unknown token "
-            f"{getattr(tokenizer, 'unk_token', None)!r})"
-        )
+    unknown_note = (
+        f", {n_unknown:,} of them outside the vocabulary (mapped to the unknown token "
+        f"{getattr(tokenizer, 'unk_token', None)!r})"
+        if n_unknown
+        else ""
+    )
     return (
         tokenizer,
         train_ids,
         val_ids,
-        f"{source}: {len(text):,} characters",
+        f"{source}: {len(text):,} characters{unknown_note}",
         hashlib.sha256(text.encode("utf-8")).hexdigest(),
     )

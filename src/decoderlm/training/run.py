@@ -407,7 +407,7 @@ def _free_run_dir(name: str, root: Path = Path("runs")) -> Path:
 
 def _check_plan(plan: RunPlan, info: DistInfo, overwrite: bool) -> None:
     """Refuse what cannot train: fsdp in one process, splits shorter than one window, a run
-    directory that cannot be used."""
+    directory that cannot be used, LoRA targets or --freeze items that name nothing."""
     if plan.train_cfg.fsdp and info.world_size == 1:
         raise ValueError(
             "fsdp needs several processes: run under torchrun (`torchrun "
@@ -417,6 +417,8 @@ def _check_plan(plan: RunPlan, info: DistInfo, overwrite: bool) -> None:
     check_split("train", plan.train_ids, plan.model_cfg.block_size)
     check_split("validation", plan.val_ids, plan.model_cfg.block_size)
     _check_run_dir(plan.out_dir, overwrite, plan.checkpoint)
+    with torch.device("meta"):  # LoRA targets and --freeze items, checked on a shell model
+        prepare_trainable(DecoderLM(plan.model_cfg), plan.train_cfg)
 
 
 def _check_run_dir(out_dir: Path, overwrite: bool, checkpoint: Path | None) -> None:
@@ -563,8 +565,13 @@ def _summarize(plan: RunPlan, result: TrainResult, log) -> RunSummary:
         f"bits/{unit} (whole validation split), {result.elapsed_s:.1f} s of training at "
         f"{result.tokens_per_s:,.0f} tokens/s"
     )
+    weights = (
+        f"adapter.safetensors (LoRA adapters over {plan.init_from['path']})"
+        if plan.lora
+        else "model.safetensors"
+    )
     log(
-        f"wrote {plan.out_dir}/: model.safetensors config.json tokenizer.json metrics.jsonl "
+        f"wrote {plan.out_dir}/: {weights} config.json tokenizer.json metrics.jsonl "
         f"loss.png attention.png samples.txt checkpoints/"
     )
     return summary
