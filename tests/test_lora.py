@@ -4,7 +4,6 @@ merging, the closed-form parameter count, target matching."""
 import pytest
 import torch
 import torch.nn as nn
-from conftest import randomize, tiny_model
 
 from decoderlm.lora import (
     LoRALinear,
@@ -14,6 +13,8 @@ from decoderlm.lora import (
     merge_lora,
     parse_targets,
 )
+
+from conftest import randomize, tiny_model
 
 
 def adapted(rank=4, alpha=8.0, targets="qkv,proj,fc", seed=0, **overrides):
