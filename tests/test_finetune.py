@@ -100,7 +100,7 @@ def records(run):
 def lora_run(base, new_text, tmp_path_factory):
     out = tmp_path_factory.mktemp("lora") / "run"
     flags = ["--lora-rank", "4", "--lora-alpha", "8", "--lora-targets", "qkv,proj,fc"]
-    assert finetune(base, new_text, out, *flags, "--max-steps", "6", "--lr", "1e-2") == 0
+    assert finetune(base, new_text, out, *flags, "--max-steps", "6", "--lr", "1e-2", "--merge") == 0
     return out
 
 
@@ -137,6 +137,8 @@ def test_the_trained_adapters_change_the_model_and_merging_keeps_its_logits(
     merged = DecoderLM.from_pretrained(merged_dir)  # an ordinary model directory
     assert (merged(idx)[0] - adapted(idx)[0]).abs().max() < 1e-5
     assert (load_model(lora_run)(idx)[0] - adapted(idx)[0]).abs().max() < 1e-5
+    at_the_end = DecoderLM.from_pretrained(lora_run / "merged")  # written by train --merge
+    assert (at_the_end(idx)[0] - adapted(idx)[0]).abs().max() < 1e-5
     config = json.loads((merged_dir / "config.json").read_text())
     assert "lora" not in config and config["merged_from"]["run"] == str(lora_run.resolve())
 
