@@ -166,17 +166,29 @@ def test_sample_eval_and_the_gpt2_export_work_on_adapters_and_merged(
     assert (hf(idx).logits - model(idx)[0]).abs().max() < 1e-5
 
 
-def test_resume_with_lora_is_bitwise_exact(base, new_text, tmp_path):
-    flags = ["--lora-rank", "2", "--lora-dropout", "0.2", "--dropout", "0.1", "--lr", "1e-2"]
-    flags += ["--decay-steps", "6", "--checkpoint-interval", "3"]
+@pytest.mark.parametrize(
+    "how, weights",
+    [
+        (["--lora-rank", "2", "--lora-dropout", "0.2"], "adapter.safetensors"),
+        (["--freeze", "embeddings,blocks:1"], "model.safetensors"),
+    ],
+)
+def test_resume_with_lora_or_frozen_parameters_is_bitwise_exact(
+    base, new_text, tmp_path, how, weights
+):
+    flags = [*how, "--dropout", "0.1", "--lr", "1e-2", "--decay-steps", "6"]
+    flags += ["--checkpoint-interval", "3"]
     a, b = tmp_path / "a", tmp_path / "b"
     assert finetune(base, new_text, a, *flags, "--max-steps", "6") == 0
     assert finetune(base, new_text, b, *flags, "--max-steps", "3") == 0
     assert main(["train", "--resume", str(b), "--max-steps", "6", "--no-progress"]) == 0
     assert records(a) == records(b)
-    wa, wb = (load_file(str(r / "adapter.safetensors")) for r in (a, b))
+    wa, wb = (load_file(str(r / weights)) for r in (a, b))
     assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
-    assert any(v.abs().sum() > 0 for k, v in wa.items() if k.endswith("lora_B"))
+    start = load_file(str(base / "model.safetensors"))
+    assert any(k in start and not torch.equal(v, start[k]) for k, v in wa.items()) or any(
+        v.abs().sum() > 0 for k, v in wa.items() if k.endswith("lora_B")
+    )
 
 
 def test_frozen_parameters_stay_bitwise_and_are_not_in_the_optimizer(base, new_text, tmp_path):
@@ -237,6 +249,16 @@ def test_init_from_a_transformers_gpt2_trains_from_its_loss(tmp_path, fmt, capsy
     )
 
 
+class MakesMarker:
+    """An object whose unpickling creates a file."""
+
+    def __init__(self, path):
+        self.path = str(path)
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
 def test_bad_input_is_one_line_and_writes_nothing(base, lora_run, new_text, tmp_path, capsys):
     out = tmp_path / "never"
     not_a_model = tmp_path / "notes"
@@ -258,6 +280,16 @@ def test_bad_input_is_one_line_and_writes_nothing(base, lora_run, new_text, tmp_
         one_line_error(capsys, argv, fragment)
         assert not out.exists()
     one_line_error(capsys, ["merge", "--run", str(base), "--out", str(out)], "no LoRA adapters")
+    assert not out.exists()
+    # a pytorch_model.bin whose unpickling would run code is refused, never executed
+    unsafe, marker = tmp_path / "unsafe", tmp_path / "marker"
+    unsafe.mkdir()
+    shape = dict(vocab_size=11, n_positions=8, n_layer=1, n_head=1, n_embd=4)
+    (unsafe / "config.json").write_text(json.dumps({"model_type": "gpt2", **shape}))
+    torch.save({"x": MakesMarker(marker)}, unsafe / "pytorch_model.bin")
+    argv = ["train", "--init-from", str(unsafe), "--data", str(new_text), "--out", str(out)]
+    one_line_error(capsys, argv, "could not be read as plain tensors")
+    assert not marker.exists() and not out.exists()
     assert not out.exists()
     occupied = tmp_path / "occupied"
     occupied.mkdir()
