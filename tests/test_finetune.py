@@ -12,6 +12,7 @@ from safetensors.torch import load_file
 
 from decoderlm.cli import main
 from decoderlm.data import split_ids, windows
+from decoderlm.evaluate import evaluate_run
 from decoderlm.finetune import load_model, load_source
 from decoderlm.lora import is_lora_key
 from decoderlm.model import DecoderLM
@@ -123,6 +124,9 @@ def test_a_lora_run_saves_its_adapters_alone_and_records_its_source(base, lora_r
     text = new_text.read_text(encoding="utf-8")
     unknown = text.count("X") + text.count("Y")
     assert f"{unknown:,} of them outside the vocabulary" in config["data"]
+    report = evaluate_run(lora_run, split="train")
+    report_val = evaluate_run(lora_run)
+    assert report["unknown_characters"] + report_val["unknown_characters"] == unknown
 
 
 def test_the_trained_adapters_change_the_model_and_merging_keeps_its_logits(

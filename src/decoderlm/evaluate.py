@@ -109,7 +109,10 @@ def _ids_of_data_spec(run: Path, tokenizer: Tokenizer, split: str) -> tuple[np.n
     if spec.get("token_dir"):
         return _ids_of_token_dir(Path(spec["token_dir"]), tokenizer, split)
     _, train_ids, val_ids, source, _ = load_corpus(spec, tokenizer)
-    return (val_ids if split == "val" else train_ids), 0, source
+    ids = val_ids if split == "val" else train_ids
+    unk = getattr(tokenizer, "unk_id", None)  # a fine-tuning run maps unknown characters
+    n_unknown = int((ids == unk).sum()) if spec.get("unknown") == "unk" and unk is not None else 0
+    return ids, n_unknown, source
 
 
 def _ids_of_token_dir(path: Path, tokenizer: Tokenizer, split: str) -> tuple[np.ndarray, int, str]:
