@@ -166,16 +166,7 @@ def run_experiment(
     log = info.main_only(log)
     request = dict(preset=preset, data=data, out=out, dataset=dataset, max_chars=max_chars)
     request.update(model_overrides=model_overrides, train_overrides=train_overrides)
-    if resume is not None and init_from is not None:
-        raise ValueError(
-            "--resume continues a run, which already records where it started; drop --init-from"
-        )
-    if resume is not None:
-        plan = _resume_plan(Path(resume), info, log, **request)
-    else:
-        plan = _new_plan(**request, init_from=init_from, log=log)
-    if merge and plan.train_cfg.lora_rank is None:
-        raise ValueError("--merge merges LoRA adapters; this run has none (give --lora-rank R)")
+    plan = _make_plan(request, resume, init_from, merge, info, log)
     _check_plan(plan, info, overwrite)  # on every rank: all fail alike
     if info.is_main:
         _prepare_run_dir(plan.out_dir, plan.resumed_step, log)
@@ -200,6 +191,21 @@ def run_experiment(
         if merge:
             log(f"merged model: {merge_run(plan.out_dir, plan.out_dir / 'merged')}")
     return _summarize(plan, result, log)
+
+
+def _make_plan(request: dict, resume, init_from, merge: bool, info: DistInfo, log) -> RunPlan:
+    """The plan of a resumed run (`_resume_plan`) or a new one (`_new_plan`)."""
+    if resume is not None and init_from is not None:
+        raise ValueError(
+            "--resume continues a run, which already records where it started; drop --init-from"
+        )
+    if resume is not None:
+        plan = _resume_plan(Path(resume), info, log, **request)
+    else:
+        plan = _new_plan(**request, init_from=init_from, log=log)
+    if merge and plan.train_cfg.lora_rank is None:
+        raise ValueError("--merge merges LoRA adapters; this run has none (give --lora-rank R)")
+    return plan
 
 
 def _new_plan(
