@@ -13,13 +13,13 @@ from safetensors.torch import load_file
 from decoderlm.cli import main
 from decoderlm.data import split_ids, windows
 from decoderlm.evaluate import evaluate_run
-from decoderlm.finetune import load_model, load_source
+from decoderlm.finetune import freeze, load_model, load_source
 from decoderlm.lora import is_lora_key
 from decoderlm.model import DecoderLM
 from decoderlm.tokenizers import GPT2Tokenizer
 from decoderlm.training.checkpoints import load_trainer_state
 
-from conftest import one_line_error
+from conftest import one_line_error, tiny_model
 
 SYMBOLS = "abcdefghijklmnopqrstuvwxyz .,;!?\n"
 SMALL = ["--n-layers", "2", "--d-model", "32", "--n-heads", "2", "--block-size", "16"]
@@ -300,3 +300,30 @@ def test_bad_input_is_one_line_and_writes_nothing(base, lora_run, new_text, tmp_
     (occupied / "x").write_text("x")
     one_line_error(capsys, ["merge", "--run", str(lora_run), "--out", str(occupied)], "not empty")
     assert sorted(p.name for p in occupied.iterdir()) == ["x"]
+
+
+def both(*modules):
+    """The weight and bias names of each module."""
+    return {f"{m}.{w}" for m in modules for w in ("weight", "bias")}
+
+
+@pytest.mark.parametrize(
+    "spec, frozen",
+    [
+        ("embeddings", {"tok_emb.weight", "pos_emb.weight", "lm_head.weight"}),  # tied head
+        ("norms", both(*(f"blocks.{i}.{n}" for i in (0, 1) for n in ("ln_1", "ln_2")), "ln_f")),
+        ("blocks:1", {k for k in tiny_model().state_dict() if k.startswith("blocks.1.")}),
+        ("blocks.*.attn.qkv.*", both("blocks.0.attn.qkv", "blocks.1.attn.qkv")),
+    ],
+)
+def test_the_freeze_grammar(spec, frozen):
+    model = tiny_model()
+    freeze(model, spec)
+    names = {n for n, p in model.named_parameters(remove_duplicate=False) if not p.requires_grad}
+    assert names == frozen
+
+
+def test_presets_lists_the_finetune_defaults(capsys):
+    assert main(["presets"]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("finetune"))
+    assert "--init-from" in line and "3e-4" in line

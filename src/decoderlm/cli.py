@@ -81,8 +81,9 @@ def train(
             pytorch_model.bin); the model's shape and tokenizer come from it (only --dropout
             may change), the data are encoded with its tokenizer, the optimizer and schedule
             start fresh, and the preset defaults to 'finetune' (lr 3e-4, 20 warm-up steps,
-            300 steps; see `decoderlm presets`; a preset's model settings do not apply). With --lora-rank R the run trains LoRA
-            adapters alone and saves them alone (adapter.safetensors).
+            300 steps; see `decoderlm presets`; a preset's model settings do not apply).
+            With --lora-rank R the run trains LoRA adapters alone and saves them alone
+            (adapter.safetensors).
         merge: after training with LoRA adapters, also write the merged model to
             <out>/merged/ (an ordinary model directory).
         device: cpu, cuda, ... (default: cuda if available).
