@@ -46,7 +46,7 @@ __all__ = [
     "FREEZE_GROUPS",
 ]
 
-FREEZE_GROUPS = ("embeddings", "head", "norms", "blocks", "blocks:I", "blocks:I-J", "PATTERN*")
+FREEZE_GROUPS = ("embeddings", "head", "norms", "blocks", "blocks:I", "blocks:I-J")
 _HF_WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
 _NOT_A_MODEL = (
     "expected a decoderlm run directory (config.json with a 'model' entry and "
@@ -235,7 +235,7 @@ def _freeze_group(model: DecoderLM, item: str) -> list[nn.Parameter]:
         return [p for name, p in named if fnmatch.fnmatchcase(name, item)]
     raise ValueError(
         f"--freeze {item!r} is not a group; use a comma-separated list of "
-        f"{', '.join(FREEZE_GROUPS)} (a pattern of parameter names such as blocks.*.attn.*)"
+        f"{', '.join(FREEZE_GROUPS)} or parameter-name patterns such as blocks.*.attn.*"
     )
 
 
