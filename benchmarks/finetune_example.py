@@ -115,6 +115,7 @@ def main() -> None:
     parser.add_argument("--lora-rank", type=int, default=8)
     parser.add_argument("--lora-targets", default="qkv,proj,fc")
     parser.add_argument("--lora-lr", type=float, default=1e-3, help="LoRA's peak lr")
+    parser.add_argument("--full-lr", type=float, help="full fine-tune's peak lr (default: 3e-4)")
     parser.add_argument("--max-chars", type=int, help="use only the text's first N characters")
     parser.add_argument("--out", type=Path, help="keep the runs here (default: a temp dir)")
     parser.add_argument("--tiny", action="store_true", help="tiny model and steps (smoke test)")
@@ -138,9 +139,12 @@ def main() -> None:
             train(["--out", str(base), *shape, *steps, *extra])
             print(f"pretrained {base}", flush=True)
         lora = ["--lora-rank", str(args.lora_rank), "--lora-targets", args.lora_targets]
+        full_lr = (
+            ["--lr", str(args.full_lr), "--min-lr", str(args.full_lr / 10)] if args.full_lr else []
+        )
         runs = {
             "from scratch": [*shape, *common],
-            "full fine-tune": ["--init-from", str(base), *common],
+            "full fine-tune": ["--init-from", str(base), *common, *full_lr],
             f"LoRA r={args.lora_rank}": [
                 "--init-from",
                 str(base),
