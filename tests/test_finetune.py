@@ -141,6 +141,8 @@ def test_the_trained_adapters_change_the_model_and_merging_keeps_its_logits(
     merged = DecoderLM.from_pretrained(merged_dir)  # an ordinary model directory
     assert (merged(idx)[0] - adapted(idx)[0]).abs().max() < 1e-5
     assert (load_model(lora_run)(idx)[0] - adapted(idx)[0]).abs().max() < 1e-5
+    with pytest.raises(ValueError, match="holds LoRA adapters over a base model"):
+        DecoderLM.from_pretrained(lora_run)  # points to load_model and `decoderlm merge`
     at_the_end = DecoderLM.from_pretrained(lora_run / "merged")  # written by train --merge
     assert (at_the_end(idx)[0] - adapted(idx)[0]).abs().max() < 1e-5
     config = json.loads((merged_dir / "config.json").read_text())
