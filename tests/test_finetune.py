@@ -270,9 +270,13 @@ def test_bad_input_is_one_line_and_writes_nothing(base, lora_run, new_text, tmp_
     not_a_model = tmp_path / "notes"
     not_a_model.mkdir()
     (not_a_model / "notes.txt").write_text("hello")
+    llama = tmp_path / "llama"
+    llama.mkdir()
+    (llama / "config.json").write_text(json.dumps({"model_type": "llama"}))
     cases = [
         (["--init-from", str(not_a_model)], "is not a model"),
         (["--init-from", str(new_text)], "is not a model"),
+        (["--init-from", str(llama)], "Hugging Face 'llama' model; only GPT-2"),
         (["--init-from", str(base), "--n-layers", "3"], "--n-layers 3 (the source has n_layers 2)"),
         (["--init-from", str(base), "--lora-rank", "2", "--lora-targets", "nope"], "'nope'"),
         (["--init-from", str(base), "--lora-rank", "0"], "lora_rank must be a positive"),

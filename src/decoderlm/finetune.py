@@ -120,6 +120,11 @@ def load_source(src: str | Path, map_location: str = "cpu") -> Source:
         if not any((path / name).is_file() for name in _HF_WEIGHT_FILES):
             raise ValueError(f"--init-from {src} is not a model: {_NOT_A_MODEL}")
         model, tokenizer = load_gpt2(path, map_location), GPT2Tokenizer()
+    elif "model_type" in config:
+        raise ValueError(
+            f"--init-from {src} is a Hugging Face {config['model_type']!r} model; only GPT-2 "
+            f"checkpoints (model_type 'gpt2') and decoderlm runs can be fine-tuned"
+        )
     else:
         raise ValueError(f"--init-from {src} is not a model: {_NOT_A_MODEL}")
     if tokenizer.vocab_size != model.config.vocab_size:
