@@ -1,4 +1,5 @@
-"""The `decoderlm` command: train | prepare | eval | sample | serve | presets | params | inspect.
+"""The `decoderlm` command: train | prepare | eval | sample | serve | presets | params | inspect |
+merge.
 
 Each command is the plain function of the same name below (`eval` is `evaluate`): its signature
 and docstring are the command's flags and --help, read by jsonargparse; `train` also takes
@@ -49,6 +50,8 @@ def train(
     out: NotEmptyStr | None = None,
     overwrite: bool = False,
     resume: NotEmptyStr | None = None,
+    init_from: NotEmptyStr | None = None,
+    merge: bool = False,
     device: str | None = None,
     no_progress: bool = False,
     model: dict[str, Any] | None = None,
@@ -74,6 +77,16 @@ def train(
             training).
         resume: continue the run in DIR from its newest checkpoint (settings such as
             --max-steps may change; the model and data may not).
+        init_from: fine-tune: start from the weights of a decoderlm run directory or a
+            Hugging Face GPT-2 directory (config.json + model.safetensors or
+            pytorch_model.bin); the model's shape and tokenizer come from it (only --dropout
+            may change, and --block-size N may crop its context to N positions), the data are encoded with its tokenizer, the optimizer and schedule
+            start fresh, and the preset defaults to 'finetune' (lr 3e-4, 20 warm-up steps,
+            300 steps; see `decoderlm presets`; a preset's model settings do not apply).
+            With --lora-rank R the run trains LoRA adapters alone and saves them alone
+            (adapter.safetensors).
+        merge: after training with LoRA adapters, also write the merged model to
+            <out>/merged/ (an ordinary model directory).
         device: cpu, cuda, ... (default: cuda if available).
         no_progress: print neither the progress bar nor the evaluation lines (metrics.jsonl
             still has them).
@@ -101,6 +114,8 @@ def train(
         device=_checked_device(device),
         progress=not no_progress,
         resume=resume,
+        init_from=init_from,
+        merge=merge,
     )
     return 0
 
@@ -301,6 +316,10 @@ def presets() -> int:
     from .analysis import count_parameters
 
     for name, preset in PRESETS.items():
+        if not preset.model:  # "finetune": the model comes from --init-from
+            print(f"{name} (the model of --init-from SRC): {preset.description}")
+            print(f"    train: {preset.train}")
+            continue
         total = count_parameters(ModelConfig.from_dict(preset.model))["total"]
         print(f"{name} ({total:,} parameters): {preset.description}")
         print(f"    model: {preset.model}")
@@ -317,6 +336,9 @@ def params(
     seq_len: PositiveInt | None = None,
     dtype: Literal["fp32", "bf16", "fp16"] = "fp32",
     json: bool = False,
+    freeze: str | None = None,
+    lora_rank: PositiveInt | None = None,
+    lora_targets: str | None = None,
 ) -> int:
     """Parameter, FLOP and memory counts of a model.
 
@@ -331,6 +353,11 @@ def params(
         seq_len: sequence length T (default: block_size).
         dtype: the number format for the memory figures.
         json: print JSON instead of a table.
+        freeze: count as trainable only what this --freeze of `decoderlm train` leaves
+            (default: a run's own setting).
+        lora_rank: count the parameters of LoRA adapters of this rank on --lora-targets,
+            which alone train (default: a run's own setting).
+        lora_targets: the layers with adapters (default: a run's, or qkv).
     """
     import torch
 
@@ -340,6 +367,7 @@ def params(
     from .presets import get_preset
 
     _one_of(preset=preset, run=run, model_config=model_config)
+    data = None
     if preset:
         config = ModelConfig.from_dict(get_preset(preset).model)
     else:
@@ -367,6 +395,11 @@ def params(
         "batch_size": batch_size,
         "seq_len": T,
         "dtype": dtype,
+        "trainable": _trainable_report(
+            config,
+            {"freeze": freeze, "lora_rank": lora_rank, "lora_targets": lora_targets},
+            data.get("train") if run and isinstance(data, dict) else None,
+        ),
     }
     print(_json_text(report) if json else _params_table(report))
     return 0
@@ -468,7 +501,64 @@ def _params_table(report: dict) -> str:
         f"  activations with activation checkpointing: {c['activations'] / gib:.3f} GiB"
         f" (training total {c['training_total'] / gib:.3f} GiB)"
     )
+    t = report.get("trainable")
+    if t:
+        lines.append(
+            f"trainable: {t['trainable']:,} of {t['total']:,} parameters"
+            + (
+                f"; LoRA adapters {t['adapters']:,} = r (d_in + d_out) summed over "
+                f"{t['adapted_layers']} layers"
+                if t["adapters"]
+                else ""
+            )
+        )
     return "\n".join(lines)
+
+
+def _trainable_report(config: ModelConfig, given: dict, saved: dict | None) -> dict | None:
+    """Trainable and total parameter counts under freeze / LoRA settings (`given`, else a
+    run's saved `train` entry), from the real modules on the meta device; None when every
+    parameter trains."""
+    import torch
+
+    from .finetune import prepare_trainable, trainable_counts
+    from .lora import LoRALinear, lora_parameter_count
+    from .model import DecoderLM
+
+    saved = saved if isinstance(saved, dict) else {}
+    settings = {k: v if v is not None else saved.get(k) for k, v in given.items()}
+    settings = {k: v for k, v in settings.items() if v is not None}
+    if not settings.get("freeze") and not settings.get("lora_rank"):
+        return None
+    with torch.device("meta"):
+        model = DecoderLM(config)
+        prepare_trainable(model, TrainConfig.from_dict(settings))
+    counts = trainable_counts(model)
+    layers = [m for m in model.modules() if isinstance(m, LoRALinear)]
+    shapes = [(m.out_features, m.in_features) for m in layers]
+    closed_form = lora_parameter_count(shapes, settings.get("lora_rank") or 0)
+    if counts["adapters"] != closed_form:
+        raise RuntimeError(f"internal error: formula {closed_form} != adapters {counts}")
+    return {**counts, "adapted_layers": len(layers), **settings}
+
+
+def merge(run: NotEmptyStr, out: NotEmptyStr) -> int:
+    """Merge a LoRA run's adapters into an ordinary model directory.
+
+    Write the model of a run trained with --lora-rank, its adapters folded into the weights
+    (W + (alpha / r) B A), as a model directory (model.safetensors, config.json,
+    tokenizer.json) whose logits equal the adapted model's; `sample`, `eval`, `serve` and
+    the GPT-2 export take it without the base model.
+
+    Args:
+        run: the LoRA run (or one of its checkpoints); its base model must be where the run
+            recorded it.
+        out: the new model directory (must not exist, or be empty).
+    """
+    from .finetune import merge_run
+
+    print(f"wrote {merge_run(run, out)}/: model.safetensors config.json tokenizer.json")
+    return 0
 
 
 # ---- helpers of the commands ----
@@ -513,7 +603,7 @@ def _checked_device(text: str | None) -> str | None:
 def _model_and_tokenizer(run: str | None, hf: str | None, device: str):
     """The model and tokenizer of --run DIR or --hf DIR, checked to belong together."""
     from .evaluate import check_vocab
-    from .model import DecoderLM
+    from .finetune import load_model
     from .tokenizers import GPT2Tokenizer, load_tokenizer
 
     _one_of(run=run, hf=hf)
@@ -523,7 +613,7 @@ def _model_and_tokenizer(run: str | None, hf: str | None, device: str):
 
         model, tokenizer = load_gpt2(hf, map_location=device), GPT2Tokenizer()
     else:
-        model = DecoderLM.from_pretrained(run, map_location=device)
+        model = load_model(run, map_location=device)  # adapters applied over their base
         tokenizer = load_tokenizer(run)
     check_vocab(tokenizer, model, run or hf)
     return model, tokenizer
@@ -563,12 +653,14 @@ COMMANDS = {
     "presets": presets,
     "params": params,
     "inspect": inspect,
+    "merge": merge,
 }
 _METAVARS = {
     "run": "DIR",
     "hf": "DIR",
     "out": "DIR",
     "resume": "DIR",
+    "init_from": "SRC",
     "data": "PATH",
     "dataset": "NAME",
     "prompt_file": "FILE",

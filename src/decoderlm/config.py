@@ -273,6 +273,18 @@ class TrainConfig:
         seed: seeds torch for initialisation, batches and dropout.
         sample_chars: characters sampled into samples.txt after training.
         sample_prompt: prompt of that sample.
+        freeze: parameters that do not train, a comma-separated list of groups: embeddings
+            (token embedding, position table; with tie_embeddings also the unembedding),
+            head (the unembedding), norms (every norm's gain and bias), blocks (all decoder
+            blocks), blocks:I or blocks:I-J (blocks I to J inclusive, 0-based), or a
+            parameter-name pattern with * (e.g. blocks.*.attn.*); None trains everything.
+            The optimizer holds only the parameters that train.
+        lora_rank: add LoRA adapters of this rank r (Hu et al. 2021) to the lora_targets
+            layers and train only them (None: no adapters).
+        lora_alpha: LoRA's alpha: the update is (alpha / r) B A; None means alpha = r.
+        lora_targets: the linear layers that get adapters, comma-separated ends of module
+            names: qkv, proj (attn.proj and mlp.proj), attn.proj, mlp.proj, fc, gate.
+        lora_dropout: dropout probability on the adapters' input (training mode only).
     """
 
     batch_size: int = 32
@@ -300,6 +312,11 @@ class TrainConfig:
     seed: int = 1337
     sample_chars: int = 600
     sample_prompt: str = "T"
+    freeze: str | None = None
+    lora_rank: int | None = None
+    lora_alpha: float | None = None
+    lora_targets: str = "qkv"
+    lora_dropout: float = 0.0
 
     def __post_init__(self) -> None:
         _check_int(
@@ -329,6 +346,21 @@ class TrainConfig:
         _check_real(self, "val_fraction", 0.0, 1.0, low_open=True, high_open=True)
         if not isinstance(self.sample_prompt, str):
             raise ValueError(f"sample_prompt must be text, got {self.sample_prompt!r}")
+        self._check_finetuning()
+
+    def _check_finetuning(self) -> None:
+        """Raise ValueError for bad freeze / LoRA settings."""
+        if self.lora_rank is not None:
+            _check_int(self, "lora_rank", high=2**31)
+        if self.lora_alpha is not None:
+            _check_real(self, "lora_alpha", 0.0, low_open=True)
+        _check_real(self, "lora_dropout", 0.0, 1.0, high_open=True)
+        for name in ("freeze", "lora_targets"):
+            value = getattr(self, name)
+            if (value is not None or name == "lora_targets") and not (
+                isinstance(value, str) and value.strip(", ")
+            ):
+                raise ValueError(f"{name} must be a non-empty comma-separated list, got {value!r}")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -18,6 +18,7 @@ import torch
 
 from .data import check_split, is_token_dir, load_corpus, load_token_dir, windows
 from .files import read_json
+from .finetune import load_model
 from .model import DecoderLM
 from .prepare import encode_source, source_files
 from .tokenizers import CharTokenizer, Tokenizer, load_tokenizer
@@ -108,7 +109,10 @@ def _ids_of_data_spec(run: Path, tokenizer: Tokenizer, split: str) -> tuple[np.n
     if spec.get("token_dir"):
         return _ids_of_token_dir(Path(spec["token_dir"]), tokenizer, split)
     _, train_ids, val_ids, source, _ = load_corpus(spec, tokenizer)
-    return (val_ids if split == "val" else train_ids), 0, source
+    ids = val_ids if split == "val" else train_ids
+    unk = getattr(tokenizer, "unk_id", None)  # a fine-tuning run maps unknown characters
+    n_unknown = int((ids == unk).sum()) if spec.get("unknown") == "unk" and unk is not None else 0
+    return ids, n_unknown, source
 
 
 def _ids_of_token_dir(path: Path, tokenizer: Tokenizer, split: str) -> tuple[np.ndarray, int, str]:
@@ -132,7 +136,8 @@ def evaluate_run(
     """Loss of the model in run directory `run` on a whole split or text.
 
     Args:
-        run: a run directory (model.safetensors, config.json, tokenizer.json).
+        run: a run directory (model.safetensors, config.json, tokenizer.json), or a LoRA
+            run's adapter directory (loaded over its base model).
         data: None (the run's own data, from config.json's "data_spec"); a prepared token
             directory (its `split`, default "val"; it must use the run's tokenizer); or a text
             file / directory of text files (all of it), encoded with the run's tokenizer, with
@@ -154,7 +159,7 @@ def evaluate_run(
     run = Path(run)
     if split not in (None, "val", "train"):
         raise ValueError(f"unknown split {split!r}; use 'val' or 'train'")
-    model = DecoderLM.from_pretrained(run, map_location=device)
+    model = load_model(run, map_location=device)  # an adapter run: over its base
     tokenizer = load_tokenizer(run)
     check_vocab(tokenizer, model, run)
     if data is None:

@@ -7,6 +7,11 @@ A model is a directory, as in Hugging Face transformers:
 
 A run directory holds one such model, and its resumable checkpoints in
 checkpoints/step-NNNNNNNN/ (see `decoderlm.training.checkpoints`).
+
+A run trained with LoRA adapters (`decoderlm.lora`) is an adapter directory instead: its
+config.json has a "lora" entry and an "init_from" entry (the base model's path and sha256),
+and adapter.safetensors holds the adapter tensors alone (``<layer>.lora_A`` / ``lora_B``);
+`decoderlm.finetune.load_model` reads it over its base.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from safetensors.torch import load_file, save_file
 from .analysis import count_parameters
 from .config import ModelConfig
 from .files import atomic_write, read_json, write_json
+from .lora import is_lora_key
 
 __all__ = [
     "save_model",
@@ -34,11 +40,13 @@ __all__ = [
     "CONFIG_NAME",
     "WEIGHTS_NAME",
     "CHECKPOINTS_DIR",
+    "ADAPTER_NAME",
 ]
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
 CHECKPOINTS_DIR = "checkpoints"
+ADAPTER_NAME = "adapter.safetensors"
 _STEP_PREFIX = "step-"
 _WRAPPER_PREFIXES = ("module.", "_orig_mod.")  # DDP / DataParallel and torch.compile
 _PAIR = ("tok_emb.weight", "lm_head.weight")  # the token embedding and the unembedding
@@ -82,10 +90,25 @@ def save_weights(
     extra_config: dict[str, Any] | None = None,
 ) -> None:
     """Write a model state dict (any device, wrapper prefixes allowed) and its ModelConfig to
-    `directory` as model.safetensors + config.json, each atomically (see `save_model`)."""
+    `directory` as model.safetensors + config.json, each atomically (see `save_model`).
+
+    A state dict holding LoRA adapter tensors is written as an adapter directory:
+    adapter.safetensors with those tensors alone (the base weights stay where
+    extra_config["init_from"] says), and extra_config must carry the "lora" entry.
+    """
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     state = normalize_state_dict(state)
+    adapters = {k: v.detach().contiguous().cpu() for k, v in state.items() if is_lora_key(k)}
+    if adapters:
+        if not (extra_config or {}).get("lora") or not extra_config.get("init_from"):
+            raise ValueError(
+                "a model with LoRA adapters is saved as adapters over its base model; "
+                "pass extra_config with its 'lora' and 'init_from' entries, or merge it first"
+            )
+        atomic_write(directory / ADAPTER_NAME, lambda tmp: save_file(adapters, tmp))
+        write_json(directory / CONFIG_NAME, {"model": config.to_dict(), **extra_config})
+        return
     if config.tie_embeddings:
         state.pop("lm_head.weight", None)
     state = {k: v.detach().contiguous().cpu() for k, v in state.items()}
@@ -125,6 +148,12 @@ def read_model_dir(
         )
     model_config = ModelConfig.from_dict(config["model"])
     weights = directory / WEIGHTS_NAME
+    if not weights.is_file() and (directory / ADAPTER_NAME).is_file():
+        raise ValueError(
+            f"{directory} holds LoRA adapters over a base model, not a whole model; load it "
+            f"with decoderlm.finetune.load_model (as the decoderlm commands do), or write a "
+            f"model directory with `decoderlm merge --run {directory} --out DIR`"
+        )
     if not weights.is_file():
         raise FileNotFoundError(f"{weights} not found")
     state = normalize_state_dict(read_safetensors(weights, map_location))
