@@ -80,9 +80,10 @@ def train(
         init_from: fine-tune: start from the weights of a decoderlm run directory or a
             Hugging Face GPT-2 directory (config.json + model.safetensors or
             pytorch_model.bin); the model's shape and tokenizer come from it (only --dropout
-            may change, and --block-size N may crop its context to N positions), the data are encoded with its tokenizer, the optimizer and schedule
-            start fresh, and the preset defaults to 'finetune' (lr 3e-4, 20 warm-up steps,
-            300 steps; see `decoderlm presets`; a preset's model settings do not apply).
+            may change, and --block-size N may crop its context to N positions), the data
+            are encoded with its tokenizer, the optimizer and schedule start fresh, and the
+            preset defaults to 'finetune' (lr 3e-4, 20 warm-up steps, 300 steps; see
+            `decoderlm presets`; a preset's model settings do not apply).
             With --lora-rank R the run trains LoRA adapters alone and saves them alone
             (adapter.safetensors).
         merge: after training with LoRA adapters, also write the merged model to
