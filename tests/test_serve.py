@@ -19,6 +19,7 @@ httpx = pytest.importorskip("httpx")
 uvicorn = pytest.importorskip("uvicorn")
 pytest.importorskip("fastapi")
 
+JSON = {"content-type": "application/json"}
 CHARS = sorted(set("abcdefghijklmnopqrstuvwxyz ABCDEFGHIJKLMNOPQRSTUVWXYZ.,;:'\n0123456789-"))
 
 
@@ -44,12 +45,13 @@ def running(app):
 
 @pytest.fixture(scope="module")
 def server():
-    from decoderlm.serve import create_app
+    from decoderlm.serve import ServeLimits, create_app
 
     torch.manual_seed(0)
     tok = CharTokenizer(CHARS[:65])  # the tiny model's 65 ids: all but "vwxyz"
     model = tiny_model()
-    with running(create_app(model, tok, "tiny", max_tokens_limit=64, max_prompt_tokens=100)) as url:
+    limits = ServeLimits(max_tokens=64, max_prompt_tokens=100)
+    with running(create_app(model, tok, "tiny", limits)) as url:
         yield url, model, tok
 
 
@@ -151,57 +153,87 @@ def test_stop_text_ends_the_completion(server):
 
 
 @pytest.mark.parametrize(
-    "body,status,message",
+    "body,param,message",
     [
-        ({"prompt": "hi", "temperature": -1}, 422, "temperature"),
-        ({"prompt": "hi", "top_p": 1.5}, 422, "top_p"),
-        ({"prompt": "hi", "stream": "yes"}, 422, "stream"),
-        ({"prompt": "hi", "n": True}, 422, "n"),
-        ({"prompt": ["a"] * 5, "n": 4}, 400, "at most 16 per request"),
-        ({"prompt": "hi", "n": 0}, 422, "n"),
-        ({"max_tokens": 5}, 422, "prompt"),
-        ({"prompt": "hi", "max_tokens": 65}, 400, "limit of 64"),
-        ({"prompt": "a" * 101}, 400, "at most 100"),
-        ({"prompt": "hi!", "max_tokens": 2}, 400, "'!' at position 2"),
-        ({"prompt": ""}, 400, "non-empty"),
-        ({"prompt": "hi", "model": "gpt-4"}, 404, "not served here"),
-        ({"prompt": "hi", "logprobs": 5}, 400, "logprobs=5 is not supported"),
-        ({"prompt": "hi", "echo": True}, 400, "echo=true is not supported"),
-        ({"prompt": "hi", "best_of": 3}, 400, "best_of=3 is not supported"),
-        ({"prompt": "hi", "suffix": "end"}, 400, 'suffix=\\"end\\" is not supported'),
-        ({"prompt": "hi", "presence_penalty": 0.5}, 400, "presence_penalty=0.5 is not supported"),
-        ({"prompt": "hi", "frequency_penalty": -1}, 400, "frequency_penalty=-1 is not supported"),
-        ({"prompt": "hi", "logit_bias": {"5": 100}}, 400, "logit_bias="),
-        ({"prompt": "hi", "echo": 0}, 400, "echo=0 is not supported"),
-        ({"prompt": "hi", "max_token": 5}, 400, "unknown field 'max_token'"),
+        ({"prompt": "hi", "temperature": -1}, "temperature", "greater than or equal to 0"),
+        ({"prompt": "hi", "top_p": 1.5}, "top_p", "less than or equal to 1"),
+        ({"prompt": "hi", "stream": "yes"}, "stream", "valid boolean"),
+        ({"prompt": "hi", "n": True}, "n", "valid integer"),
+        ({"prompt": ["a"] * 5, "n": 4}, "n", "at most 16 per request"),
+        ({"prompt": "hi", "n": 0}, "n", "greater than or equal to 1"),
+        ({"max_tokens": 5}, "prompt", "prompt: Field required"),
+        ({"prompt": "hi", "max_tokens": 65}, "max_tokens", "limit of 64"),
+        ({"prompt": "a" * 101}, "prompt", "at most 100"),
+        ({"prompt": "hi!", "max_tokens": 2}, "prompt", "'!' at position 2"),
+        ({"prompt": ""}, "prompt", "must not be empty"),
+        ({"prompt": [[1, 2], []]}, "prompt", "must not be empty"),
+        ({"prompt": [1, 2, 65]}, "prompt", "token id 65 is outside"),
+        ({"prompt": [[1], [-1]]}, "prompt", "token id -1 is outside"),
+        ({"prompt": [1, "a"]}, "prompt", "a list of lists of token ids"),
+        ({"prompt": [1.5]}, "prompt", "a list of lists of token ids"),
+        ({"prompt": "hi", "logprobs": 6}, "logprobs", "limit of 5"),
+        ({"prompt": "hi", "logprobs": -1}, "logprobs", "greater than or equal to 0"),
+        ({"prompt": "hi", "max_tokens": 0}, "max_tokens", "needs echo"),
+        ({"prompt": "hi", "stop": ["a"] * 17}, "stop", "at most 16"),
+        ({"prompt": "hi", "stream_options": {"include_usage": True}}, "stream_options", "stream"),
+        ({"prompt": "hi", "stream": True, "stream_options": 1}, "stream_options", "valid"),
+        ({"prompt": "hi", "best_of": 3}, "best_of", "best_of=3 is not supported"),
+        ({"prompt": "hi", "suffix": "end"}, "suffix", 'suffix="end" is not supported'),
+        ({"prompt": "hi", "presence_penalty": 0.5}, "presence_penalty", "0.5 is not supported"),
+        ({"prompt": "hi", "frequency_penalty": -1}, "frequency_penalty", "-1 is not supported"),
+        ({"prompt": "hi", "logit_bias": {"5": 100}}, "logit_bias", "logit_bias="),
+        ({"prompt": "hi", "echo": 0}, "echo", "valid boolean"),
+        ({"prompt": "hi", "max_token": 5}, "max_token", "unknown field 'max_token'"),
     ],
 )
-def test_bad_requests_get_a_clear_status_and_message(server, body, status, message):
+def test_bad_requests_get_an_openai_error_naming_the_field(server, body, param, message):
     url, _, _ = server
     r = httpx.post(f"{url}/v1/completions", json=body, timeout=30)
-    assert r.status_code == status
-    assert message in r.text
+    assert r.status_code == 400
+    error = r.json()["error"]
+    assert error["param"] == param and message in error["message"]
+    assert error["type"] == "invalid_request_error"
+
+
+def test_an_unknown_model_is_a_404_in_openai_shape(server):
+    url, _, _ = server
+    r = httpx.post(f"{url}/v1/completions", json={"prompt": "hi", "model": "gpt-4"})
+    assert r.status_code == 404
+    assert r.json()["error"]["code"] == "model_not_found"
+    assert "not served here" in r.json()["error"]["message"]
+    r = httpx.get(f"{url}/v1/models/gpt-4")
+    assert r.status_code == 404 and r.json()["error"]["param"] == "model"
+    r = httpx.get(f"{url}/no/such/path")
+    assert r.status_code == 404 and "error" in r.json()
 
 
 @pytest.mark.parametrize(
-    "raw",
+    "raw,headers,message",
     [
-        '{"prompt": "hi", "temperature": NaN}',
-        '{"prompt": "hi", "top_p": Infinity}',
-        '{"prompt": "hi", "temperature": 1e400}',
+        ('{"prompt": "hi", "temperature": NaN}', JSON, "finite"),
+        ('{"prompt": "hi", "top_p": Infinity}', JSON, "finite"),
+        ('{"prompt": "hi", "temperature": 1e400}', JSON, "finite"),
+        ('{"prompt": "hi", ', JSON, "not valid JSON"),
+        ("prompt=hi", {"content-type": "application/x-www-form-urlencoded"}, "JSON object"),
+        ('["hi"]', JSON, "JSON object"),
     ],
 )
-def test_non_finite_json_numbers_are_a_422_not_a_500(server, raw):
+def test_malformed_bodies_are_openai_errors_and_the_server_keeps_serving(
+    server, raw, headers, message
+):
     url, _, _ = server
     with httpx.Client() as client:  # and the connection stays usable afterwards
-        r = client.post(
-            f"{url}/v1/completions",
-            content=raw,
-            headers={"content-type": "application/json"},
-            timeout=30,
-        )
-        assert r.status_code == 422 and "finite" in r.text
+        r = client.post(f"{url}/v1/completions", content=raw, headers=headers, timeout=30)
+        assert r.status_code == 400 and message in r.json()["error"]["message"]
         assert client.get(f"{url}/health").status_code == 200
+
+
+def test_a_body_without_content_type_is_refused_with_what_to_send(server):
+    url, _, _ = server
+    body = json.dumps({"prompt": "ab", "max_tokens": 3, "temperature": 0})
+    r = httpx.post(f"{url}/v1/completions", content=body, timeout=30)
+    assert r.status_code == 400
+    assert "Content-Type: application/json" in r.json()["error"]["message"]
 
 
 def test_serve_refuses_a_port_in_use(tmp_path, capsys):
@@ -233,6 +265,7 @@ def test_no_op_values_of_unsupported_fields_and_user_are_accepted(server):
         "logprobs": None,
         "echo": False,
         "best_of": 1,
+        "top_k": -1,
         "suffix": None,
         "presence_penalty": 0,
         "frequency_penalty": 0.0,
@@ -245,7 +278,7 @@ def test_no_op_values_of_unsupported_fields_and_user_are_accepted(server):
 
 
 def test_a_client_that_disconnects_stops_the_generation():
-    from decoderlm.serve import create_app
+    from decoderlm.serve import ServeLimits, create_app
 
     model = tiny_model()
     steps = []
@@ -255,7 +288,7 @@ def test_a_client_that_disconnects_stops_the_generation():
         time.sleep(0.02)
 
     model.tok_emb.register_forward_pre_hook(slow)
-    app = create_app(model, CharTokenizer(CHARS[:65]), "tiny", max_tokens_limit=5000)
+    app = create_app(model, CharTokenizer(CHARS[:65]), "tiny", ServeLimits(max_tokens=5000))
     with running(app) as url:
         with pytest.raises(httpx.ReadTimeout):  # the client gives up and closes the connection
             httpx.post(

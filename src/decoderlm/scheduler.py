@@ -173,7 +173,8 @@ class Scheduler:
         if seq.logprobs is not None:
             lp = logits.log_softmax(-1)
             top = lp.topk(min(seq.logprobs, lp.numel()))
-            token = Token(nxt, float(lp[nxt]), tuple(zip(top.indices.tolist(), top.values.tolist())))
+            pairs = zip(top.indices.tolist(), top.values.tolist(), strict=True)
+            token = Token(nxt, float(lp[nxt]), tuple(pairs))
         seq.ids.append(nxt)
         seq.emit(token)
         if len(seq.ids) - len(seq.prompt) >= seq.max_new_tokens:
