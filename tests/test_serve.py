@@ -1,9 +1,7 @@
 """The HTTP API against a real uvicorn server on 127.0.0.1 and a real HTTP client."""
 
-import contextlib
 import json
 import socket
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -13,7 +11,7 @@ import torch
 from decoderlm import CharTokenizer
 from decoderlm.generate import generate
 
-from conftest import tiny_model
+from conftest import running, tiny_model
 
 httpx = pytest.importorskip("httpx")
 uvicorn = pytest.importorskip("uvicorn")
@@ -21,26 +19,6 @@ pytest.importorskip("fastapi")
 
 JSON = {"content-type": "application/json"}
 CHARS = sorted(set("abcdefghijklmnopqrstuvwxyz ABCDEFGHIJKLMNOPQRSTUVWXYZ.,;:'\n0123456789-"))
-
-
-@contextlib.contextmanager
-def running(app):
-    """A real uvicorn server for `app` on a free port of 127.0.0.1; yields its base URL."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    try:
-        deadline = time.time() + 20
-        while not srv.started and time.time() < deadline:
-            time.sleep(0.05)
-        assert srv.started
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        srv.should_exit = True
-        thread.join(timeout=10)
 
 
 @pytest.fixture(scope="module")
