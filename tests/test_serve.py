@@ -276,3 +276,87 @@ def test_a_client_that_disconnects_stops_the_generation():
         made = len(steps)
         time.sleep(0.5)
         assert 0 < made == len(steps) < 200  # it stopped, long before 5,000 tokens
+
+
+def test_models_list_and_card(server):
+    url, _, _ = server
+    card = httpx.get(f"{url}/v1/models").json()["data"][0]
+    assert card["owned_by"] == "decoderlm" and isinstance(card["created"], int)
+    assert httpx.get(f"{url}/v1/models/tiny").json() == card
+
+
+def test_tokenizer_endpoints_have_vllms_shapes(server):
+    url, model, tok = server
+    r = httpx.post(f"{url}/tokenize", json={"prompt": "hi there", "add_special_tokens": False})
+    assert r.json() == {
+        "count": 8,
+        "max_model_len": model.config.max_positions,
+        "tokens": tok.encode("hi there"),
+        "token_strs": None,
+    }
+    back = httpx.post(f"{url}/detokenize", json={"tokens": tok.encode("hi there")})
+    assert back.json() == {"prompt": "hi there"}
+    info = httpx.get(f"{url}/tokenizer_info").json()
+    # a char model without an end-of-text token reports its line break
+    assert info["eos_token"] == "\n" and info["eos_token_id"] == tok.encode("\n")[0]
+    assert info["model_max_length"] == model.config.max_positions
+    bad = httpx.post(f"{url}/detokenize", json={"tokens": [1, 99]})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "tokens"
+    unknown = httpx.post(f"{url}/tokenize", json={"prompt": "hi!"})
+    assert unknown.status_code == 400 and "'!'" in unknown.json()["error"]["message"]
+
+
+def test_echo_with_max_tokens_0_scores_a_prompt_longer_than_the_context(server):
+    from decoderlm.evaluate import token_logprobs
+
+    url, model, tok = server
+    prompt = "the cat sat on the mat and the dog ran off to the park at noon"  # 62 > 32
+    body = {"prompt": prompt, "max_tokens": 0, "echo": True, "logprobs": 2}
+    out = httpx.post(f"{url}/v1/completions", json=body, timeout=30).json()
+    choice = out["choices"][0]
+    assert choice["text"] == prompt and choice["finish_reason"] == "length"
+    assert out["usage"] == {"prompt_tokens": 62, "completion_tokens": 0, "total_tokens": 62}
+    logprobs = choice["logprobs"]
+    assert logprobs["tokens"] == list(prompt) and logprobs["token_logprobs"][0] is None
+    expected, _, _ = token_logprobs(model, tok.encode(prompt))
+    assert logprobs["token_logprobs"][1:] == pytest.approx(expected.tolist(), abs=1e-5)
+    assert logprobs["text_offset"] == list(range(62))
+
+
+def test_streamed_echo_and_logprobs_add_up_to_the_plain_ones(server):
+    url, _, _ = server
+    body = {"prompt": [[1, 2, 3], [4, 5]], "max_tokens": 6, "echo": True, "logprobs": 1}
+    body.update(temperature=0, stop=["zz"] * 16)  # 16 stop strings are fine
+    plain = httpx.post(f"{url}/v1/completions", json=body, timeout=30).json()["choices"]
+    chunks = []
+    with httpx.stream("POST", f"{url}/v1/completions", json={**body, "stream": True}) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                chunks.append(json.loads(line[len("data: ") :]))
+    for choice in plain:
+        mine = [c["choices"][0] for c in chunks if c["choices"][0]["index"] == choice["index"]]
+        assert "".join(c["text"] for c in mine) == choice["text"]
+        merged = {k: sum((c["logprobs"][k] for c in mine), []) for k in choice["logprobs"]}
+        want = choice["logprobs"]  # equal up to float rounding of differently batched steps
+        for key in ("tokens", "text_offset"):
+            assert merged[key] == want[key]
+        assert merged["token_logprobs"][1:] == pytest.approx(want["token_logprobs"][1:], abs=1e-5)
+        for got, top in zip(merged["top_logprobs"][1:], want["top_logprobs"][1:], strict=True):
+            assert got == pytest.approx(top, abs=1e-5)
+        assert len(merged["tokens"]) == len(choice["text"])
+
+
+def test_eight_concurrent_greedy_requests_get_the_sequential_answers(server):
+    url, model, tok = server
+    prompts = ["ab", "cd e", "f", "ghij", "kl", "mnop q", "r", "st"]
+
+    def complete(prompt):
+        body = {"prompt": prompt, "max_tokens": 40, "temperature": 0}
+        return httpx.post(f"{url}/v1/completions", json=body, timeout=60).json()
+
+    alone = [complete(p)["choices"][0]["text"] for p in prompts]
+    with ThreadPoolExecutor(8) as pool:
+        together = [c["choices"][0]["text"] for c in pool.map(complete, prompts)]
+    assert together == alone
+    expected = generate(model, torch.tensor([tok.encode(prompts[0])]), 40, do_sample=False)
+    assert alone[0] == tok.decode(expected[0, 2:])

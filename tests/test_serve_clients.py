@@ -222,3 +222,13 @@ def test_lm_eval_multiple_choice_accuracy_equals_ours(char_server, lm_eval_api, 
         assert theirs == pytest.approx(scores, abs=1e-4)
         correct += int(max(range(len(scores)), key=scores.__getitem__) == doc["answer"])
     assert result["acc,none"] == pytest.approx(correct / len(_choices()))
+
+
+def test_gpt2_tokenizer_info_reports_endoftext(bpe_server):
+    import httpx
+
+    url, _, _ = bpe_server
+    info = httpx.get(f"{url}/tokenizer_info").json()
+    assert info["eos_token"] == "<|endoftext|>" and info["eos_token_id"] == 50256
+    r = httpx.post(f"{url}/tokenize", json={"prompt": "<|endoftext|>", "add_special_tokens": False})
+    assert r.json()["tokens"] == [50256]  # lm-eval takes encode(eos_token)[0] as the eos id
