@@ -363,31 +363,45 @@ async def _choice(req, served: _Served, ids: list[int], text: str | None, seed, 
     served.scheduler.submit(seq)
     stream, made = TextStream(served.tokenizer, stops), 0
     try:
-        while True:
-            try:
-                item = await asyncio.wait_for(queue.get(), timeout=0.5)
-            except TimeoutError:  # queued, or a slow step
-                item = False
-            if request is not None and await request.is_disconnected():
-                return  # the client has gone (a stream is stopped by Starlette instead)
-            if item is False:
-                continue
-            if isinstance(item, Exception):
-                raise ApiError(500, f"generation failed: {item}") from item
-            if item is None:
-                yield stream.rest(), logs and logs.take(), "length", made
+        async for items in _arrivals(queue, request):
+            delta, finish = "", None
+            for item in items:
+                if isinstance(item, Exception):
+                    raise ApiError(500, f"generation failed: {item}") from item
+                if item is None:
+                    delta, finish = delta + stream.rest(), "length"
+                    break
+                made += 1
+                delta += stream.push(item.id)
+                if logs is not None:
+                    logs.add(item.id, item.logprob, item.top)
+                if stream.stopped:
+                    finish = "stop"
+                    break
+            if delta or finish:
+                yield delta, logs and logs.take(), finish, made
+            if finish:
                 return
-            made += 1
-            delta = stream.push(item.id)
-            if logs is not None:
-                logs.add(item.id, item.logprob, item.top)
-            if stream.stopped:
-                yield delta, logs and logs.take(), "stop", made
-                return
-            if delta:
-                yield delta, logs and logs.take(), None, made
     finally:
         seq.cancel()
+
+
+async def _arrivals(queue: asyncio.Queue, request):
+    """Lists of the items that have arrived in `queue` (all of them at each wake-up, so a
+    busy server sends fewer, larger pieces); ends when the client has gone (checked when
+    `request` is given: a stream is stopped by Starlette instead)."""
+    while True:
+        try:
+            async with asyncio.timeout(0.5):
+                items = [await queue.get()]
+        except TimeoutError:  # queued, or a slow step
+            items = []
+        while not queue.empty():
+            items.append(queue.get_nowait())
+        if request is not None and await request.is_disconnected():
+            return
+        if items:
+            yield items
 
 
 def _choices(req, served: _Served, prompts, stops, request):
