@@ -104,3 +104,21 @@ def test_a_cancelled_or_failing_sequence_leaves_and_the_others_go_on():
         assert scheduler.load == (0, 0)
     finally:
         scheduler.close()
+
+
+def test_a_padded_vocabulary_never_samples_or_scores_its_extra_ids():
+    model = tiny_model(seed=5, vocab_size=80, tie_embeddings=False)  # a tokenizer of 65 ids
+    with torch.no_grad():
+        best = int(model(torch.tensor([[1, 2, 3]]))[0][0, -1, :65].argmax())
+        model.lm_head.weight[65:] = model.lm_head.weight[best] * 3  # padding would win
+        assert int(model(torch.tensor([[1, 2, 3]]))[0][0, -1].argmax()) >= 65
+    scheduler = Scheduler(model, 65)
+    try:
+        seqs, queues = _sequences([[1, 2, 3]], 5, temperature=0.0, logprobs=0)
+        (tokens,) = _run(scheduler, seqs, queues)
+    finally:
+        scheduler.close()
+    assert tokens[0].id == best and all(t.id < 65 for t in tokens)
+    with torch.no_grad():
+        lp = torch.log_softmax(model(torch.tensor([[1, 2, 3]]))[0][0, -1, :65], -1)
+    assert tokens[0].logprob == pytest.approx(float(lp[best]), abs=1e-5)

@@ -435,7 +435,12 @@ async def _complete(head: dict, req, choices, prompt_tokens: int, request):
             logs = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
         return {"text": text, "index": index, "logprobs": logs, "finish_reason": finish}, made
 
-    results = await asyncio.gather(*(collect(i, pieces) for i, pieces in choices))
+    tasks = [asyncio.ensure_future(collect(i, pieces)) for i, pieces in choices]
+    try:
+        results = await asyncio.gather(*tasks)
+    finally:  # one choice failed: the others stop generating too
+        for task in tasks:
+            task.cancel()
     if await request.is_disconnected():
         return None
     return {
