@@ -122,3 +122,26 @@ def test_a_padded_vocabulary_never_samples_or_scores_its_extra_ids():
     with torch.no_grad():
         lp = torch.log_softmax(model(torch.tensor([[1, 2, 3]]))[0][0, -1, :65], -1)
     assert tokens[0].logprob == pytest.approx(float(lp[best]), abs=1e-5)
+
+
+def test_a_failing_step_fails_the_batch_and_the_scheduler_goes_on():
+    model = tiny_model(seed=6)
+    calls = []
+
+    def step(m, idx, cache, pos):
+        calls.append(1)
+        if len(calls) == 3:
+            raise RuntimeError("boom")
+        return m.forward_cached(idx, cache, pos)
+
+    scheduler = Scheduler(model, 65, step=step)
+    try:
+        seqs, queues = _sequences(PROMPTS[:2], 10, temperature=0.0)
+        got = _run(scheduler, seqs, queues)
+        assert all(isinstance(g, RuntimeError) for g in got)
+        seqs, queues = _sequences(PROMPTS[:2], 10, temperature=0.0)
+        got = _run(scheduler, seqs, queues)
+    finally:
+        scheduler.close()
+    alone = generate(model, torch.tensor([PROMPTS[0]]), 10, do_sample=False)
+    assert [t.id for t in got[0]] == alone[0, 3:].tolist()

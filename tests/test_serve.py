@@ -255,27 +255,37 @@ def test_no_op_values_of_unsupported_fields_and_user_are_accepted(server):
     assert r.json()["choices"] == plain["choices"]
 
 
-def test_a_client_that_disconnects_stops_the_generation():
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_client_that_disconnects_leaves_the_batch(stream):
     from decoderlm.serve import ServeLimits, create_app
 
     model = tiny_model()
     steps = []
 
-    def slow(module, args):  # about 20 ms per token, and a count of the tokens made
+    def slow(module, args):  # about 20 ms per forward pass, and a count of them
         steps.append(1)
         time.sleep(0.02)
 
     model.tok_emb.register_forward_pre_hook(slow)
     app = create_app(model, CharTokenizer(CHARS[:65]), "tiny", ServeLimits(max_tokens=5000))
     with running(app) as url:
-        with pytest.raises(httpx.ReadTimeout):  # the client gives up and closes the connection
-            httpx.post(
-                f"{url}/v1/completions", json={"prompt": "abc", "max_tokens": 5000}, timeout=0.5
-            )
-        time.sleep(0.5)
+        other = {"prompt": "de", "max_tokens": 60, "temperature": 0}  # shares the batch
+        with ThreadPoolExecutor(1) as pool:
+            staying = pool.submit(httpx.post, f"{url}/v1/completions", json=other, timeout=60)
+            body = {"prompt": "abc", "max_tokens": 5000, "stream": stream}
+            if stream:  # read a few chunks, then close the connection
+                with httpx.stream("POST", f"{url}/v1/completions", json=body) as r:
+                    for _, _ in zip(range(3), r.iter_lines(), strict=False):
+                        pass
+            else:
+                with pytest.raises(httpx.ReadTimeout):  # the client gives up and goes
+                    httpx.post(f"{url}/v1/completions", json=body, timeout=0.5)
+            assert staying.result().json()["usage"]["completion_tokens"] == 60
+        time.sleep(0.6)
         made = len(steps)
         time.sleep(0.5)
-        assert 0 < made == len(steps) < 200  # it stopped, long before 5,000 tokens
+        assert 0 < made == len(steps) < 300  # it stopped, long before 5,000 tokens
+        assert app.state.scheduler.load == (0, 0)
 
 
 def test_models_list_and_card(server):

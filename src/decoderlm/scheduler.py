@@ -133,12 +133,24 @@ class Scheduler:
                     joining = []
                     while self._waiting and len(self._active) + len(joining) < self.max_batch_size:
                         joining.append(self._waiting.popleft())
-                for seq in joining:
-                    self._guarded(seq, self._admit)
-                self._drop_finished()
-                if self._active:
-                    self._decode_step()
+                try:
+                    for seq in joining:
+                        self._guarded(seq, self._admit)
                     self._drop_finished()
+                    if self._active:
+                        self._decode_step()
+                        self._drop_finished()
+                except Exception as e:  # a bug of ours: fail the batch, keep the thread
+                    self._fail_active(e)
+
+    def _fail_active(self, error: Exception) -> None:
+        """End every active sequence with `error` and start from an empty batch."""
+        for seq in self._active:
+            seq.cancelled = True
+            seq.emit(error)
+        self._active = []
+        c = self._cache
+        self._cache = SlotKVCache(self.model.config, self.max_batch_size, c.device, c.dtype)
 
     def _guarded(self, seq: Sequence, action) -> None:
         try:
@@ -195,13 +207,7 @@ class Scheduler:
         device = self.model.device
         last = torch.tensor([[s.ids[-1]] for s in self._active], dtype=torch.long, device=device)
         positions = self._cache.lengths[:, None].clone()
-        try:
-            logits = self._step(self.model, last, self._cache, positions)
-        except Exception as e:  # every active request fails; the server goes on
-            for seq in self._active:
-                seq.cancelled = True
-                seq.emit(e)
-            return
+        logits = self._step(self.model, last, self._cache, positions)  # errors: _fail_active
         for row, seq in enumerate(self._active):
             if not seq.cancelled:
                 self._guarded(seq, lambda s, row=row: self._take(s, logits[row, -1]))
