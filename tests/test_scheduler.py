@@ -106,11 +106,11 @@ def test_a_cancelled_or_failing_sequence_leaves_and_the_others_go_on():
         scheduler.close()
 
 
-def test_a_padded_vocabulary_never_samples_or_scores_its_extra_ids():
+def test_ids_past_the_tokenizers_are_never_sampled_or_scored():
     model = tiny_model(seed=5, vocab_size=80, tie_embeddings=False)  # a tokenizer of 65 ids
     with torch.no_grad():
         best = int(model(torch.tensor([[1, 2, 3]]))[0][0, -1, :65].argmax())
-        model.lm_head.weight[65:] = model.lm_head.weight[best] * 3  # padding would win
+        model.lm_head.weight[65:] = model.lm_head.weight[best] * 3  # those ids would win
         assert int(model(torch.tensor([[1, 2, 3]]))[0][0, -1].argmax()) >= 65
     scheduler = Scheduler(model, 65)
     try:

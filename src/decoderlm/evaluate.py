@@ -102,7 +102,7 @@ def token_logprobs(
     """Log-probability (nats) of every id given the ids before it, as `evaluate` scores them.
 
     The log-softmax of the raw logits (no temperature, top-k or top-p), over the first
-    `vocab_size` logits (default: all; a padded vocabulary's extra ids are not tokens).
+    `vocab_size` logits (default: all of them; less when a tokenizer has fewer ids).
     Windows: `score_window_starts` with T = block_size, so a sequence longer than the context
     is scored in non-overlapping windows of T and the first ids of each window see only
     the window's earlier ids.

@@ -79,8 +79,8 @@ class Scheduler:
 
     Args:
         model: the DecoderLM (eval mode).
-        vocab_size: the tokenizer's vocab size: only ids below it are sampled or scored (a
-            padded vocabulary's extra logits are left out).
+        vocab_size: only ids below it are sampled or scored (the tokenizer's ids, when the
+            model has logits for more).
         max_batch_size: the most sequences decoded together; more wait in a queue.
         step: the function computing one new token's logits, (model, idx [B, 1], cache,
             positions [B, 1]) -> [B, 1, vocab_size]; default: model.forward_cached.
