@@ -370,3 +370,10 @@ def test_eight_concurrent_greedy_requests_get_the_sequential_answers(server):
     assert together == alone
     expected = generate(model, torch.tensor([tok.encode(prompts[0])]), 40, do_sample=False)
     assert alone[0] == tok.decode(expected[0, 2:])
+
+
+def test_serve_refuses_more_than_20_logprobs_before_loading(tmp_path, capsys):
+    from decoderlm.cli import main
+
+    assert main(["serve", "--run", str(tmp_path / "none"), "--max-logprobs", "21"]) == 2
+    assert "--max-logprobs must be in [0, 20], got 21" in capsys.readouterr().err

@@ -293,7 +293,6 @@ def serve(
 
     if not 1 <= port < 65536:
         raise ValueError(f"--port must be in [1, 65536), got {port}")
-    model, tokenizer = _model_and_tokenizer(run, hf, device)
     limits = ServeLimits(
         max_tokens=max_tokens_limit,
         max_prompt_tokens=max_prompt_tokens,
@@ -301,6 +300,7 @@ def serve(
         max_stop=max_stop,
         max_batch_size=max_batch_size,
     )
+    model, tokenizer = _model_and_tokenizer(run, hf, device)
     name = served_model_name or Path(run or hf).resolve().name
     serve_http(model, tokenizer, name, host, port, limits, compile)
     return 0

@@ -86,7 +86,7 @@ class ServeLimits:
 
     def __post_init__(self):
         if not 0 <= self.max_logprobs <= 20:
-            raise ValueError(f"max_logprobs must be in [0, 20], got {self.max_logprobs}")
+            raise ValueError(f"--max-logprobs must be in [0, 20], got {self.max_logprobs}")
 
 
 class ApiError(Exception):
