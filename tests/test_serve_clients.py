@@ -232,3 +232,19 @@ def test_gpt2_tokenizer_info_reports_endoftext(bpe_server):
     assert info["eos_token"] == "<|endoftext|>" and info["eos_token_id"] == 50256
     r = httpx.post(f"{url}/tokenize", json={"prompt": "<|endoftext|>", "add_special_tokens": False})
     assert r.json()["tokens"] == [50256]  # lm-eval takes encode(eos_token)[0] as the eos id
+
+
+def test_lm_eval_generation_with_five_stop_strings(char_server, lm_eval_api, monkeypatch):
+    url, model, tok = char_server
+    _, samples = _run_lm_eval(
+        lm_eval_api, url, "tiny-char", model.config.block_size, "decoderlm_generate", monkeypatch
+    )
+    stops, cuts = [".", "ttt", "A:", "!", "\n"], []  # the task's, then the server's end of text
+    for doc in _choices():
+        ids = tok.encode(doc["question"])
+        text = tok.decode(generate(model, torch.tensor([ids]), 12, do_sample=False)[0, len(ids) :])
+        cut = min([text.find(s) for s in stops if s in text], default=len(text))
+        sample = next(s for s in samples if s["doc"]["question"] == doc["question"])
+        assert sample["resps"][0][0] == text[:cut]
+        cuts.append(cut)
+    assert min(cuts) < 12 == max(cuts)  # a stop string cut one answer, another ran to the end
