@@ -46,7 +46,7 @@ import json
 import socket
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .evaluate import token_logprobs
 from .generate import TextStream, _decode_step
@@ -185,6 +185,9 @@ class _Served:
     limits: ServeLimits
     scheduler: Scheduler
     created: int
+    # one prompt scored at a time: a long prompt's logits are large (block_size x vocab_size
+    # floats), and the CPU cores are shared with decoding anyway
+    scoring: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(1))
 
     @property
     def vocab_size(self) -> int:
@@ -343,7 +346,8 @@ async def _choice(req, served: _Served, ids: list[int], text: str | None, seed, 
     if req.echo:
         text = served.tokenizer.decode(ids) if text is None else text
         if logs is not None:
-            await run_in_threadpool(_score_prompt, served, ids, req.logprobs, logs)
+            async with served.scoring:
+                await run_in_threadpool(_score_prompt, served, ids, req.logprobs, logs)
             logs.offset = len(text)
         yield text, logs and logs.take(), "length" if req.max_tokens == 0 else None, 0
     if req.max_tokens == 0:
