@@ -273,14 +273,20 @@ def serve(
     device: str = "cpu",
     host: str = "127.0.0.1",
     port: int = 8000,
+    served_model_name: NotEmptyStr | None = None,
     max_tokens_limit: PositiveInt = 1024,
     max_prompt_tokens: PositiveInt = 4096,
+    max_logprobs: NonNegativeInt = 5,
+    max_stop: NonNegativeInt = 16,
+    max_batch_size: PositiveInt = 8,
     compile: bool = False,
 ) -> int:
     """An OpenAI-style HTTP API for a model.
 
-    Serve POST /v1/completions, GET /v1/models and GET /health (needs the [serve] extra:
-    FastAPI and uvicorn).
+    Serve POST /v1/completions (with echo and logprobs), GET /v1/models, the tokenizer
+    endpoints POST /tokenize, POST /detokenize, GET /tokenizer_info (vLLM's shapes, which
+    lm-evaluation-harness reads) and GET /health; concurrent requests are decoded in one batch
+    (needs the [serve] extra: FastAPI and uvicorn).
 
     Args:
         run: a run directory (give --run or --hf).
@@ -289,26 +295,30 @@ def serve(
         device: cpu, cuda, ...
         host: the address to listen on.
         port: the TCP port to listen on, in [1, 65536).
+        served_model_name: the model id clients send (default: the directory's name).
         max_tokens_limit: the largest max_tokens a request may ask for.
         max_prompt_tokens: the longest prompt accepted, in tokens.
+        max_logprobs: the largest logprobs a request may ask for, at most 20.
+        max_stop: the most stop strings in a request.
+        max_batch_size: the most sequences decoded together; more requests wait.
         compile: decode with torch.compile: faster per token after a one-time compile
             at start (needs a C++ compiler on the CPU).
     """
+    from .serve import ServeLimits
     from .serve import serve as serve_http
 
     if not 1 <= port < 65536:
         raise ValueError(f"--port must be in [1, 65536), got {port}")
-    model, tokenizer = _model_and_tokenizer(run, hf, device)
-    serve_http(
-        model,
-        tokenizer,
-        Path(run or hf).resolve().name,
-        host,
-        port,
-        max_tokens_limit,
-        max_prompt_tokens,
-        compile,
+    limits = ServeLimits(
+        max_tokens=max_tokens_limit,
+        max_prompt_tokens=max_prompt_tokens,
+        max_logprobs=max_logprobs,
+        max_stop=max_stop,
+        max_batch_size=max_batch_size,
     )
+    model, tokenizer = _model_and_tokenizer(run, hf, device)
+    name = served_model_name or Path(run or hf).resolve().name
+    serve_http(model, tokenizer, name, host, port, limits, compile)
     return 0
 
 

@@ -24,7 +24,15 @@ from .prepare import encode_source, source_files
 from .tokenizers import CharTokenizer, Tokenizer, load_tokenizer
 from .weights import CONFIG_NAME
 
-__all__ = ["LN2", "evaluate", "check_vocab", "evaluate_run", "format_report"]
+__all__ = [
+    "LN2",
+    "evaluate",
+    "token_logprobs",
+    "score_window_starts",
+    "check_vocab",
+    "evaluate_run",
+    "format_report",
+]
 
 LN2 = math.log(2.0)  # nats per bit: bits = nats / LN2
 
@@ -73,6 +81,66 @@ def evaluate(
     finally:
         model.train(was_training)
     return total / count
+
+
+def score_window_starts(n: int, T: int) -> list[int]:
+    """The windows that score every one of n ids (n >= 2) with a context of at most T: the
+    non-overlapping windows of `evaluate` (inputs ids[s : s + T], s = 0, T, 2T, ...), and when
+    ids remain after the last full one, a last window ending at the last id, ids[n - T - 1 :],
+    whose outputs count only for the ids not scored yet (they see up to T earlier ids).
+    A window starting at s predicts ids s + 1 .. s + T."""
+    if n - 1 <= T:
+        return [0]
+    full = (n - 1) // T
+    starts = [k * T for k in range(full)]
+    return starts + [n - 1 - T] if full * T < n - 1 else starts
+
+
+@torch.no_grad()
+def token_logprobs(
+    model: DecoderLM, ids: list[int], top_k: int = 0, vocab_size: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Log-probability (nats) of every id given the ids before it, as `evaluate` scores them.
+
+    The log-softmax of the raw logits (no temperature, top-k or top-p), over the first
+    `vocab_size` logits (default: all of them; less when a tokenizer has fewer ids).
+    Windows: `score_window_starts` with T = block_size, so a sequence longer than the context
+    is scored in non-overlapping windows of T and the first ids of each window see only
+    the window's earlier ids.
+
+    Args:
+        model: the DecoderLM (run in eval mode; its mode is restored).
+        ids: n >= 1 token ids.
+        top_k: also return the top_k most likely ids at every position.
+
+    Returns:
+        (logprobs [n - 1] float32, of ids[1:]; top_values [n - 1, top_k] float32 and top_ids
+        [n - 1, top_k] int64, the top_k log-probabilities at each of those positions, largest
+        first).
+    """
+    T, n = model.config.block_size, len(ids)
+    V = vocab_size or model.config.vocab_size
+    data = torch.tensor(ids, dtype=torch.long)
+    logprobs = torch.empty(max(n - 1, 0))
+    top_values = torch.empty(max(n - 1, 0), top_k)
+    top_ids = torch.empty(max(n - 1, 0), top_k, dtype=torch.long)
+    was_training = model.training
+    model.eval()
+    try:
+        done = 0  # ids[1 : done + 1] are scored
+        for s in score_window_starts(n, T) if n > 1 else []:
+            width = min(T, n - 1 - s)
+            x, y = windows(data, torch.tensor([s]), width)
+            lp = model(x.to(model.device))[0][0, :, :V].float().log_softmax(-1).cpu()
+            keep = slice(done - s, width)  # outputs of the ids not scored yet
+            logprobs[done : s + width] = lp[keep].gather(1, y[0, keep, None])[:, 0]
+            if top_k:
+                top = lp[keep].topk(top_k, dim=-1)
+                top_values[done : s + width], top_ids[done : s + width] = top
+            done = s + width
+    finally:
+        model.train(was_training)
+    return logprobs, top_values, top_ids
 
 
 def check_vocab(tokenizer: Tokenizer, model, source) -> None:
