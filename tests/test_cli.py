@@ -49,7 +49,8 @@ def test_train_flags_are_flat_and_keep_their_meaning(capsys):
         "--no-progress",
     ):
         assert f"{flag} " in text, flag
-    assert "--vocab-size" not in text and "number of decoder blocks" in text  # field docstrings
+    assert "number of decoder blocks" in text  # field docstrings
+    assert "--vocab-size VOCAB_SIZE" in text and "--padded-vocab-size" in text
     parse = build_parser().parse_args
     train = parse(
         [
@@ -91,6 +92,51 @@ def test_a_settings_file_in_yaml_or_json_for_params(tmp_path, capsys):
     assert main(["params", "--config", str(tmp_path / "p.json")]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["config"] == tiny_model().config.to_dict() and report["batch_size"] == 2
+
+
+def byte_run(directory: Path, **overrides) -> Path:
+    """A run directory: tiny_model(vocab_size=256, **overrides) and the byte tokenizer."""
+    from decoderlm.tokenizers import ByteTokenizer
+
+    tiny_model(vocab_size=256, **overrides).save_pretrained(directory)
+    ByteTokenizer().save_pretrained(directory)
+    return directory
+
+
+def test_padding_cropping_and_tied_weights_from_the_command_line(tmp_path, capsys):
+    run = byte_run(tmp_path / "run", padded_vocab_size=320)
+    assert main(["params", "--run", str(run)]) == 0
+    assert "256 tokens in 320 embedding rows (64 padding rows" in capsys.readouterr().out
+    assert main(["params", "--run", str(run), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["vocabulary"] == {"tokens": 256, "rows": 320, "padding_rows": 64}
+    sample = [
+        "sample",
+        "--run",
+        str(run),
+        "--prompt",
+        "ab",
+        "--max-new-tokens",
+        "40",
+        "--seed",
+        "1",
+    ]
+    assert main([*sample, "--block-size", "8"]) == 0
+    assert capsys.readouterr().out.strip()
+    one_line_error(capsys, [*sample, "--block-size", "33"], "block_size=32", "from 1 to 32")
+    # two different matrices in a tied model's file
+    from safetensors.torch import load_file, save_file
+
+    state = load_file(run / "model.safetensors")
+    state["lm_head.weight"] = state["tok_emb.weight"] * 2
+    save_file(state, run / "model.safetensors")
+    one_line_error(capsys, sample, "tok_emb.weight and lm_head.weight", "tie_embeddings")
+
+
+def test_train_refuses_a_vocab_size_below_the_tokenizers(tmp_path, capsys):
+    argv = ["train", "--vocab-size", "100", "--max-steps", "1", "--out", str(tmp_path / "r")]
+    one_line_error(capsys, argv, "vocab_size 100 is smaller than the tokenizer's 139 tokens")
+    assert not (tmp_path / "r").exists()
 
 
 @pytest.mark.parametrize(

@@ -18,7 +18,17 @@ from decoderlm.cli import COMMANDS, build_parser
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
-PATH_FLAGS = {"--data", "--run", "--resume", "--config", "--model-config", "--hf", "--prompt-file"}
+PATH_FLAGS = {
+    "--data",
+    "--run",
+    "--resume",
+    "--config",
+    "--model-config",
+    "--hf",
+    "--prompt-file",
+    "--init-from",
+    "--text-file",
+}
 OPERATORS = {"&&", "||", ";", "|", "&"}
 BLOCK = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
 SETTINGS_FILE = re.compile(r"#\s*(\S+\.(?:ya?ml|json|toml))\s*:")
@@ -66,7 +76,10 @@ class Walk:
 
     def known(self, path: str) -> bool:
         clean = path.rstrip("/")
-        if "path/to/" in path or (ROOT / clean).exists():
+        if "path/to/" in path:
+            return True
+        inside = not clean.startswith(("/", "~", "..")) and (ROOT / clean).exists()
+        if inside:  # in the repository itself, not beside it
             return True
         return any(clean == p or clean.startswith(p + "/") for p in self.made)
 
@@ -171,6 +184,7 @@ def test_every_readme_command_parses_and_its_paths_exist_or_are_made_before():
         ("decoderlm train --n-layerz 2", "n-layerz"),
         ("decoderlm trian", "no such decoderlm command"),
         ("decoderlm sample --run runs/nowhere", "runs/nowhere"),
+        ("decoderlm train --data ../shared/data/x.txt", "../shared"),  # not in a fresh clone
         ("decoderlm eval --run runs/x --split test", "split"),
         ("python benchmarks/nowhere.py", "no such benchmark"),
         ("python benchmarks/train_speed.py --parts all", "--parts is not one of its flags"),

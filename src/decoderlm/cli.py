@@ -1,8 +1,9 @@
-"""The `decoderlm` command: train | prepare | eval | sample | serve | presets | params.
+"""The `decoderlm` command: train | prepare | eval | sample | serve | presets | params | inspect |
+merge.
 
 Each command is the plain function of the same name below (`eval` is `evaluate`): its signature
 and docstring are the command's flags and --help, read by jsonargparse; `train` also takes
-every ModelConfig field but vocab_size and every TrainConfig field as a flag. Flags are written
+every ModelConfig field and every TrainConfig field as a flag. Flags are written
 with dashes (`--max-steps`), booleans as `--flag`, `--flag true` or `--flag false`, an unset
 optional value as `none`, and a list flag is repeated for each value.
 `--config FILE` reads the flags of a command from a YAML, JSON or TOML (a .toml name) file
@@ -49,6 +50,8 @@ def train(
     out: NotEmptyStr | None = None,
     overwrite: bool = False,
     resume: NotEmptyStr | None = None,
+    init_from: NotEmptyStr | None = None,
+    merge: bool = False,
     device: str | None = None,
     no_progress: bool = False,
     nproc_per_node: PositiveInt | None = None,
@@ -75,8 +78,20 @@ def train(
             training).
         resume: continue the run in DIR from its newest checkpoint (settings such as
             --max-steps may change; the model and data may not).
+        init_from: fine-tune: start from the weights of a decoderlm run directory or a
+            Hugging Face GPT-2 directory (config.json + model.safetensors or
+            pytorch_model.bin); the model's shape and tokenizer come from it (only --dropout
+            may change, and --block-size N may crop its context to N positions), the data
+            are encoded with its tokenizer, the optimizer and schedule start fresh, and the
+            preset defaults to 'finetune' (lr 3e-4, 20 warm-up steps, 300 steps; see
+            `decoderlm presets`; a preset's model settings do not apply).
+            With --lora-rank R the run trains LoRA adapters alone and saves them alone
+            (adapter.safetensors).
+        merge: after training with LoRA adapters, also write the merged model to
+            <out>/merged/ (an ordinary model directory).
         device: cpu, cuda, ... (default: cuda if available).
-        no_progress: no progress bar.
+        no_progress: print neither the progress bar nor the evaluation lines (metrics.jsonl
+            still has them).
         nproc_per_node: train with N processes on this machine, started through torchrun
             (--standalone; DDP, or FSDP with --fsdp); Ctrl-C stops them all after a
             checkpoint, as it stops one process. Under a torchrun of your own, leave it out.
@@ -104,6 +119,8 @@ def train(
         device=_checked_device(device),
         progress=not no_progress,
         resume=resume,
+        init_from=init_from,
+        merge=merge,
     )
     return 0
 
@@ -203,6 +220,7 @@ def sample(
     top_p: float | None = None,
     seed: NonNegativeInt | None = None,
     compile: bool = False,
+    block_size: PositiveInt | None = None,
     only_new: bool = False,
 ) -> int:
     """Print text sampled from a trained model.
@@ -231,6 +249,8 @@ def sample(
         seed: the same seed gives the same text.
         compile: decode with torch.compile: faster per token after a one-time compile
             (needs a C++ compiler on the CPU).
+        block_size: crop the model's context to N positions (at most its block_size;
+            DecoderLM.crop_block_size): it then sees at most the last N tokens.
         only_new: print only the continuation, not the prompt (the default prompt is never
             printed).
     """
@@ -238,6 +258,8 @@ def sample(
     from .tokenizers import CharTokenizer
 
     model, tokenizer = _model_and_tokenizer(run, hf, device)
+    if block_size is not None:
+        model.crop_block_size(block_size)
     prompts = list(prompt or []) + (_read_prompts(prompt_file) if prompt_file else [])
     only_new = only_new or not prompts
     if not prompts:  # the start of a document
@@ -282,15 +304,21 @@ def serve(
     device: str = "cpu",
     host: str = "127.0.0.1",
     port: int = 8000,
+    served_model_name: NotEmptyStr | None = None,
     max_tokens_limit: PositiveInt = 1024,
     max_prompt_tokens: PositiveInt = 4096,
+    max_logprobs: NonNegativeInt = 5,
+    max_stop: NonNegativeInt = 16,
+    max_batch_size: PositiveInt = 8,
     compile: bool = False,
 ) -> int:
     """An OpenAI-style HTTP API for a model.
 
-    Serve POST /v1/completions, GET /v1/models and GET /health (needs the [serve] extra:
-    FastAPI and uvicorn). A prompt's <|endoftext|> is the end-of-text token where the
-    vocabulary has one, as in `decoderlm sample`.
+    Serve POST /v1/completions (with echo and logprobs), GET /v1/models, the tokenizer
+    endpoints POST /tokenize, POST /detokenize, GET /tokenizer_info (vLLM's shapes, which
+    lm-evaluation-harness reads) and GET /health; concurrent requests are decoded in one batch
+    (needs the [serve] extra: FastAPI and uvicorn). A prompt's <|endoftext|> is the
+    end-of-text token where the vocabulary has one, as in `decoderlm sample`.
 
     Args:
         run: a run directory (give --run or --hf).
@@ -299,26 +327,30 @@ def serve(
         device: cpu, cuda, ...
         host: the address to listen on.
         port: the TCP port to listen on, in [1, 65536).
+        served_model_name: the model id clients send (default: the directory's name).
         max_tokens_limit: the largest max_tokens a request may ask for.
         max_prompt_tokens: the longest prompt accepted, in tokens.
+        max_logprobs: the largest logprobs a request may ask for, at most 20.
+        max_stop: the most stop strings in a request.
+        max_batch_size: the most sequences decoded together; more requests wait.
         compile: decode with torch.compile: faster per token after a one-time compile
             at start (needs a C++ compiler on the CPU).
     """
+    from .serve import ServeLimits
     from .serve import serve as serve_http
 
     if not 1 <= port < 65536:
         raise ValueError(f"--port must be in [1, 65536), got {port}")
-    model, tokenizer = _model_and_tokenizer(run, hf, device)
-    serve_http(
-        model,
-        tokenizer,
-        Path(run or hf).resolve().name,
-        host,
-        port,
-        max_tokens_limit,
-        max_prompt_tokens,
-        compile,
+    limits = ServeLimits(
+        max_tokens=max_tokens_limit,
+        max_prompt_tokens=max_prompt_tokens,
+        max_logprobs=max_logprobs,
+        max_stop=max_stop,
+        max_batch_size=max_batch_size,
     )
+    model, tokenizer = _model_and_tokenizer(run, hf, device)
+    name = served_model_name or Path(run or hf).resolve().name
+    serve_http(model, tokenizer, name, host, port, limits, compile)
     return 0
 
 
@@ -327,6 +359,10 @@ def presets() -> int:
     from .analysis import count_parameters
 
     for name, preset in PRESETS.items():
+        if not preset.model:  # "finetune": the model comes from --init-from
+            print(f"{name} (the model of --init-from SRC): {preset.description}")
+            print(f"    train: {preset.train}")
+            continue
         total = count_parameters(ModelConfig.from_dict(preset.model))["total"]
         print(f"{name} ({total:,} parameters): {preset.description}")
         print(f"    model: {preset.model}")
@@ -343,6 +379,9 @@ def params(
     seq_len: PositiveInt | None = None,
     dtype: DtypeName = "float32",
     json: bool = False,
+    freeze: str | None = None,
+    lora_rank: PositiveInt | None = None,
+    lora_targets: str | None = None,
 ) -> int:
     """Parameter, FLOP and memory counts of a model.
 
@@ -359,6 +398,11 @@ def params(
         dtype: the number format for the memory figures (fp32, bf16, fp16 are the same as
             float32, bfloat16, float16, here and in train).
         json: print JSON instead of a table.
+        freeze: count as trainable only what this --freeze of `decoderlm train` leaves
+            (default: a run's own setting).
+        lora_rank: count the parameters of LoRA adapters of this rank on --lora-targets,
+            which alone train (default: a run's own setting).
+        lora_targets: the layers with adapters (default: a run's, or qkv).
     """
     import torch
 
@@ -367,6 +411,7 @@ def params(
     from .presets import get_preset
 
     _one_of(preset=preset, run=run, model_config=model_config)
+    data = None
     if preset:
         config = ModelConfig.from_dict(get_preset(preset).model)
     else:
@@ -386,14 +431,76 @@ def params(
         "config": config.to_dict(),
         "parameters": counts,
         "parameters_of_modules": built,
+        "vocabulary": {
+            "tokens": config.vocab_size,
+            "rows": config.vocab_rows,
+            "padding_rows": config.vocab_rows - config.vocab_size,
+        },
         "flops_per_token": {c: flops_per_token(config, T, c) for c in ("kaplan", "palm")},
         "memory_bytes": memory_bytes(config, batch_size, T, dtype),
         "memory_bytes_checkpointed": memory_bytes(config, batch_size, T, dtype, True),
         "batch_size": batch_size,
         "seq_len": T,
         "dtype": canonical_dtype(dtype),
+        "trainable": _trainable_report(
+            config,
+            {"freeze": freeze, "lora_rank": lora_rank, "lora_targets": lora_targets},
+            data.get("train") if run and isinstance(data, dict) else None,
+        ),
     }
     print(_json_text(report) if json else _params_table(report))
+    return 0
+
+
+def inspect(
+    run: NotEmptyStr | None = None,
+    hf: NotEmptyStr | None = None,
+    text: str | None = None,
+    text_file: str | None = None,
+    out: NotEmptyStr = "report.html",
+    layers: list[NonNegativeInt] | None = None,
+    max_tokens: PositiveInt = 128,
+    corrupt: str | None = None,
+    device: str = "cpu",
+) -> int:
+    """Write an HTML report of what a model does on a text.
+
+    One self-contained HTML file (nothing fetched; opens offline) with views linked by
+    hovering a token: the text coloured by surprisal (bits) with the top guesses, the
+    attention of every layer and head, previous-token / duplicate-token / induction head
+    scores, the logit lens, the embedding map, and activation patching with --corrupt; the
+    same data as JSON beside it (same name, .json). See decoderlm.report.
+
+    Args:
+        run: a run directory (give --run or --hf).
+        hf: a Hugging Face GPT-2 checkpoint directory (config.json + model.safetensors).
+        text: the text to look at (give --text or --text-file); its <|endoftext|> is the
+            end-of-text token where the vocabulary has one, as in a prompt.
+        text_file: a UTF-8 file holding the text.
+        out: the HTML file to write.
+        layers: layers whose attention maps are stored (default: all); repeat for several.
+        max_tokens: use the first N tokens of the text (at most the model's context).
+        corrupt: a corrupted text with as many tokens as the text (after --max-tokens): adds
+            the patching view (metric: the clean run's top next token against the corrupted
+            run's).
+        device: cpu, cuda, ...
+    """
+    from .report import build_report, write_report
+
+    _one_of(text=text, text_file=text_file)
+    if text_file is not None:
+        try:
+            text = Path(text_file).read_text(encoding="utf-8-sig")
+        except UnicodeDecodeError:
+            raise ValueError(f"{text_file} is not UTF-8 text") from None
+    model, tokenizer = _model_and_tokenizer(run, hf, device)
+    n = min(max_tokens, model.config.max_positions)
+    ids = tokenizer.encode(text, allowed_special="all")[:n]  # as a prompt
+    corrupted = None if corrupt is None else tokenizer.encode(corrupt, allowed_special="all")[:n]
+    title = f"{run or hf}: {tokenizer.decode(ids)[:80]!r}"
+    report = build_report(model, tokenizer, ids, layers, corrupted, title=title)
+    html, data = write_report(report, out)
+    print(f"wrote {html} ({html.stat().st_size:,} bytes) and {data} ({len(ids)} tokens)")
     return 0
 
 
@@ -411,6 +518,12 @@ def _params_table(report: dict) -> str:
         f"  {part:<11} {counts[part]:>15,}"
         for part in ("embeddings", "attention", "mlp", "norms", "head")
     ]
+    vocab = report["vocabulary"]
+    if vocab["padding_rows"]:
+        lines.append(
+            f"vocabulary: {vocab['tokens']:,} tokens in {vocab['rows']:,} embedding rows "
+            f"({vocab['padding_rows']:,} padding rows, counted above, never produced)"
+        )
     k, p = report["flops_per_token"]["kaplan"], report["flops_per_token"]["palm"]
     lines.append(
         f"FLOPs per token at T={T}: forward {k['forward']:,}, training "
@@ -436,7 +549,67 @@ def _params_table(report: dict) -> str:
         f"  activations with activation checkpointing: {c['activations'] / gib:.3f} GiB"
         f" (training total {c['training_total'] / gib:.3f} GiB)"
     )
+    t = report.get("trainable")
+    if t:
+        lines.append(
+            f"trainable: {t['trainable']:,} of {t['total']:,} parameters"
+            + (
+                f"; LoRA adapters {t['adapters']:,} = r (d_in + d_out) summed over "
+                f"{t['adapted_layers']} layers"
+                if t["adapters"]
+                else ""
+            )
+        )
     return "\n".join(lines)
+
+
+def _trainable_report(config: ModelConfig, given: dict, saved: dict | None) -> dict | None:
+    """Trainable and total parameter counts under freeze / LoRA settings (`given`, else a
+    run's saved `train` entry), from the real modules on the meta device; None when every
+    parameter trains."""
+    import torch
+
+    from .finetune import prepare_trainable, trainable_counts
+    from .lora import LoRALinear, lora_parameter_count
+    from .model import DecoderLM
+
+    saved = saved if isinstance(saved, dict) else {}
+    settings = {k: v if v is not None else saved.get(k) for k, v in given.items()}
+    settings = {k: v for k, v in settings.items() if v is not None}
+    if not settings.get("freeze") and not settings.get("lora_rank"):
+        return None
+    with torch.device("meta"):
+        model = DecoderLM(config)
+        prepare_trainable(model, TrainConfig.from_dict(settings))
+    counts = trainable_counts(model)
+    layers = [m for m in model.modules() if isinstance(m, LoRALinear)]
+    shapes = [(m.out_features, m.in_features) for m in layers]
+    closed_form = lora_parameter_count(shapes, settings.get("lora_rank") or 0)
+    if counts["adapters"] != closed_form:
+        raise RuntimeError(f"internal error: formula {closed_form} != adapters {counts}")
+    return {**counts, "adapted_layers": len(layers), **settings}
+
+
+def merge(run: NotEmptyStr, out: NotEmptyStr) -> int:
+    """Merge a LoRA run's adapters into an ordinary model directory.
+
+    Write the model of a run trained with --lora-rank, its adapters folded into the weights
+    (W + (alpha / r) B A), as a model directory (model.safetensors, config.json, the
+    tokenizer files) whose logits equal the adapted model's; `sample`, `eval`, `serve` and
+    the GPT-2 export take it without the base model.
+
+    Args:
+        run: the LoRA run (or one of its checkpoints); its base model must be where the run
+            recorded it.
+        out: the new model directory (must not exist, or be empty).
+    """
+    from .finetune import merge_run
+
+    print(
+        f"wrote {merge_run(run, out)}/: model.safetensors config.json tokenizer.json "
+        f"decoderlm_tokenizer.json"
+    )
+    return 0
 
 
 # ---- helpers of the commands ----
@@ -481,7 +654,7 @@ def _checked_device(text: str | None) -> str | None:
 def _model_and_tokenizer(run: str | None, hf: str | None, device: str):
     """The model and tokenizer of --run DIR or --hf DIR, checked to belong together."""
     from .evaluate import check_vocab
-    from .model import DecoderLM
+    from .finetune import load_model
     from .tokenizers import GPT2Tokenizer, load_tokenizer
 
     _one_of(run=run, hf=hf)
@@ -491,7 +664,7 @@ def _model_and_tokenizer(run: str | None, hf: str | None, device: str):
 
         model, tokenizer = load_gpt2(hf, map_location=device), GPT2Tokenizer()
     else:
-        model = DecoderLM.from_pretrained(run, map_location=device)
+        model = load_model(run, map_location=device)  # adapters applied over their base
         tokenizer = load_tokenizer(run)
     check_vocab(tokenizer, model, run or hf)
     return model, tokenizer
@@ -530,17 +703,23 @@ COMMANDS = {
     "serve": serve,
     "presets": presets,
     "params": params,
+    "inspect": inspect,
+    "merge": merge,
 }
 _METAVARS = {
     "run": "DIR",
     "hf": "DIR",
     "out": "DIR",
     "resume": "DIR",
+    "init_from": "SRC",
     "data": "PATH",
     "dataset": "NAME",
     "prompt_file": "FILE",
     "model_config": "FILE",
     "stop": "TEXT",
+    "text": "TEXT",
+    "text_file": "FILE",
+    "corrupt": "TEXT",
 }
 _UNIONS = (typing.Union, types.UnionType)
 _KINDS = {
@@ -634,6 +813,8 @@ def build_parser() -> ArgumentParser:
         if function is train:
             _add_settings(parser)
         _flat_flags(parser)
+        if function is inspect:  # its --out is a file, not a run directory
+            parser._option_string_actions["--out"].metavar = "FILE"
         subcommands.add_subcommand(name, parser, help=summary.strip().rstrip("."))
     return root
 
@@ -645,16 +826,16 @@ def _version() -> str:
 
 
 def _add_settings(parser: ArgumentParser) -> None:
-    """The ModelConfig (but vocab_size) and TrainConfig fields as flags of `train`, shown with
-    the values of the 'default' preset."""
-    parser.add_class_arguments(ModelConfig, "model", skip={"vocab_size"})
+    """The ModelConfig and TrainConfig fields as flags of `train`, shown with the values of the
+    'default' preset (vocab_size: the tokenizer's unless given)."""
+    parser.add_class_arguments(ModelConfig, "model")
     parser.add_class_arguments(TrainConfig, "train")
     default = PRESETS["default"]
     shown = {
         "model": ModelConfig.from_dict(default.model).to_dict(),
         "train": TrainConfig.from_dict(default.train).to_dict(),
     }
-    del shown["model"]["vocab_size"]
+    shown["model"]["vocab_size"] = None  # the tokenizer's
     parser.set_defaults(
         {
             f"{section}.{key}": value

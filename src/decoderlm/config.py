@@ -111,7 +111,14 @@ class ModelConfig:
     """Hyperparameters of a decoder-only transformer (GPT-2 by default).
 
     Attributes:
-        vocab_size: number of token ids; logits are [B, T, vocab_size].
+        vocab_size: number of token ids; logits are [B, T, vocab_size]. `decoderlm train`
+            takes the tokenizer's; a larger --vocab-size there becomes padded_vocab_size, a
+            smaller one is refused.
+        padded_vocab_size: rows of the token embedding and the unembedding when larger than
+            vocab_size (e.g. 50,304 = 64 x 786 for GPT-2's 50,257 tokens, as nanoGPT pads
+            for faster matmuls); None means vocab_size. The padded rows are never produced:
+            the model drops their logits, so logits stay [B, T, vocab_size] and no sampling,
+            loss or evaluation can meet a padded id.
         block_size: context length: the positions the model is trained on, and the most one
             forward pass may see with learned positions.
         max_positions: the most positions one forward pass (or one KV cache) may see; None
@@ -144,13 +151,15 @@ class ModelConfig:
             approximation GPT-2's released weights were trained with.
 
     Raises:
-        ValueError: a size is not a positive integer, d_model is not divisible by n_heads,
+        ValueError: a size is not a positive integer, padded_vocab_size is below vocab_size,
+            d_model is not divisible by n_heads,
             head_dim is odd with rope, max_positions is below block_size (or above it with
             learned positions), dropout is outside [0, 1), or an option is not one of
             its choices.
     """
 
     vocab_size: int = 50257
+    padded_vocab_size: int | None = None
     block_size: int = 1024
     max_positions: int | None = None
     n_layers: int = 12
@@ -171,6 +180,13 @@ class ModelConfig:
     def __post_init__(self) -> None:
         _check_choices(self)
         _check_int(self, "vocab_size", "block_size", "n_layers", "n_heads", "d_model", high=2**31)
+        if self.padded_vocab_size is not None:
+            _check_int(self, "padded_vocab_size", high=2**31)
+            if self.padded_vocab_size < self.vocab_size:
+                raise ValueError(
+                    f"padded_vocab_size ({self.padded_vocab_size}) must be >= vocab_size "
+                    f"({self.vocab_size}): padding only adds rows; leave it unset for none"
+                )
         if self.d_ff is None:
             self.d_ff = 4 * self.d_model
             if self.mlp == "swiglu":
@@ -208,6 +224,11 @@ class ModelConfig:
     def head_dim(self) -> int:
         """Width of one attention head: d_model // n_heads."""
         return self.d_model // self.n_heads
+
+    @property
+    def vocab_rows(self) -> int:
+        """Rows of the token embedding and the unembedding: padded_vocab_size, or vocab_size."""
+        return self.padded_vocab_size or self.vocab_size
 
     @property
     def length_limit(self) -> str:
@@ -249,8 +270,10 @@ class TrainConfig:
         beta2: AdamW's second moment coefficient (of the squared gradient's running mean).
         grad_clip: clip the global gradient norm to this value; None disables clipping.
         eval_interval: estimate the validation loss every this many steps (and at the end).
-        eval_batches: each validation estimate covers at most eval_batches * batch_size
-            non-overlapping windows, spread evenly over the validation split.
+        eval_batches: each validation estimate during training covers at most eval_batches
+            optimizer-step batches (batch_size * grad_accum_steps * world_size windows each)
+            of non-overlapping windows, spread evenly over the validation split; the same
+            windows however a step is split into micro-batches.
         log_interval: write a metrics line every this many steps.
         dtype: "float32"; "bfloat16" for bfloat16 autocast; "float16" for float16 autocast
             with a GradScaler (dynamic loss scaling). Weights and optimizer state stay float32.
@@ -267,6 +290,18 @@ class TrainConfig:
         seed: seeds torch for initialisation, batches and dropout.
         sample_chars: characters sampled into samples.txt after training.
         sample_prompt: prompt of that sample.
+        freeze: parameters that do not train, a comma-separated list of groups: embeddings
+            (token embedding, position table; with tie_embeddings also the unembedding),
+            head (the unembedding), norms (every norm's gain and bias), blocks (all decoder
+            blocks), blocks:I or blocks:I-J (blocks I to J inclusive, 0-based), or a
+            parameter-name pattern with * (e.g. blocks.*.attn.*); None trains everything.
+            The optimizer holds only the parameters that train.
+        lora_rank: add LoRA adapters of this rank r (Hu et al. 2021) to the lora_targets
+            layers and train only them (None: no adapters).
+        lora_alpha: LoRA's alpha: the update is (alpha / r) B A; None means alpha = r.
+        lora_targets: the linear layers that get adapters, comma-separated ends of module
+            names: qkv, proj (attn.proj and mlp.proj), attn.proj, mlp.proj, fc, gate.
+        lora_dropout: dropout probability on the adapters' input (training mode only).
     """
 
     batch_size: int = 32
@@ -294,6 +329,11 @@ class TrainConfig:
     seed: int = 1337
     sample_chars: int = 600
     sample_prompt: str = "T"
+    freeze: str | None = None
+    lora_rank: int | None = None
+    lora_alpha: float | None = None
+    lora_targets: str = "qkv"
+    lora_dropout: float = 0.0
 
     def __post_init__(self) -> None:
         _check_int(
@@ -324,6 +364,21 @@ class TrainConfig:
         _check_real(self, "val_fraction", 0.0, 1.0, low_open=True, high_open=True)
         if not isinstance(self.sample_prompt, str):
             raise ValueError(f"sample_prompt must be text, got {self.sample_prompt!r}")
+        self._check_finetuning()
+
+    def _check_finetuning(self) -> None:
+        """Raise ValueError for bad freeze / LoRA settings."""
+        if self.lora_rank is not None:
+            _check_int(self, "lora_rank", high=2**31)
+        if self.lora_alpha is not None:
+            _check_real(self, "lora_alpha", 0.0, low_open=True)
+        _check_real(self, "lora_dropout", 0.0, 1.0, high_open=True)
+        for name in ("freeze", "lora_targets"):
+            value = getattr(self, name)
+            if (value is not None or name == "lora_targets") and not (
+                isinstance(value, str) and value.strip(", ")
+            ):
+                raise ValueError(f"{name} must be a non-empty comma-separated list, got {value!r}")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -351,9 +351,10 @@ def load_corpus(spec: dict, tokenizer=None):
     A prepared token directory (`decoderlm prepare`) is memory-mapped and brings its own
     tokenizer and split; text is encoded with `tokenizer` (a new CharTokenizer of the text,
     with an unknown-character id, when None) and split by spec["val_fraction"] (the last part
-    is validation). The fingerprint is the sha256 of the text, or of the token directory's
-    meta.json (which holds its sources' sha256 and counts): `--resume` compares it with the
-    checkpoint's to notice a corpus that changed.
+    is validation); spec["unknown"] = "unk" (fine-tuning runs) maps characters outside a char
+    vocabulary to its unknown token, counted in the description. The fingerprint is the
+    sha256 of the text, or of the token directory's meta.json (which holds its sources' sha256
+    and counts): `--resume` compares it with the checkpoint's to notice a corpus that changed.
 
     Raises:
         ValueError: a token directory without validation tokens (and see `load_text`,
@@ -379,12 +380,20 @@ def load_corpus(spec: dict, tokenizer=None):
     text, source = load_text(spec["path"], spec["max_chars"], spec["dataset"])
     if tokenizer is None:
         tokenizer = CharTokenizer.from_text(text, unk_token=DEFAULT_UNK_TOKEN)
-    ids = torch.tensor(tokenizer.encode_ordinary(text), dtype=torch.long)  # a corpus is text
+    unknown = spec.get("unknown", "error")
+    ids = torch.tensor(tokenizer.encode_ordinary(text, unknown), dtype=torch.long)  # a corpus
     train_ids, val_ids = split_ids(ids, spec["val_fraction"])
+    n_unknown = tokenizer.count_unknown(text) if unknown == "unk" else 0
+    unknown_note = (
+        f", {n_unknown:,} of them outside the vocabulary (mapped to the unknown token "
+        f"{getattr(tokenizer, 'unk_token', None)!r})"
+        if n_unknown
+        else ""
+    )
     return (
         tokenizer,
         train_ids,
         val_ids,
-        f"{source}: {len(text):,} characters",
+        f"{source}: {len(text):,} characters{unknown_note}",
         hashlib.sha256(text.encode("utf-8")).hexdigest(),
     )

@@ -54,11 +54,16 @@ def test_train_writes_a_complete_run_and_sample_is_reproducible(tmp_path, capsys
         "loss.png",
         "attention.png",
         "samples.txt",
+        "report.html",
+        "report.json",
     ):
         assert (out / name).stat().st_size > 0, name
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records if "val_loss" in r] == [3, 6]
     assert all({"step", "train_loss", "lr"} <= set(r) for r in records)
+    evals = [r for r in records if "val_loss" in r]  # the lens probe, one score per layer
+    assert all(len(r["induction_score"]) == 1 and r["probe_second_half_loss"] > 0 for r in evals)
+    assert len(json.loads((out / "report.json").read_text())["tokens"]) == 16
     config = json.loads((out / "config.json").read_text())
     assert config["model"]["block_size"] == 16 and config["train"]["max_steps"] == 6
     tok = load_tokenizer(out)
