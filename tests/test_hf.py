@@ -95,7 +95,8 @@ def test_an_exported_model_loads_in_transformers_with_the_same_logits(tmp_path, 
 def test_gpt2_tokenizer_matches_transformers_on_wikitext_with_unicode():
     tok = GPT2Tokenizer()
     assert tok.encode("Hello world") == [15496, 995]
-    assert tok.encode("<|endoftext|>") == [50256] and tok.vocab_size == 50257
+    assert tok.vocab_size == 50257
+    assert tok.encode("<|endoftext|>", allowed_special="all") == [50256]  # tiktoken's rule
     from decoderlm.data import EMBEDDED_CORPUS
 
     text = EMBEDDED_CORPUS.read_text(encoding="utf-8")
@@ -117,6 +118,9 @@ def test_gpt2_tokenizer_matches_transformers_on_wikitext_with_unicode():
     ids = tok.encode(paragraph)
     assert ids == hf(paragraph)["input_ids"]
     assert tok.decode(ids) == paragraph
+    # Hugging Face turns the special token's string into its id, as allowed_special="all"
+    mixed = paragraph[:200] + "<|endoftext|>" + paragraph[200:400]
+    assert hf(mixed)["input_ids"] == tok.encode(mixed, allowed_special="all")
 
 
 def test_sample_command_reads_a_transformers_checkpoint(tmp_path, capsys):

@@ -34,7 +34,7 @@ import yaml
 from jsonargparse import ActionConfigFile, ArgumentParser, Namespace, set_loader
 from jsonargparse.typing import NonNegativeInt, NotEmptyStr, PositiveInt
 
-from .config import ModelConfig, TrainConfig
+from .config import DtypeName, ModelConfig, TrainConfig, canonical_dtype
 from .presets import PRESETS
 
 __all__ = ["COMMANDS", "build_parser", "main"]
@@ -54,6 +54,7 @@ def train(
     merge: bool = False,
     device: str | None = None,
     no_progress: bool = False,
+    nproc_per_node: PositiveInt | None = None,
     model: dict[str, Any] | None = None,
     train: dict[str, Any] | None = None,
 ) -> int:
@@ -66,9 +67,9 @@ def train(
 
     Args:
         preset: named settings (default: 'default').
-        data: a UTF-8 text file, a directory with wiki.train.raw, or a directory made by
-            `decoderlm prepare` (default: the embedded first 300,000 characters of
-            WikiText-2 raw, validation split).
+        data: a UTF-8 text file, a directory with wiki.train.raw or train.txt (its train
+            split), or a directory made by `decoderlm prepare` (default: the embedded first
+            300,000 characters of WikiText-2 raw, validation split).
         dataset: e.g. wikitext-2-raw-v1 through the optional `datasets` package (needs the
             network).
         max_chars: use only the first N characters (0: all).
@@ -91,6 +92,9 @@ def train(
         device: cpu, cuda, ... (default: cuda if available).
         no_progress: print neither the progress bar nor the evaluation lines (metrics.jsonl
             still has them).
+        nproc_per_node: train with N processes on this machine, started through torchrun
+            (--standalone; DDP, or FSDP with --fsdp); Ctrl-C stops them all after a
+            checkpoint, as it stops one process. Under a torchrun of your own, leave it out.
         model: ModelConfig fields to change (the flags of the model settings).
         train: TrainConfig fields to change (the flags of the training settings).
     """
@@ -128,29 +132,42 @@ def prepare(
     tokenizer: Literal["char", "byte", "gpt2"] = "char",
     val_fraction: float = 0.1,
     overwrite: bool = False,
+    eot: bool = False,
+    endoftext: Literal["text", "special", "error"] = "text",
 ) -> int:
     """Tokenize text files into train.bin / val.bin.
 
     Stream text files through a tokenizer into DIR/train.bin (the first 1 - F of the token
     stream) and DIR/val.bin (the last F), np.uint16 or np.uint32, with DIR/meta.json; see
-    decoderlm.prepare.
+    decoderlm.prepare. A directory with train/valid/test files (train.txt, valid.txt,
+    test.txt or WikiText's wiki.train.raw, ...) keeps its splits: train.bin from train,
+    val.bin from valid, test never read. Each file is a document: with several files, the
+    end-of-text token (GPT-2's <|endoftext|>, or --eot) follows each one.
 
     Args:
         out: the token directory to write.
-        data: UTF-8 text files, or directories (their *.txt files, or the wiki.train.raw of
-            a WikiText directory), encoded in this order; repeat --data for each (give --data
-            or --dataset).
+        data: UTF-8 text files, or directories (their *.txt files, or the splits of a
+            train/valid/test directory), encoded in this order; repeat --data for each
+            (give --data or --dataset).
         dataset: e.g. wikitext-2-raw-v1 (train split) through the optional `datasets`
             package (needs the network).
         tokenizer: char: the corpus's characters plus an unknown token U+FFFD; byte: the 256
             UTF-8 bytes (any file); gpt2: GPT-2's BPE.
-        val_fraction: the last F of the tokens form val.bin, in [0, 1).
+        val_fraction: the last F of the tokens form val.bin, in [0, 1) (unused when the
+            input has a valid file).
         overwrite: replace a token directory already in --out.
+        eot: give a char or byte vocabulary the end-of-text token <|endoftext|> (GPT-2
+            has it always).
+        endoftext: what the text's own <|endoftext|> strings are: text (ordinary
+            characters, the default), special (the end-of-text token: document separators)
+            or error (refused, tiktoken's default).
     """
     from .prepare import prepare as prepare_tokens
 
     _one_of(data=data, dataset=dataset)
-    prepare_tokens(data, tokenizer, out, val_fraction, overwrite, dataset)
+    prepare_tokens(
+        data, tokenizer, out, val_fraction, overwrite, dataset, eot=eot, endoftext=endoftext
+    )
     if val_fraction == 0:
         print(
             "note: --val-fraction 0 leaves val.bin empty; `decoderlm train` needs a "
@@ -175,8 +192,8 @@ def evaluate(
     Args:
         run: a run directory.
         data: a text file (scored whole, unknown characters mapped to the run's unknown token
-            and counted) or a prepared token directory (default: the data the run was trained
-            on).
+            and counted; its <|endoftext|> strings are ordinary text) or a prepared token
+            directory (default: the data the run was trained on).
         split: split of the run's data or of a token directory (default: val).
         json: print JSON instead of text.
         device: cpu, cuda, ...
@@ -204,18 +221,24 @@ def sample(
     seed: NonNegativeInt | None = None,
     compile: bool = False,
     block_size: PositiveInt | None = None,
+    only_new: bool = False,
 ) -> int:
     """Print text sampled from a trained model.
 
-    Sample a continuation of each prompt and print it, samples separated by a line `---`.
+    Sample a continuation of each prompt and print the prompt followed by it (as
+    transformers and nanoGPT do), samples separated by a line `---`; with several prompts
+    each sample starts with a line `### prompt I of N` (`, sample J of M` with several
+    samples). A prompt's <|endoftext|> is the end-of-text token where the vocabulary has one
+    (as nanoGPT's sample.py encodes it); elsewhere it is ordinary text.
 
     Args:
         run: a run directory (give --run or --hf).
         hf: a Hugging Face GPT-2 checkpoint directory (config.json + model.safetensors);
             GPT-2 BPE tokenizer.
         device: cpu, cuda, ...
-        prompt: text to continue; repeat for several (default: a newline, or the first
-            character of a character vocabulary without one; <|endoftext|> for GPT-2).
+        prompt: text to continue; repeat for several (default: <|endoftext|> where the
+            vocabulary has it, as for GPT-2; else a newline, or the first character of a
+            character vocabulary without one).
         prompt_file: a UTF-8 file of prompts, one per line.
         num_samples: samples per prompt (sample i uses seed + i).
         stop: end a sample where this text appears (not printed); repeatable.
@@ -228,6 +251,8 @@ def sample(
             (needs a C++ compiler on the CPU).
         block_size: crop the model's context to N positions (at most its block_size;
             DecoderLM.crop_block_size): it then sees at most the last N tokens.
+        only_new: print only the continuation, not the prompt (the default prompt is never
+            printed).
     """
     from .generate import stream_text
     from .tokenizers import CharTokenizer
@@ -236,20 +261,26 @@ def sample(
     if block_size is not None:
         model.crop_block_size(block_size)
     prompts = list(prompt or []) + (_read_prompts(prompt_file) if prompt_file else [])
-    if not prompts:
-        if isinstance(tokenizer, CharTokenizer):
+    only_new = only_new or not prompts
+    if not prompts:  # the start of a document
+        if tokenizer.eot_token is not None:
+            prompts = ["<|endoftext|>"]
+        elif isinstance(tokenizer, CharTokenizer):
             prompts = ["\n" if "\n" in tokenizer.stoi else tokenizer.chars[0]]
         else:
-            prompts = ["<|endoftext|>"]
+            prompts = ["\n"]
     if not all(prompts):
         raise ValueError("a prompt is empty; give at least one character")
-    encoded = [tokenizer.encode(p) for p in prompts]  # every prompt checked before sampling
-    first = True
-    for ids in encoded:
+    encoded = [tokenizer.encode(p, allowed_special="all") for p in prompts]  # all checked first
+    for n, ids in enumerate(encoded):
         for i in range(num_samples):
-            if not first:
+            if n or i:
                 print("\n---")
-            first = False
+            if len(prompts) > 1:
+                of_m = f", sample {i + 1} of {num_samples}" if num_samples > 1 else ""
+                print(f"### prompt {n + 1} of {len(prompts)}{of_m}")
+            if not only_new:
+                sys.stdout.write(prompts[n])
             _print_stream(
                 stream_text(
                     model,
@@ -286,7 +317,8 @@ def serve(
     Serve POST /v1/completions (with echo and logprobs), GET /v1/models, the tokenizer
     endpoints POST /tokenize, POST /detokenize, GET /tokenizer_info (vLLM's shapes, which
     lm-evaluation-harness reads) and GET /health; concurrent requests are decoded in one batch
-    (needs the [serve] extra: FastAPI and uvicorn).
+    (needs the [serve] extra: FastAPI and uvicorn). A prompt's <|endoftext|> is the
+    end-of-text token where the vocabulary has one, as in `decoderlm sample`.
 
     Args:
         run: a run directory (give --run or --hf).
@@ -345,7 +377,7 @@ def params(
     model_config: NotEmptyStr | None = None,
     batch_size: PositiveInt = 1,
     seq_len: PositiveInt | None = None,
-    dtype: Literal["fp32", "bf16", "fp16"] = "fp32",
+    dtype: DtypeName = "float32",
     json: bool = False,
     freeze: str | None = None,
     lora_rank: PositiveInt | None = None,
@@ -359,10 +391,12 @@ def params(
     Args:
         preset: the model of a preset (give one of --preset, --run, --model-config).
         run: the model of a run directory.
-        model_config: a config.json (a run's, or ModelConfig fields as a JSON object).
+        model_config: a run's config.json, or ModelConfig fields in a YAML, JSON or TOML
+            (.toml) file (optionally under `model`).
         batch_size: sequences per batch for the memory figures.
         seq_len: sequence length T (default: block_size).
-        dtype: the number format for the memory figures.
+        dtype: the number format for the memory figures (fp32, bf16, fp16 are the same as
+            float32, bfloat16, float16, here and in train).
         json: print JSON instead of a table.
         freeze: count as trainable only what this --freeze of `decoderlm train` leaves
             (default: a run's own setting).
@@ -373,7 +407,6 @@ def params(
     import torch
 
     from .analysis import count_parameters, flops_per_token, memory_bytes
-    from .files import read_json
     from .model import DecoderLM
     from .presets import get_preset
 
@@ -383,8 +416,11 @@ def params(
         config = ModelConfig.from_dict(get_preset(preset).model)
     else:
         path = Path(run or model_config)
-        data = read_json(path / "config.json" if path.is_dir() else path)
-        config = ModelConfig.from_dict(data.get("model", data) if isinstance(data, dict) else data)
+        path = path / "config.json" if path.is_dir() else path
+        if not path.is_file():
+            raise FileNotFoundError(f"{path} not found")
+        data = _read_settings(path, "n_layers: 12")
+        config = ModelConfig.from_dict(data.get("model", data))
     counts = count_parameters(config)
     with torch.device("meta"):  # the real modules, without allocating their memory
         built = DecoderLM(config).num_parameters()
@@ -405,7 +441,7 @@ def params(
         "memory_bytes_checkpointed": memory_bytes(config, batch_size, T, dtype, True),
         "batch_size": batch_size,
         "seq_len": T,
-        "dtype": dtype,
+        "dtype": canonical_dtype(dtype),
         "trainable": _trainable_report(
             config,
             {"freeze": freeze, "lora_rank": lora_rank, "lora_targets": lora_targets},
@@ -438,7 +474,8 @@ def inspect(
     Args:
         run: a run directory (give --run or --hf).
         hf: a Hugging Face GPT-2 checkpoint directory (config.json + model.safetensors).
-        text: the text to look at (give --text or --text-file).
+        text: the text to look at (give --text or --text-file); its <|endoftext|> is the
+            end-of-text token where the vocabulary has one, as in a prompt.
         text_file: a UTF-8 file holding the text.
         out: the HTML file to write.
         layers: layers whose attention maps are stored (default: all); repeat for several.
@@ -458,8 +495,8 @@ def inspect(
             raise ValueError(f"{text_file} is not UTF-8 text") from None
     model, tokenizer = _model_and_tokenizer(run, hf, device)
     n = min(max_tokens, model.config.max_positions)
-    ids = tokenizer.encode(text)[:n]
-    corrupted = None if corrupt is None else tokenizer.encode(corrupt)[:n]
+    ids = tokenizer.encode(text, allowed_special="all")[:n]  # as a prompt
+    corrupted = None if corrupt is None else tokenizer.encode(corrupt, allowed_special="all")[:n]
     title = f"{run or hf}: {tokenizer.decode(ids)[:80]!r}"
     report = build_report(model, tokenizer, ids, layers, corrupted, title=title)
     html, data = write_report(report, out)
@@ -557,8 +594,8 @@ def merge(run: NotEmptyStr, out: NotEmptyStr) -> int:
     """Merge a LoRA run's adapters into an ordinary model directory.
 
     Write the model of a run trained with --lora-rank, its adapters folded into the weights
-    (W + (alpha / r) B A), as a model directory (model.safetensors, config.json,
-    tokenizer.json) whose logits equal the adapted model's; `sample`, `eval`, `serve` and
+    (W + (alpha / r) B A), as a model directory (model.safetensors, config.json, the
+    tokenizer files) whose logits equal the adapted model's; `sample`, `eval`, `serve` and
     the GPT-2 export take it without the base model.
 
     Args:
@@ -568,7 +605,10 @@ def merge(run: NotEmptyStr, out: NotEmptyStr) -> int:
     """
     from .finetune import merge_run
 
-    print(f"wrote {merge_run(run, out)}/: model.safetensors config.json tokenizer.json")
+    print(
+        f"wrote {merge_run(run, out)}/: model.safetensors config.json tokenizer.json "
+        f"decoderlm_tokenizer.json"
+    )
     return 0
 
 
@@ -705,15 +745,19 @@ _FILE_ERRORS = [  # jsonargparse's words for a bad settings file -> ours
 
 
 def _load(text: str, path: str = "") -> Any:
-    """Read a settings file (TOML if its name ends in .toml, else YAML, which includes JSON)
-    or a flag's value (YAML; `none` means None as `null` does)."""
+    """Read a settings file (TOML if its name ends in .toml, JSON if in .json, else YAML) or a
+    flag's value (YAML; `none` means None as `null` does). A .json name is read as JSON, whose
+    1e-05 is a number (YAML 1.1 reads it as text)."""
     if str(path).endswith(".toml"):
         return tomllib.loads(text)
+    if str(path).endswith(".json"):
+        return json.loads(text)
     value = yaml.safe_load(text)
     return None if value in ("none", "None") else value
 
 
-set_loader("decoderlm", _load, exceptions=(yaml.YAMLError, tomllib.TOMLDecodeError))
+_PARSE_ERRORS = (yaml.YAMLError, tomllib.TOMLDecodeError, json.JSONDecodeError)
+set_loader("decoderlm", _load, exceptions=_PARSE_ERRORS)
 
 
 @functools.cache
@@ -745,6 +789,7 @@ def build_parser() -> ArgumentParser:
     root = _parser(
         prog="decoderlm", description="Train, sample and inspect decoder-only language models."
     )
+    root.add_argument("--version", action="version", version=f"decoderlm {_version()}")
     subcommands = root.add_subcommands(dest="command", metavar="COMMAND")
     for name, function in COMMANDS.items():
         summary, _, details = typing.cast(str, function.__doc__).partition("\n\n")
@@ -772,6 +817,12 @@ def build_parser() -> ArgumentParser:
             parser._option_string_actions["--out"].metavar = "FILE"
         subcommands.add_subcommand(name, parser, help=summary.strip().rstrip("."))
     return root
+
+
+def _version() -> str:
+    from . import __version__
+
+    return __version__
 
 
 def _add_settings(parser: ArgumentParser) -> None:
@@ -896,6 +947,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     kwargs = settings.get(settings.command, Namespace()).as_dict()
     kwargs.pop("config", None)
+    nproc = kwargs.pop("nproc_per_node", None)
+    if nproc and "LOCAL_RANK" not in os.environ:  # the launcher; its workers see LOCAL_RANK
+        from .training.launch import launch
+
+        return launch(argv, nproc)
     return _run(settings.command, kwargs)
 
 
@@ -912,6 +968,28 @@ def _settings_file_first(argv: list[str]) -> list[str]:
     return argv[:1] + files + rest
 
 
+def _read_settings(path: str | Path, example: str) -> dict:
+    """The mapping in a YAML, JSON or TOML (a .toml name) settings file.
+
+    Raises:
+        ValueError: (one line naming the file) not UTF-8 text, does not parse, is empty or is
+            not a mapping (`example` shows one).
+    """
+    try:
+        data = _load(Path(path).read_bytes().decode("utf-8"), str(path))
+    except UnicodeDecodeError:
+        raise ValueError(f"settings file {path} is not UTF-8 text") from None
+    except _PARSE_ERRORS as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ValueError(f"the settings file does not parse: {path}: {first}") from None
+    if not isinstance(data, dict):
+        what = "is empty" if data is None else f"holds a {type(data).__name__}"
+        raise ValueError(
+            f"a settings file must map settings to values; {path} {what} (write e.g. `{example}`)"
+        )
+    return data
+
+
 def _check_settings_files(argv: list[str], command: str | None) -> None:
     """Refuse, with one ValueError naming the file, a settings file (`--config FILE`) that is
     not UTF-8 text, does not parse, is empty or is not a mapping, or (train) whose `model` or
@@ -921,19 +999,7 @@ def _check_settings_files(argv: list[str], command: str | None) -> None:
     for path in paths:
         if not Path(path).is_file():
             continue
-        try:
-            data = _load(Path(path).read_bytes().decode("utf-8"), path)
-        except UnicodeDecodeError:
-            raise ValueError(f"settings file {path} is not UTF-8 text") from None
-        except (yaml.YAMLError, tomllib.TOMLDecodeError) as e:
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise ValueError(f"the settings file does not parse: {path}: {first}") from None
-        if not isinstance(data, dict):
-            what = "is empty" if data is None else f"holds a {type(data).__name__}"
-            raise ValueError(
-                f"a settings file must map settings to values; {path} {what} (write e.g. "
-                f"`max_steps: 100`)"
-            )
+        data = _read_settings(path, "max_steps: 100")
         for section in ("model", "train") if command == "train" else ():
             if not isinstance(data.get(section, {}), dict):
                 raise ValueError(

@@ -15,7 +15,7 @@ import typing
 from dataclasses import dataclass
 from typing import Any, Literal
 
-__all__ = ["ModelConfig", "TrainConfig"]
+__all__ = ["DTYPE_ALIASES", "DtypeName", "ModelConfig", "TrainConfig", "canonical_dtype"]
 
 
 def _from_dict(cls, data: dict[str, Any]):
@@ -80,6 +80,22 @@ def _check_real(
             " (a string: YAML reads 1e-3 as text; write 1.0e-3)" if isinstance(value, str) else ""
         )
         raise ValueError(f"{name} must be a finite number {interval}, got {value!r}{hint}")
+
+
+# the number formats: torch's names, and their short names (accepted everywhere, the same)
+DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+DtypeName = Literal["float32", "bfloat16", "float16", "fp32", "bf16", "fp16"]
+
+
+def canonical_dtype(name: str) -> str:
+    """torch's name of a number format: "bf16" -> "bfloat16", "float32" -> "float32", ...
+
+    Raises:
+        ValueError: not one of DtypeName.
+    """
+    if name not in typing.get_args(DtypeName):
+        raise ValueError(f"dtype must be one of {list(typing.get_args(DtypeName))}, got {name!r}")
+    return DTYPE_ALIASES.get(name, name)
 
 
 def _check_choices(obj) -> None:
@@ -261,6 +277,7 @@ class TrainConfig:
         log_interval: write a metrics line every this many steps.
         dtype: "float32"; "bfloat16" for bfloat16 autocast; "float16" for float16 autocast
             with a GradScaler (dynamic loss scaling). Weights and optimizer state stay float32.
+            "fp32", "bf16", "fp16" are the same (stored as the long names).
         compile: wrap the model in torch.compile for training.
         activation_checkpointing: recompute each block's activations in the backward pass
             instead of storing them (less memory, about 1/3 more compute).
@@ -302,7 +319,7 @@ class TrainConfig:
     eval_interval: int = 100
     eval_batches: int = 20
     log_interval: int = 10
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    dtype: DtypeName = "float32"
     compile: bool = False
     activation_checkpointing: bool = False
     fsdp: bool = False
@@ -335,6 +352,7 @@ class TrainConfig:
             _check_int(self, "decay_steps")
         _check_int(self, "seed", low=0, high=2**63)
         _check_choices(self)
+        self.dtype = canonical_dtype(self.dtype)
         _check_real(self, "lr", 0.0, low_open=True)
         if self.schedule == "cosine":
             _check_real(self, "min_lr", 0.0, self.lr)

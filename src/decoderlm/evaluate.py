@@ -204,8 +204,8 @@ def evaluate_run(
     """Loss of the model in run directory `run` on a whole split or text.
 
     Args:
-        run: a run directory (model.safetensors, config.json, tokenizer.json), or a LoRA
-            run's adapter directory (loaded over its base model).
+        run: a run directory (model.safetensors, config.json, its tokenizer files), or a
+            LoRA run's adapter directory (loaded over its base model).
         data: None (the run's own data, from config.json's "data_spec"); a prepared token
             directory (its `split`, default "val"; it must use the run's tokenizer); or a text
             file / directory of text files (all of it), encoded with the run's tokenizer, with

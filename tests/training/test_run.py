@@ -36,7 +36,7 @@ def test_training_reads_a_prepared_token_directory(tmp_path, kind):
     config = json.loads((tmp_path / "run" / "config.json").read_text())
     assert config["data_spec"]["token_dir"] == str((tmp_path / "tokens").resolve())
     assert config["model"]["vocab_size"] == {"byte": 256, "gpt2": 50257}[kind]
-    assert json.loads((tmp_path / "run" / "tokenizer.json").read_text())["type"] == kind
+    assert json.loads((tmp_path / "run" / "decoderlm_tokenizer.json").read_text())["type"] == kind
     report = evaluate_run(tmp_path / "run", split="val")
     assert report["nats_per_token"] == pytest.approx(summary.val_loss, rel=1e-6)
 

@@ -3,8 +3,9 @@
 `run_experiment` decides what to train (a new run from a preset and overrides, or a resumed
 one from its newest checkpoint), checks and prepares the run directory, builds the model,
 calls `loop.train`, then writes the run's files: model.safetensors, config.json,
-tokenizer.json, loss.png, attention.png, samples.txt and report.html / report.json (the lens
-report; metrics.jsonl and checkpoints/ are written while training).
+tokenizer.json (Hugging Face's format), decoderlm_tokenizer.json, loss.png, attention.png,
+samples.txt and report.html / report.json (the lens report; metrics.jsonl and checkpoints/ are
+written while training).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from ..report import build_report, write_report
 from ..tokenizers import CharTokenizer, Tokenizer, load_tokenizer
 from ..weights import list_checkpoints
 from .checkpoints import latest_checkpoint, load_trainer_state
+from .launch import resume_command
 from .loop import TrainResult, train
 from .parallel import DistInfo, barrier, init_distributed
 
@@ -49,6 +51,7 @@ _RUN_FILES = (
     "config.json",
     "model.safetensors",
     "tokenizer.json",
+    "decoderlm_tokenizer.json",
     "metrics.jsonl",
     "loss.png",
     "attention.png",
@@ -574,7 +577,7 @@ def _save_run(
 def _summarize(plan: RunPlan, result: TrainResult, log) -> RunSummary:
     """The RunSummary, and the closing lines (how to resume, or the final loss and files)."""
     if result.interrupted:
-        log(f"resume with: decoderlm train --resume {plan.out_dir}")
+        log(f"resume with: {resume_command(plan.out_dir)}")
         return RunSummary(
             plan.out_dir,
             None,
@@ -606,8 +609,9 @@ def _summarize(plan: RunPlan, result: TrainResult, log) -> RunSummary:
         else "model.safetensors"
     )
     log(
-        f"wrote {plan.out_dir}/: {weights} config.json tokenizer.json metrics.jsonl "
-        f"loss.png attention.png samples.txt report.html checkpoints/"
+        f"wrote {plan.out_dir}/: {weights} config.json tokenizer.json "
+        f"decoderlm_tokenizer.json metrics.jsonl loss.png attention.png samples.txt "
+        f"report.html checkpoints/"
     )
     return summary
 
@@ -651,7 +655,7 @@ def _write_artifacts(
     )
     _write_report(model, tokenizer, val_ids, out_dir)
     try:
-        prompt = tokenizer.encode(cfg.sample_prompt)
+        prompt = tokenizer.encode(cfg.sample_prompt, allowed_special="all")
     except ValueError:  # the prompt has characters outside a character vocabulary
         prompt = []
         log(
