@@ -9,11 +9,13 @@ scaled_dot_product_attention (the fused flash kernel) against attention written 
 import torch
 import torch.nn.functional as F
 
+from common import arguments
 from decoderlm.model import attention_pattern
 from gemv import best_ms
 
 
 def main() -> None:
+    arguments(__doc__).parse_args()
     torch.manual_seed(0)
     print(f"{'dtype':<9} {'fused (ms)':>10} {'written out (ms)':>17}")
     for dtype in (torch.float32, torch.bfloat16):

@@ -16,7 +16,8 @@ import time
 import torch
 import torch.nn.functional as F
 
-from decoderlm.model import reduction_linear, rowwise_linear
+from common import arguments
+from decoderlm.cpu_decode import reduction_linear, rowwise_linear
 
 SHAPES = [(50257, 768), (50257, 256), (3072, 768), (768, 3072), (2304, 768)]  # [out, in]
 
@@ -32,6 +33,7 @@ def best_ms(fn, n=30) -> float:
 
 
 def main() -> None:
+    arguments(__doc__).parse_args()
     torch.manual_seed(0)
     compiled = torch.compile(reduction_linear, dynamic=True)
     contenders = {

@@ -16,6 +16,8 @@ import os
 import subprocess
 import sys
 
+from common import arguments
+
 CONFIGS = [
     dict(
         name="char, 4 x 256, T 512, batch 16",
@@ -71,6 +73,7 @@ print(json.dumps({"measured": peak - base}))
 
 
 def main() -> None:
+    arguments(__doc__).parse_args()
     from decoderlm import ModelConfig
     from decoderlm.analysis import memory_bytes
 

@@ -17,10 +17,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from common import arguments, require_file
 from train_speed import RECIPE, SHAKESPEARE
 
 
 def main() -> None:
+    parser = arguments(__doc__)
+    parser.add_argument(
+        "--data", default=SHAKESPEARE, help="Tiny Shakespeare's input.txt (default: ../shared/data)"
+    )
+    data = require_file(parser.parse_args().data, "pass --data PATH/TO/tinyshakespeare/input.txt")
     from decoderlm import DecoderLM
     from decoderlm.data import get_batch, load_token_dir
     from decoderlm.evaluate import evaluate_run
@@ -34,7 +40,7 @@ def main() -> None:
                 "decoderlm",
                 "prepare",
                 "--data",
-                str(SHAKESPEARE),
+                str(data),
                 "--tokenizer",
                 "char",
                 "--out",

@@ -34,6 +34,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from common import require_file
+
 ROOT = Path(__file__).resolve().parents[1]
 SHAKESPEARE = ROOT.parent / "shared" / "data" / "tinyshakespeare" / "input.txt"
 RECIPE = [
@@ -278,6 +280,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     if args.part in ("recipe", "all"):
+        require_file(args.data, "pass --data PATH/TO/tinyshakespeare/input.txt")
         with tempfile.TemporaryDirectory() as work:
             recipe(args.data, Path(work))
     if args.part in ("mfu", "all"):

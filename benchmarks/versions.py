@@ -32,6 +32,8 @@ import subprocess
 import sys
 import tempfile
 
+from common import require_file
+
 DECODE = """
 import time, torch
 from decoderlm import DecoderLM, ModelConfig
@@ -172,6 +174,8 @@ def main() -> None:
     parser.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
     parser.add_argument("--in-process", action="store_true")
     args = parser.parse_args()
+    for src in (args.old_src, args.new_src):
+        require_file(src, "pass the src directories of two checkouts", directory=True)
     if args.in_process:
         return in_process(args.old_src, args.new_src)
     with tempfile.TemporaryDirectory() as tmp:

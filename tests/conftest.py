@@ -1,3 +1,8 @@
+import contextlib
+import socket
+import threading
+import time
+
 import pytest
 import torch
 
@@ -93,3 +98,26 @@ def one_line_error(capsys, argv, *fragments):
     for fragment in fragments:
         assert fragment in err, err
     return err
+
+
+@contextlib.contextmanager
+def running(app):
+    """A real uvicorn server for `app` (a decoderlm.serve app) on a free port of 127.0.0.1;
+    yields its base URL."""
+    import uvicorn
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.time() + 20
+        while not srv.started and time.time() < deadline:
+            time.sleep(0.05)
+        assert srv.started
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        srv.should_exit = True
+        thread.join(timeout=10)

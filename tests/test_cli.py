@@ -5,6 +5,7 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 
 from decoderlm.cli import COMMANDS, _settings_file_first, build_parser, main
 from decoderlm.prepare import prepare
@@ -48,7 +49,8 @@ def test_train_flags_are_flat_and_keep_their_meaning(capsys):
         "--no-progress",
     ):
         assert f"{flag} " in text, flag
-    assert "--vocab-size" not in text and "number of decoder blocks" in text  # field docstrings
+    assert "number of decoder blocks" in text  # field docstrings
+    assert "--vocab-size VOCAB_SIZE" in text and "--padded-vocab-size" in text
     parse = build_parser().parse_args
     train = parse(
         [
@@ -92,11 +94,59 @@ def test_a_settings_file_in_yaml_or_json_for_params(tmp_path, capsys):
     assert report["config"] == tiny_model().config.to_dict() and report["batch_size"] == 2
 
 
+def byte_run(directory: Path, **overrides) -> Path:
+    """A run directory: tiny_model(vocab_size=256, **overrides) and the byte tokenizer."""
+    from decoderlm.tokenizers import ByteTokenizer
+
+    tiny_model(vocab_size=256, **overrides).save_pretrained(directory)
+    ByteTokenizer().save_pretrained(directory)
+    return directory
+
+
+def test_padding_cropping_and_tied_weights_from_the_command_line(tmp_path, capsys):
+    run = byte_run(tmp_path / "run", padded_vocab_size=320)
+    assert main(["params", "--run", str(run)]) == 0
+    assert "256 tokens in 320 embedding rows (64 padding rows" in capsys.readouterr().out
+    assert main(["params", "--run", str(run), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["vocabulary"] == {"tokens": 256, "rows": 320, "padding_rows": 64}
+    sample = [
+        "sample",
+        "--run",
+        str(run),
+        "--prompt",
+        "ab",
+        "--max-new-tokens",
+        "40",
+        "--seed",
+        "1",
+    ]
+    assert main([*sample, "--block-size", "8"]) == 0
+    assert capsys.readouterr().out.strip()
+    one_line_error(capsys, [*sample, "--block-size", "33"], "block_size=32", "from 1 to 32")
+    # two different matrices in a tied model's file
+    from safetensors.torch import load_file, save_file
+
+    state = load_file(run / "model.safetensors")
+    state["lm_head.weight"] = state["tok_emb.weight"] * 2
+    save_file(state, run / "model.safetensors")
+    one_line_error(capsys, sample, "tok_emb.weight and lm_head.weight", "tie_embeddings")
+
+
+def test_train_refuses_a_vocab_size_below_the_tokenizers(tmp_path, capsys):
+    argv = ["train", "--vocab-size", "100", "--max-steps", "1", "--out", str(tmp_path / "r")]
+    one_line_error(capsys, argv, "vocab_size 100 is smaller than the tokenizer's 139 tokens")
+    assert not (tmp_path / "r").exists()
+
+
 @pytest.mark.parametrize(
     "text,message",
     [
         ("preset: gpt2\nbatch_size: many\n", "--batch-size: expected an integer > 0, got 'many'"),
-        ("preset: gpt2\ndtype: fp8\n", "--dtype: expected one of fp32, bf16, fp16"),
+        (
+            "preset: gpt2\ndtype: fp8\n",
+            "--dtype: expected one of float32, bfloat16, float16, fp32, bf16, fp16",
+        ),
         ("preset: gpt2\nseq_lenn: 3\n", "unknown setting 'seq_lenn' in the settings file"),
         ("preset: [gpt2\n", "the settings file does not parse"),
         ("- gpt2\n", "a settings file must map settings to values"),
@@ -196,7 +246,10 @@ def test_settings_file_then_command_line_overrides(tmp_path, capsys):
         ("[train]\nmax_step = 3\n", "unknown setting 'train.max_step'"),
         ("max_steps = 3\n", "unknown setting 'max_steps'"),
         ("[model\n", "does not parse"),
-        ("[train]\ndtype = 'float8'\n", "--dtype: expected one of float32, bfloat16, float16"),
+        (
+            "[train]\ndtype = 'float8'\n",
+            "--dtype: expected one of float32, bfloat16, float16, fp32, bf16, fp16",
+        ),
     ):
         settings.write_text(text, encoding="utf-8")
         assert main(["train", "--config", str(settings), "--out", str(tmp_path / "x")]) == 2
@@ -263,3 +316,61 @@ def test_abbreviated_flags_are_refused(tmp_path, capsys):
     one_line_error(capsys, ["train", "--over", "--out", str(tmp_path / "r")], "--over")
     one_line_error(capsys, ["train", "--max-step", "5", "--out", str(tmp_path / "r")], "--max-step")
     assert not (tmp_path / "r").exists()
+
+
+# --- one vocabulary everywhere (issue 11) ----------------------------------------------------
+
+
+def test_version(capsys):
+    import decoderlm
+
+    with pytest.raises(SystemExit) as exit_:
+        build_parser().parse_args(["--version"])
+    assert exit_.value.code == 0
+    capsys.readouterr()
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == f"decoderlm {decoderlm.__version__}"
+
+
+@pytest.mark.parametrize(
+    "short,long", [("fp32", "float32"), ("bf16", "bfloat16"), ("fp16", "float16")]
+)
+def test_dtype_names_are_the_same_in_params_and_train(capsys, short, long):
+    from decoderlm.config import TrainConfig
+
+    reports = []
+    for name in (short, long):
+        assert main(["params", "--preset", "default", "--dtype", name, "--json"]) == 0
+        reports.append(json.loads(capsys.readouterr().out))
+    assert reports[0] == reports[1] and reports[0]["dtype"] == long
+    assert TrainConfig(dtype=short).dtype == long == TrainConfig(dtype=long).dtype
+    for name in (short, long):
+        settings = build_parser().parse_args(["train", "--dtype", name], defaults=False)
+        assert settings.train.train.dtype == name  # accepted by train's parser
+    with pytest.raises(ValueError, match="dtype must be one of"):
+        TrainConfig(dtype="fp8")
+
+
+def test_model_config_reads_yaml_json_and_toml(tmp_path, capsys):
+    fields = tiny_model().config.to_dict()
+    (tmp_path / "m.json").write_text(json.dumps(fields))
+    (tmp_path / "m.yaml").write_text(yaml.safe_dump({"model": fields}))
+    toml = "".join(
+        f"{k} = {json.dumps(v) if not isinstance(v, bool) else str(v).lower()}\n"
+        for k, v in fields.items()
+        if v is not None
+    )
+    (tmp_path / "m.toml").write_text(toml)
+    reports = []
+    for name in ("m.json", "m.yaml", "m.toml"):
+        assert main(["params", "--model-config", str(tmp_path / name), "--json"]) == 0
+        reports.append(json.loads(capsys.readouterr().out))
+    assert reports[0]["config"] == fields and reports[0] == reports[1] == reports[2]
+    # and --config itself, in TOML, for params as for train
+    (tmp_path / "p.toml").write_text(f'model_config = "{tmp_path / "m.toml"}"\njson = true\n')
+    assert main(["params", "--config", str(tmp_path / "p.toml")]) == 0
+    assert json.loads(capsys.readouterr().out) == reports[0]
+    (tmp_path / "bad.toml").write_text("n_layers = [")
+    one_line_error(
+        capsys, ["params", "--model-config", str(tmp_path / "bad.toml")], "does not parse"
+    )

@@ -57,6 +57,11 @@ def test_load_text_from_file_directory_and_errors(tmp_path):
     (wiki / "wiki.train.raw").write_text(" \n = Train = \n", encoding="utf-8")
     (wiki / "wiki.valid.raw").write_text("valid", encoding="utf-8")
     assert load_text(wiki)[0] == " \n = Train = \n"
+    plain = tmp_path / "splits"  # issue 11: the train.txt / valid.txt / test.txt layout
+    plain.mkdir()
+    for name in ("train.txt", "valid.txt", "test.txt"):
+        (plain / name).write_text(name, encoding="utf-8")
+    assert load_text(plain)[0] == "train.txt"
     (tmp_path / "latin1.txt").write_bytes("caf\xe9".encode("latin-1"))
     with pytest.raises(ValueError, match="not UTF-8"):
         load_text(tmp_path / "latin1.txt")
@@ -156,3 +161,18 @@ def test_batches_and_evaluation_from_a_memmap_equal_those_from_a_tensor(tmp_path
     assert torch.equal(x, tensor[torch.tensor([[0], [100]]) + torch.arange(8)])
     model = tiny_model(vocab_size=tokens.meta["vocab_size"])
     assert evaluate(model, tokens.train, 20) == evaluate(model, tensor, 20)
+
+
+def test_the_seed_experiment_data_are_unchanged_by_special_tokens():
+    # issue 11: the default run's char vocabulary has no end-of-text token, and its ids are
+    # the sorted-character ids of the embedded text, "<|endoftext|>" or not
+    from decoderlm.data import EMBEDDED_CORPUS, data_spec, load_corpus
+
+    tokenizer, train_ids, val_ids, _, _ = load_corpus(data_spec(None, None, None, 0.1))
+    text = EMBEDDED_CORPUS.read_text(encoding="utf-8")
+    chars = sorted(set(text))
+    assert tokenizer.chars == [*chars, "\ufffd"] and tokenizer.special_tokens == {}
+    assert tokenizer.eot_token is None and "special_tokens" not in tokenizer.to_dict()
+    lookup = {c: i for i, c in enumerate(chars)}
+    expected = torch.tensor([lookup[c] for c in text])
+    assert torch.equal(torch.cat([torch.as_tensor(train_ids), torch.as_tensor(val_ids)]), expected)

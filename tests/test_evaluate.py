@@ -11,7 +11,7 @@ import decoderlm.data as data_module
 from decoderlm import DecoderLM, load_tokenizer
 from decoderlm.cli import main
 from decoderlm.data import EMBEDDED_CORPUS, load_token_dir
-from decoderlm.evaluate import evaluate, evaluate_run
+from decoderlm.evaluate import evaluate, evaluate_run, score_window_starts, token_logprobs
 from decoderlm.prepare import prepare
 from decoderlm.tokenizers import DEFAULT_UNK_TOKEN
 from decoderlm.training.run import run_experiment
@@ -178,3 +178,25 @@ def test_eval_a_byte_model_on_a_prepared_token_directory(tmp_path, capsys):
     assert train_report["nats_per_token"] == pytest.approx(
         evaluate(model, torch.tensor(list(data[: int(0.9 * len(data))]))), rel=1e-6
     )
+
+
+@pytest.mark.parametrize("n", [2, 20, 33, 64, 65, 90])
+def test_token_logprobs_score_every_token_once_in_evaluates_windows(n):
+    model = tiny_model(seed=6)  # block_size 32
+    ids = torch.randint(0, 65, (n,), generator=torch.Generator().manual_seed(n)).tolist()
+    lp, top_v, top_i = token_logprobs(model, ids, top_k=2)
+    T, expected = 32, []
+    with torch.no_grad():  # the oracle: windows of T written out
+        for start in range(0, n - 1, T):
+            lo = min(start, max(0, n - 1 - T))  # the tail's window ends at the last id
+            window = torch.tensor([ids[lo : lo + T + 1]])
+            full = torch.log_softmax(model(window[:, :-1])[0][0], -1)
+            for t in range(start, min(start + T, n - 1)):
+                expected.append(full[t - lo])
+    expected = torch.stack(expected)
+    assert torch.allclose(lp, expected.gather(1, torch.tensor(ids[1:])[:, None])[:, 0], atol=1e-5)
+    assert torch.equal(top_i, expected.topk(2).indices)
+    assert torch.allclose(top_v, expected.topk(2).values, atol=1e-5)
+    if (n - 1) % T == 0:  # then these are exactly evaluate's windows
+        assert float(-lp.mean()) == pytest.approx(evaluate(model, torch.tensor(ids)), abs=1e-5)
+    assert score_window_starts(n, T)[-1] + min(T, n - 1) == n - 1

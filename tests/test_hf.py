@@ -5,9 +5,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 from decoderlm import GPT2Tokenizer
+from decoderlm.generate import generate
 from decoderlm.hf import load_gpt2, save_gpt2
 from decoderlm.positions import apply_rope, rope_cos_sin
 
@@ -94,7 +95,8 @@ def test_an_exported_model_loads_in_transformers_with_the_same_logits(tmp_path, 
 def test_gpt2_tokenizer_matches_transformers_on_wikitext_with_unicode():
     tok = GPT2Tokenizer()
     assert tok.encode("Hello world") == [15496, 995]
-    assert tok.encode("<|endoftext|>") == [50256] and tok.vocab_size == 50257
+    assert tok.vocab_size == 50257
+    assert tok.encode("<|endoftext|>", allowed_special="all") == [50256]  # tiktoken's rule
     from decoderlm.data import EMBEDDED_CORPUS
 
     text = EMBEDDED_CORPUS.read_text(encoding="utf-8")
@@ -116,6 +118,9 @@ def test_gpt2_tokenizer_matches_transformers_on_wikitext_with_unicode():
     ids = tok.encode(paragraph)
     assert ids == hf(paragraph)["input_ids"]
     assert tok.decode(ids) == paragraph
+    # Hugging Face turns the special token's string into its id, as allowed_special="all"
+    mixed = paragraph[:200] + "<|endoftext|>" + paragraph[200:400]
+    assert hf(mixed)["input_ids"] == tok.encode(mixed, allowed_special="all")
 
 
 def test_sample_command_reads_a_transformers_checkpoint(tmp_path, capsys):
@@ -204,6 +209,112 @@ def test_save_gpt2_unwraps_compiled_models(tmp_path):
     save_gpt2(torch.compile(model), tmp_path)
     idx = torch.randint(0, 65, (1, 8))
     assert torch.equal(load_gpt2(tmp_path)(idx)[0], model(idx)[0])
+
+
+def test_gpt2_import_refuses_different_tied_matrices_and_loads_them_untied(tmp_path):
+    ref = hf_model(tie=False)
+    ref.save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["tie_word_embeddings"] = True  # a file whose two matrices differ, said to be tied
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    state = load_file(tmp_path / "model.safetensors")
+    wte, head = state["transformer.wte.weight"], state["lm_head.weight"]
+    difference = (wte.double() - head.double()).abs().max().item()
+    with pytest.raises(ValueError) as error:
+        load_gpt2(tmp_path)
+    message = str(error.value)
+    for fragment in ("transformer.wte.weight", "lm_head.weight", "tie_embeddings=False"):
+        assert fragment in message, message
+    assert f"max abs difference {difference:.6g}" in message
+    idx = torch.randint(0, 101, (2, 32))
+    with torch.no_grad():
+        expected = ref(idx).logits
+    assert (load_gpt2(tmp_path, tie_embeddings=False)(idx)[0] - expected).abs().max() < 1e-4
+    state["lm_head.weight"] = wte.clone()  # both present and equal: fine, and tied
+    save_file(state, tmp_path / "model.safetensors")
+    model = load_gpt2(tmp_path)
+    assert model.lm_head.weight is model.tok_emb.weight
+
+
+def test_a_padded_model_samples_and_exports_to_transformers(tmp_path):
+    # nanoGPT's padding: GPT-2's 50,257 tokens in 50,304 rows
+    model = randomize(
+        tiny_model(
+            vocab_size=50257,
+            padded_vocab_size=50304,
+            d_model=16,
+            n_heads=2,
+            n_layers=1,
+            block_size=16,
+            activation="gelu_tanh",
+        ),
+        seed=3,
+    )
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(0.5)
+        model.tok_emb.weight[50257:] = 3.0  # would dominate every softmax if it had logits
+    idx = torch.randint(0, 50257, (2, 16))
+    assert int(generate(model, idx[:, :3], 30, temperature=1.5, seed=0).max()) < 50257
+    save_gpt2(model, tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert config["vocab_size"] == 50257 and config["eos_token_id"] == 50256
+    assert load_file(tmp_path / "model.safetensors")["transformer.wte.weight"].shape == (50257, 16)
+    ref = transformers.GPT2LMHeadModel.from_pretrained(tmp_path).eval()
+    with torch.no_grad():
+        assert (ref(idx).logits - model(idx)[0]).abs().max() < 1e-4
+    padded = load_gpt2(tmp_path, padded_vocab_size=50304)
+    assert padded.config.padded_vocab_size == 50304 and padded.tok_emb.weight.shape[0] == 50304
+    assert torch.equal(padded(idx)[0], load_gpt2(tmp_path)(idx)[0])
+
+
+def test_a_file_with_padded_rows_imports_with_its_real_vocabulary(tmp_path):
+    ref = hf_model()  # 101 rows, of which 90 are tokens
+    ref.save_pretrained(tmp_path)
+    model = load_gpt2(tmp_path, vocab_size=90)
+    assert model.config.vocab_size == 90 and model.config.padded_vocab_size == 101
+    idx = torch.randint(0, 90, (2, 32))
+    with torch.no_grad():
+        expected = ref(idx).logits[..., :90]
+    assert (model(idx)[0] - expected).abs().max() < 1e-4
+    with pytest.raises(ValueError, match="from 1 to the file's 101 rows"):
+        load_gpt2(tmp_path, vocab_size=102)
+    with pytest.raises(ValueError, match=r"padded_vocab_size \(80\) must be >= vocab_size"):
+        load_gpt2(tmp_path, padded_vocab_size=80)
+
+
+def test_save_gpt2_writes_special_token_ids_only_when_the_vocabulary_has_them(tmp_path):
+    model = tiny_model(activation="gelu_tanh")  # 65 ids: GPT-2's 50256 is not one of them
+    save_gpt2(model, tmp_path / "plain")
+    config = json.loads((tmp_path / "plain" / "config.json").read_text())
+    assert config["bos_token_id"] is None and config["eos_token_id"] is None
+    hf = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "plain")
+    assert hf.config.eos_token_id is None and hf.config.bos_token_id is None
+    save_gpt2(model, tmp_path / "eos", eos_token_id=64)
+    config = json.loads((tmp_path / "eos" / "config.json").read_text())
+    assert config["bos_token_id"] == config["eos_token_id"] == 64
+    with pytest.raises(ValueError, match=r"eos_token_id 65 is not in the vocabulary \[0, 65\)"):
+        save_gpt2(model, tmp_path / "bad", eos_token_id=65)
+
+
+def test_a_cropped_gpt2_gives_the_first_positions_of_the_full_one(tmp_path):
+    # nanoGPT's crop_block_size, on a transformers GPT-2 with random weights
+    ref = hf_model()
+    ref.save_pretrained(tmp_path / "hf")
+    model = load_gpt2(tmp_path / "hf").crop_block_size(8)
+    assert model.config.block_size == 8 and model.pos_emb.weight.shape == (8, 64)
+    idx = torch.randint(0, 101, (2, 32))
+    with torch.no_grad():
+        full = ref(idx).logits
+    assert (model(idx[:, :8])[0] - full[:, :8]).abs().max() < 1e-4
+    assert (model(idx[:, :3])[0] - full[:, :3]).abs().max() < 1e-4
+    with pytest.raises(ValueError, match="block_size=8"):
+        model(idx[:, :9])
+    save_gpt2(model, tmp_path / "cropped")
+    cropped_ref = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "cropped").eval()
+    assert cropped_ref.config.n_positions == 8
+    with torch.no_grad():
+        assert (cropped_ref(idx[:, :8]).logits - full[:, :8]).abs().max() < 1e-4
 
 
 def test_interleaved_rope_weights_convert_to_the_half_split_layout():

@@ -155,3 +155,103 @@ def test_unknown_hook_names_are_refused():
             torch.zeros(1, 3, dtype=torch.long),
             ["blocks.0.attn.hook_nothing"],
         )
+
+
+def test_names_filter_keeps_only_what_it_names_and_logits_are_the_models():
+    model = halved_random_model(4)
+    idx = torch.randint(0, 65, (2, 9))
+    plain, _ = model(idx)
+    (logits, _), cache = run_with_cache(model, idx, names_filter=lambda n: n.endswith("resid_mid"))
+    assert list(cache) == ["blocks.0.hook_resid_mid", "blocks.1.hook_resid_mid"]
+    assert torch.equal(logits, plain)  # reading hooks change nothing, bit for bit
+    _, cache = run_with_cache(model, idx, "hook_embed")
+    assert list(cache) == ["hook_embed"]
+    _, cache = run_with_cache(
+        model, idx, ["hook_embed", "hook_resid_post", "blocks.1.mlp.hook_post"]
+    )
+    assert list(cache) == [
+        "hook_embed",
+        "blocks.0.hook_resid_post",
+        "blocks.1.mlp.hook_post",
+        "blocks.1.hook_resid_post",
+    ]
+    assert torch.equal(cache["hook_resid_post", 1], cache["blocks.1.hook_resid_post"])
+    stream = cache.accumulated_resid()
+    assert stream.shape == (3, 2, 9, 64) and torch.equal(stream[0], cache["hook_embed"])
+    assert torch.equal(stream[2], cache["blocks.1.hook_resid_post"])
+
+
+def test_hooks_take_predicates_replace_values_and_go_away_after_an_exception():
+    model = halved_random_model(5)
+    idx = torch.randint(0, 65, (1, 6))
+    seen = []
+    with pytest.raises(RuntimeError, match="inside"):
+        with hooks(model, [(lambda n: n.endswith("hook_resid_pre"), lambda x, n: seen.append(n))]):
+            model(idx)
+            raise RuntimeError("inside the block")
+    assert seen == ["blocks.0.hook_resid_pre", "blocks.1.hook_resid_pre"]
+    assert not any(p.has_hooks() for p in hook_points(model).values())
+    with pytest.raises(ValueError, match="no hook point named"):  # nothing half-attached
+        with hooks(model, [("hook_embed", print), ("hook_nothing", print)]):
+            pass
+    assert not any(p.has_hooks() for p in hook_points(model).values())
+
+
+def test_a_zeroed_last_residual_gives_the_unembedding_of_the_final_norm_of_zeros():
+    # LayerNorm of a zero vector is its bias (x - mean = 0), so every position's logits are
+    # lm_head.weight @ ln_f.bias
+    model = halved_random_model(6)
+    idx = torch.randint(0, 65, (2, 7))
+    last = f"blocks.{model.config.n_layers - 1}.hook_resid_post"
+    with hooks(model, [(last, lambda x, n: torch.zeros_like(x))]):
+        logits, _ = model(idx)
+    expected = model.lm_head.weight @ model.ln_f.bias
+    torch.testing.assert_close(logits, expected.expand_as(logits).detach())
+
+
+def test_cached_activations_of_one_block_equal_the_numpy_reference():
+    import numpy as np
+
+    from decoderlm import reference as ref
+
+    model = halved_random_model(7)
+    idx = torch.randint(0, 65, (2, 8))
+    _, cache = run_with_cache(model, idx)
+    p = {k: v.double().numpy() for k, v in model.state_dict().items()}
+    x = p["tok_emb.weight"][idx.numpy()] + p["pos_emb.weight"][:8]
+    h = ref.layer_norm(x, p["blocks.0.ln_1.weight"], p["blocks.0.ln_1.bias"])
+    attn_out, att = ref.causal_self_attention(h, p, "blocks.0.attn", model.config.n_heads)
+    mid = x + attn_out
+    pre = ref.layer_norm(mid, p["blocks.0.ln_2.weight"], p["blocks.0.ln_2.bias"])
+    pre = pre @ p["blocks.0.mlp.fc.weight"].T + p["blocks.0.mlp.fc.bias"]
+    post = ref.gelu(pre)
+    out = mid + post @ p["blocks.0.mlp.proj.weight"].T + p["blocks.0.mlp.proj.bias"]
+    expected = {
+        "hook_embed": x,
+        "blocks.0.hook_resid_pre": x,
+        "blocks.0.attn.hook_pattern": att,
+        "blocks.0.hook_resid_mid": mid,
+        "blocks.0.mlp.hook_pre": pre,
+        "blocks.0.mlp.hook_post": post,
+        "blocks.0.hook_resid_post": out,
+    }
+    for name, value in expected.items():
+        np.testing.assert_allclose(cache[name].double().numpy(), value, atol=1e-5, err_msg=name)
+
+
+def test_the_cache_at_position_t_ignores_later_tokens():
+    model = halved_random_model(8)
+    idx = torch.randint(0, 65, (1, 10))
+    changed = idx.clone()
+    changed[0, 6:] = (changed[0, 6:] + 1) % 65
+    _, a = run_with_cache(model, idx)
+    _, b = run_with_cache(model, changed)
+    for name in a:
+        if name.endswith("hook_pattern"):
+            torch.testing.assert_close(a[name][..., :6, :6], b[name][..., :6, :6], msg=name)
+        else:
+            dims = 2 if a[name].dim() == 4 else 1  # heads come before positions in [B, H, T, D]
+            torch.testing.assert_close(
+                a[name].narrow(dims, 0, 6), b[name].narrow(dims, 0, 6), msg=name
+            )
+        assert not torch.allclose(a[name], b[name]), name  # the later positions did change

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from decoderlm.generate import generate
-from decoderlm.kv_cache import KVCache
+from decoderlm.kv_cache import KVCache, SlotKVCache
 
 from conftest import halved_random_model, randomize, tiny_model
 
@@ -164,3 +164,26 @@ def test_compiled_bfloat16_steps_give_the_logits_of_eager_steps():
     assert eager.abs().max() > 1  # logits of a sane size, so the tolerance below means something
     assert torch.allclose(compiled, eager, atol=0.05, rtol=0.02)
     assert torch.equal(compiled.argmax(-1), eager.argmax(-1))
+
+
+def test_slot_cache_rows_of_different_lengths_give_each_rows_own_logits():
+    model = tiny_model(seed=5)
+    seqs = [[1, 2, 3, 4, 5], [6], [7, 8, 9], [10, 11]]
+    slots = SlotKVCache(model.config, 4, "cpu", torch.float32)
+    with torch.no_grad():
+        for ids in seqs:  # each prefilled alone, all but its last token
+            cache = KVCache(model.config, 1, "cpu", torch.float32)
+            if len(ids) > 1:
+                model.forward_cached(
+                    torch.tensor([ids[:-1]]), cache, torch.arange(len(ids) - 1)[None]
+                )
+            slots.put(cache)
+        slots.remove(1)  # the last row moves into row 1
+        rows = [seqs[0], seqs[3], seqs[2]]
+        last = torch.tensor([[ids[-1]] for ids in rows])
+        logits = model.forward_cached(last, slots, slots.lengths[:, None].clone())
+        for i, ids in enumerate(rows):
+            alone = model(torch.tensor([ids]))[0][0, -1]
+            assert torch.isfinite(logits).all()
+            assert torch.allclose(logits[i, -1], alone, atol=1e-5)
+    assert slots.lengths.tolist() == [5, 2, 3]

@@ -13,9 +13,10 @@ import numpy as np
 import pytest
 
 from decoderlm.cli import main
+from decoderlm.data import WIKITEXT_FILES as WIKITEXT_NAMES
 from decoderlm.data import load_token_dir
-from decoderlm.prepare import encode_source, prepare
-from decoderlm.tokenizers import GPT2Tokenizer
+from decoderlm.prepare import encode_source, iter_token_chunks, prepare
+from decoderlm.tokenizers import GPT2Tokenizer, make_tokenizer
 
 from conftest import one_line_error, quiet
 
@@ -64,10 +65,17 @@ def test_bpe_chunks_are_cut_where_the_ids_do_not_change(tmp_path):
     text = "".join(rng.choice(atoms) for _ in range(6000))
     path = tmp_path / "adversarial.txt"
     path.write_text(text, encoding="utf-8", newline="")
-    whole = GPT2Tokenizer().encode(path.read_text(encoding="utf-8"))
+    tok = GPT2Tokenizer()
+    whole = tok.encode_ordinary(path.read_text(encoding="utf-8"))
+    special = tok.encode(path.read_text(encoding="utf-8"), allowed_special="all")
+    assert whole != special
     for chunk_bytes in (5, 17, 64, 1000):
-        ids, _ = encode_source(GPT2Tokenizer(), path, chunk_bytes=chunk_bytes)
+        ids, _ = encode_source(tok, path, chunk_bytes=chunk_bytes)
         assert ids.tolist() == whole, chunk_bytes
+        ids = np.concatenate(
+            [i for i, _ in iter_token_chunks(tok, path, "error", chunk_bytes, "special")]
+        )
+        assert ids.tolist() == special, chunk_bytes
 
 
 @needs_shared
@@ -86,10 +94,13 @@ def test_prepare_gpt2_on_real_files_equals_tiktoken_on_the_whole_text(tmp_path):
         mergeable_ranks=ranks,
         special_tokens={"<|endoftext|>": 50256},
     )
-    meta = prepare([WIKI], "gpt2", tmp_path / "wiki", chunk_bytes=1 << 16, log=quiet)
+    files = [WIKI / "test.txt", WIKI / "valid.txt"]  # two documents: eot after each
+    meta = prepare(files, "gpt2", tmp_path / "wiki", chunk_bytes=1 << 16, log=quiet)
     expected = np.array(
         oracle.encode(WIKI.joinpath("test.txt").read_text(encoding="utf-8"))
+        + [50256]
         + oracle.encode(WIKI.joinpath("valid.txt").read_text(encoding="utf-8"))
+        + [50256]
     )
     tokens = load_token_dir(tmp_path / "wiki")
     assert np.array_equal(np.concatenate([tokens.train, tokens.val]), expected)
@@ -158,6 +169,7 @@ def test_prepare_char_and_byte_on_tiny_shakespeare(tmp_path, capsys):
             "path": str(SHAKESPEARE.resolve()),
             "bytes": n,
             "sha256": "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed",
+            "split": "train",
         }
     ]
 
@@ -341,3 +353,112 @@ def test_a_token_dir_without_validation_tokens_is_noted_and_refused_by_train(tmp
         "--val-fraction 0.1",
     )
     assert not (tmp_path / "run").exists()
+
+
+# --- documents, separators and split layouts (issue 11) -------------------------------------
+
+
+def _tiktoken_gpt2():
+    import tiktoken
+    from tiktoken.load import data_gym_to_mergeable_bpe_ranks
+    from tiktoken_ext.openai_public import r50k_pat_str
+
+    from decoderlm.tokenizers import GPT2_BPE_DIR
+
+    ranks = data_gym_to_mergeable_bpe_ranks(
+        str(GPT2_BPE_DIR / "vocab.bpe"), str(GPT2_BPE_DIR / "encoder.json")
+    )
+    return tiktoken.Encoding(
+        "gpt2", pat_str=r50k_pat_str, mergeable_ranks=ranks, special_tokens={"<|endoftext|>": 50256}
+    )
+
+
+def _files(tmp_path, **texts):
+    for name, text in texts.items():
+        (tmp_path / name.replace("_", ".")).write_text(text, encoding="utf-8")
+    return [tmp_path / name.replace("_", ".") for name in texts]
+
+
+def _stream(directory):
+    tokens = load_token_dir(directory)
+    return np.concatenate([tokens.train, tokens.val]).tolist()
+
+
+def test_prepare_several_files_appends_end_of_text_after_each_like_nanogpt(tmp_path):
+    a, b = _files(tmp_path, a_txt="First doc.<|endoftext|>\n", b_txt="Second one.\n")
+    enc = _tiktoken_gpt2()
+    meta = prepare([a, b], "gpt2", tmp_path / "g", val_fraction=0.2, log=quiet)
+    # nanoGPT's openwebtext/prepare.py: encode_ordinary(text) then append eot_token per doc
+    expect = enc.encode_ordinary(a.read_text()) + [50256] + enc.encode_ordinary(b.read_text())
+    assert _stream(tmp_path / "g") == expect + [50256]
+    assert meta["documents"] == {"count": 2, "separator": 50256, "endoftext": "text"}
+    # one file: one document, nothing appended; the text's separators are special only if asked
+    prepare([a], "gpt2", tmp_path / "s", endoftext="special", log=quiet)
+    assert _stream(tmp_path / "s") == enc.encode(a.read_text(), allowed_special="all")
+    assert 50256 in _stream(tmp_path / "s")
+
+
+def test_prepare_char_gets_end_of_text_only_when_asked(tmp_path, capsys):
+    a, b = _files(tmp_path, a_txt="abc\n", b_txt="cab\n")
+    prepare([a, b], "char", tmp_path / "plain", val_fraction=0.2, log=quiet)
+    chars = sorted(set("abc\n"))  # the vocabulary, independently: code-point order
+    assert _stream(tmp_path / "plain") == [chars.index(c) for c in "abc\ncab\n"]
+    assert load_token_dir(tmp_path / "plain").tokenizer.eot_token is None
+    meta = prepare([a, b], "char", tmp_path / "eot", val_fraction=0.2, eot=True, log=quiet)
+    eot = load_token_dir(tmp_path / "eot").tokenizer.eot_token
+    assert eot == len(chars) + 1 == meta["vocab_size"] - 1  # after the chars and U+FFFD
+    ids = [chars.index(c) for c in "abc\n"] + [eot] + [chars.index(c) for c in "cab\n"] + [eot]
+    assert _stream(tmp_path / "eot") == ids
+    prepare([a, b], "byte", tmp_path / "byte", val_fraction=0.2, eot=True, log=quiet)
+    assert _stream(tmp_path / "byte") == [*b"abc\n", 256, *b"cab\n", 256]
+    one_line_error(
+        capsys,
+        ["prepare", "--data", str(a), "--out", str(tmp_path / "x"), "--endoftext", "special"],
+        "no end-of-text token",
+        "--eot",
+    )
+
+
+@pytest.mark.parametrize("names", [("train.txt", "valid.txt", "test.txt"), WIKITEXT_NAMES])
+def test_prepare_keeps_the_splits_of_a_train_valid_test_directory(tmp_path, capsys, names):
+    d = tmp_path / "corpus"
+    d.mkdir()
+    for name, text in zip(names, ["train text\n", "valid text\n", "TEST ONLY\n"], strict=True):
+        (d / name).write_text(text, encoding="utf-8")
+    assert main(["prepare", "--data", str(d), "--out", str(tmp_path / "tok")]) == 0
+    out = capsys.readouterr().out
+    tokens = load_token_dir(tmp_path / "tok")
+    assert tokens.tokenizer.decode(tokens.train) == "train text\n"
+    assert tokens.tokenizer.decode(tokens.val) == "valid text\n"
+    assert not set("TESONLY") & set(tokens.tokenizer.chars)  # the test file was never read
+    assert f"{names[0]}: train" in out and f"{names[1]}: val" in out
+    assert f"{names[2]}: not used" in out
+    # a test split without a train split is refused, never trained on
+    (d / names[0]).unlink()
+    one_line_error(
+        capsys,
+        ["prepare", "--data", str(d), "--out", str(tmp_path / "t2")],
+        f"no {names[0]}",
+        names[1],
+    )
+
+
+def test_endoftext_in_the_text_is_text_special_or_refused_in_one_line(tmp_path, capsys):
+    text = "ab<|endoftext|>ba\n" * 40  # chunks of 7 characters cut the token in every place
+    (tmp_path / "c.txt").write_text(text, encoding="utf-8")
+    tok = make_tokenizer("char", text, eot=True)
+    for mode, want in (
+        ("text", tok.encode_ordinary(text)),
+        ("special", tok.encode(text, allowed_special="all")),
+    ):
+        ids = [i for i, _ in iter_token_chunks(tok, tmp_path / "c.txt", "error", 7, mode)]
+        assert np.concatenate(ids).tolist() == want, mode
+    assert tok.eot_token in tok.encode(text, allowed_special="all")
+    one_line_error(
+        capsys,
+        ["prepare", "--data", str(tmp_path / "c.txt"), "--out", str(tmp_path / "x")]
+        + ["--tokenizer", "gpt2", "--endoftext", "error"],
+        "holds the special token '<|endoftext|>' at character 2",
+        "--endoftext special",
+    )
+    assert not (tmp_path / "x").exists()

@@ -18,7 +18,8 @@ __all__ = [
 def count_parameters(config: ModelConfig) -> dict[str, int]:
     """Closed-form parameter count of a DecoderLM, with a breakdown.
 
-    With d = d_model, V = vocab_size, L = n_layers, f = d_ff, b = 1 if bias else 0:
+    With d = d_model, V = vocab_rows (padded_vocab_size when set, else vocab_size; padded
+    rows are parameters too), L = n_layers, f = d_ff, b = 1 if bias else 0:
         embeddings = V d (+ block_size d for a learned position table; sinusoidal and rotary
                      positions have no parameters)
         attention  = L (3 d^2 + 3 b d + d^2 + b d)            (fused QKV + output projection)
@@ -34,7 +35,7 @@ def count_parameters(config: ModelConfig) -> dict[str, int]:
     """
     d, V, L, b, f = (
         config.d_model,
-        config.vocab_size,
+        config.vocab_rows,
         config.n_layers,
         int(config.bias),
         config.d_ff,
@@ -70,7 +71,7 @@ def matmul_parameters(config: ModelConfig) -> int:
     every parameter except the position table and, when untied, the token embedding (a table
     lookup). With tied weights this is the nanoGPT "non-embedding" count."""
     counts = count_parameters(config)
-    lookup_only = 0 if config.tie_embeddings else config.vocab_size * config.d_model
+    lookup_only = 0 if config.tie_embeddings else config.vocab_rows * config.d_model
     return counts["non_embedding"] - lookup_only
 
 

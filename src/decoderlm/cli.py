@@ -1,8 +1,9 @@
-"""The `decoderlm` command: train | prepare | eval | sample | serve | presets | params.
+"""The `decoderlm` command: train | prepare | eval | sample | serve | presets | params | inspect |
+merge.
 
 Each command is the plain function of the same name below (`eval` is `evaluate`): its signature
 and docstring are the command's flags and --help, read by jsonargparse; `train` also takes
-every ModelConfig field but vocab_size and every TrainConfig field as a flag. Flags are written
+every ModelConfig field and every TrainConfig field as a flag. Flags are written
 with dashes (`--max-steps`), booleans as `--flag`, `--flag true` or `--flag false`, an unset
 optional value as `none`, and a list flag is repeated for each value.
 `--config FILE` reads the flags of a command from a YAML, JSON or TOML (a .toml name) file
@@ -33,7 +34,7 @@ import yaml
 from jsonargparse import ActionConfigFile, ArgumentParser, Namespace, set_loader
 from jsonargparse.typing import NonNegativeInt, NotEmptyStr, PositiveInt
 
-from .config import ModelConfig, TrainConfig
+from .config import DtypeName, ModelConfig, TrainConfig, canonical_dtype
 from .presets import PRESETS
 
 __all__ = ["COMMANDS", "build_parser", "main"]
@@ -49,8 +50,11 @@ def train(
     out: NotEmptyStr | None = None,
     overwrite: bool = False,
     resume: NotEmptyStr | None = None,
+    init_from: NotEmptyStr | None = None,
+    merge: bool = False,
     device: str | None = None,
     no_progress: bool = False,
+    nproc_per_node: PositiveInt | None = None,
     model: dict[str, Any] | None = None,
     train: dict[str, Any] | None = None,
     threads: str | None = None,
@@ -64,9 +68,9 @@ def train(
 
     Args:
         preset: named settings (default: 'default').
-        data: a UTF-8 text file, a directory with wiki.train.raw, or a directory made by
-            `decoderlm prepare` (default: the embedded first 300,000 characters of
-            WikiText-2 raw, validation split).
+        data: a UTF-8 text file, a directory with wiki.train.raw or train.txt (its train
+            split), or a directory made by `decoderlm prepare` (default: the embedded first
+            300,000 characters of WikiText-2 raw, validation split).
         dataset: e.g. wikitext-2-raw-v1 through the optional `datasets` package (needs the
             network).
         max_chars: use only the first N characters (0: all).
@@ -75,8 +79,23 @@ def train(
             training).
         resume: continue the run in DIR from its newest checkpoint (settings such as
             --max-steps may change; the model and data may not).
+        init_from: fine-tune: start from the weights of a decoderlm run directory or a
+            Hugging Face GPT-2 directory (config.json + model.safetensors or
+            pytorch_model.bin); the model's shape and tokenizer come from it (only --dropout
+            may change, and --block-size N may crop its context to N positions), the data
+            are encoded with its tokenizer, the optimizer and schedule start fresh, and the
+            preset defaults to 'finetune' (lr 3e-4, 20 warm-up steps, 300 steps; see
+            `decoderlm presets`; a preset's model settings do not apply).
+            With --lora-rank R the run trains LoRA adapters alone and saves them alone
+            (adapter.safetensors).
+        merge: after training with LoRA adapters, also write the merged model to
+            <out>/merged/ (an ordinary model directory).
         device: cpu, cuda, ... (default: cuda if available).
-        no_progress: no progress bar.
+        no_progress: print neither the progress bar nor the evaluation lines (metrics.jsonl
+            still has them).
+        nproc_per_node: train with N processes on this machine, started through torchrun
+            (--standalone; DDP, or FSDP with --fsdp); Ctrl-C stops them all after a
+            checkpoint, as it stops one process. Under a torchrun of your own, leave it out.
         model: ModelConfig fields to change (the flags of the model settings).
         train: TrainConfig fields to change (the flags of the training settings).
         threads: CPU threads: N, or auto (time a few training steps at 1, 2, ... threads on
@@ -106,6 +125,8 @@ def train(
         device=_checked_device(device),
         progress=not no_progress,
         resume=resume,
+        init_from=init_from,
+        merge=merge,
         threads=parse_threads(threads),
     )
     return 0
@@ -118,29 +139,42 @@ def prepare(
     tokenizer: Literal["char", "byte", "gpt2"] = "char",
     val_fraction: float = 0.1,
     overwrite: bool = False,
+    eot: bool = False,
+    endoftext: Literal["text", "special", "error"] = "text",
 ) -> int:
     """Tokenize text files into train.bin / val.bin.
 
     Stream text files through a tokenizer into DIR/train.bin (the first 1 - F of the token
     stream) and DIR/val.bin (the last F), np.uint16 or np.uint32, with DIR/meta.json; see
-    decoderlm.prepare.
+    decoderlm.prepare. A directory with train/valid/test files (train.txt, valid.txt,
+    test.txt or WikiText's wiki.train.raw, ...) keeps its splits: train.bin from train,
+    val.bin from valid, test never read. Each file is a document: with several files, the
+    end-of-text token (GPT-2's <|endoftext|>, or --eot) follows each one.
 
     Args:
         out: the token directory to write.
-        data: UTF-8 text files, or directories (their *.txt files, or the wiki.train.raw of
-            a WikiText directory), encoded in this order; repeat --data for each (give --data
-            or --dataset).
+        data: UTF-8 text files, or directories (their *.txt files, or the splits of a
+            train/valid/test directory), encoded in this order; repeat --data for each
+            (give --data or --dataset).
         dataset: e.g. wikitext-2-raw-v1 (train split) through the optional `datasets`
             package (needs the network).
         tokenizer: char: the corpus's characters plus an unknown token U+FFFD; byte: the 256
             UTF-8 bytes (any file); gpt2: GPT-2's BPE.
-        val_fraction: the last F of the tokens form val.bin, in [0, 1).
+        val_fraction: the last F of the tokens form val.bin, in [0, 1) (unused when the
+            input has a valid file).
         overwrite: replace a token directory already in --out.
+        eot: give a char or byte vocabulary the end-of-text token <|endoftext|> (GPT-2
+            has it always).
+        endoftext: what the text's own <|endoftext|> strings are: text (ordinary
+            characters, the default), special (the end-of-text token: document separators)
+            or error (refused, tiktoken's default).
     """
     from .prepare import prepare as prepare_tokens
 
     _one_of(data=data, dataset=dataset)
-    prepare_tokens(data, tokenizer, out, val_fraction, overwrite, dataset)
+    prepare_tokens(
+        data, tokenizer, out, val_fraction, overwrite, dataset, eot=eot, endoftext=endoftext
+    )
     if val_fraction == 0:
         print(
             "note: --val-fraction 0 leaves val.bin empty; `decoderlm train` needs a "
@@ -165,8 +199,8 @@ def evaluate(
     Args:
         run: a run directory.
         data: a text file (scored whole, unknown characters mapped to the run's unknown token
-            and counted) or a prepared token directory (default: the data the run was trained
-            on).
+            and counted; its <|endoftext|> strings are ordinary text) or a prepared token
+            directory (default: the data the run was trained on).
         split: split of the run's data or of a token directory (default: val).
         json: print JSON instead of text.
         device: cpu, cuda, ...
@@ -193,18 +227,25 @@ def sample(
     top_p: float | None = None,
     seed: NonNegativeInt | None = None,
     compile: bool = False,
+    block_size: PositiveInt | None = None,
+    only_new: bool = False,
 ) -> int:
     """Print text sampled from a trained model.
 
-    Sample a continuation of each prompt and print it, samples separated by a line `---`.
+    Sample a continuation of each prompt and print the prompt followed by it (as
+    transformers and nanoGPT do), samples separated by a line `---`; with several prompts
+    each sample starts with a line `### prompt I of N` (`, sample J of M` with several
+    samples). A prompt's <|endoftext|> is the end-of-text token where the vocabulary has one
+    (as nanoGPT's sample.py encodes it); elsewhere it is ordinary text.
 
     Args:
         run: a run directory (give --run or --hf).
         hf: a Hugging Face GPT-2 checkpoint directory (config.json + model.safetensors);
             GPT-2 BPE tokenizer.
         device: cpu, cuda, ...
-        prompt: text to continue; repeat for several (default: a newline, or the first
-            character of a character vocabulary without one; <|endoftext|> for GPT-2).
+        prompt: text to continue; repeat for several (default: <|endoftext|> where the
+            vocabulary has it, as for GPT-2; else a newline, or the first character of a
+            character vocabulary without one).
         prompt_file: a UTF-8 file of prompts, one per line.
         num_samples: samples per prompt (sample i uses seed + i).
         stop: end a sample where this text appears (not printed); repeatable.
@@ -215,26 +256,38 @@ def sample(
         seed: the same seed gives the same text.
         compile: decode with torch.compile: faster per token after a one-time compile
             (needs a C++ compiler on the CPU).
+        block_size: crop the model's context to N positions (at most its block_size;
+            DecoderLM.crop_block_size): it then sees at most the last N tokens.
+        only_new: print only the continuation, not the prompt (the default prompt is never
+            printed).
     """
     from .generate import stream_text
     from .tokenizers import CharTokenizer
 
     model, tokenizer = _model_and_tokenizer(run, hf, device)
+    if block_size is not None:
+        model.crop_block_size(block_size)
     prompts = list(prompt or []) + (_read_prompts(prompt_file) if prompt_file else [])
-    if not prompts:
-        if isinstance(tokenizer, CharTokenizer):
+    only_new = only_new or not prompts
+    if not prompts:  # the start of a document
+        if tokenizer.eot_token is not None:
+            prompts = ["<|endoftext|>"]
+        elif isinstance(tokenizer, CharTokenizer):
             prompts = ["\n" if "\n" in tokenizer.stoi else tokenizer.chars[0]]
         else:
-            prompts = ["<|endoftext|>"]
+            prompts = ["\n"]
     if not all(prompts):
         raise ValueError("a prompt is empty; give at least one character")
-    encoded = [tokenizer.encode(p) for p in prompts]  # every prompt checked before sampling
-    first = True
-    for ids in encoded:
+    encoded = [tokenizer.encode(p, allowed_special="all") for p in prompts]  # all checked first
+    for n, ids in enumerate(encoded):
         for i in range(num_samples):
-            if not first:
+            if n or i:
                 print("\n---")
-            first = False
+            if len(prompts) > 1:
+                of_m = f", sample {i + 1} of {num_samples}" if num_samples > 1 else ""
+                print(f"### prompt {n + 1} of {len(prompts)}{of_m}")
+            if not only_new:
+                sys.stdout.write(prompts[n])
             _print_stream(
                 stream_text(
                     model,
@@ -258,14 +311,21 @@ def serve(
     device: str = "cpu",
     host: str = "127.0.0.1",
     port: int = 8000,
+    served_model_name: NotEmptyStr | None = None,
     max_tokens_limit: PositiveInt = 1024,
     max_prompt_tokens: PositiveInt = 4096,
+    max_logprobs: NonNegativeInt = 5,
+    max_stop: NonNegativeInt = 16,
+    max_batch_size: PositiveInt = 8,
     compile: bool = False,
 ) -> int:
     """An OpenAI-style HTTP API for a model.
 
-    Serve POST /v1/completions, GET /v1/models and GET /health (needs the [serve] extra:
-    FastAPI and uvicorn).
+    Serve POST /v1/completions (with echo and logprobs), GET /v1/models, the tokenizer
+    endpoints POST /tokenize, POST /detokenize, GET /tokenizer_info (vLLM's shapes, which
+    lm-evaluation-harness reads) and GET /health; concurrent requests are decoded in one batch
+    (needs the [serve] extra: FastAPI and uvicorn). A prompt's <|endoftext|> is the
+    end-of-text token where the vocabulary has one, as in `decoderlm sample`.
 
     Args:
         run: a run directory (give --run or --hf).
@@ -274,26 +334,30 @@ def serve(
         device: cpu, cuda, ...
         host: the address to listen on.
         port: the TCP port to listen on, in [1, 65536).
+        served_model_name: the model id clients send (default: the directory's name).
         max_tokens_limit: the largest max_tokens a request may ask for.
         max_prompt_tokens: the longest prompt accepted, in tokens.
+        max_logprobs: the largest logprobs a request may ask for, at most 20.
+        max_stop: the most stop strings in a request.
+        max_batch_size: the most sequences decoded together; more requests wait.
         compile: decode with torch.compile: faster per token after a one-time compile
             at start (needs a C++ compiler on the CPU).
     """
+    from .serve import ServeLimits
     from .serve import serve as serve_http
 
     if not 1 <= port < 65536:
         raise ValueError(f"--port must be in [1, 65536), got {port}")
-    model, tokenizer = _model_and_tokenizer(run, hf, device)
-    serve_http(
-        model,
-        tokenizer,
-        Path(run or hf).resolve().name,
-        host,
-        port,
-        max_tokens_limit,
-        max_prompt_tokens,
-        compile,
+    limits = ServeLimits(
+        max_tokens=max_tokens_limit,
+        max_prompt_tokens=max_prompt_tokens,
+        max_logprobs=max_logprobs,
+        max_stop=max_stop,
+        max_batch_size=max_batch_size,
     )
+    model, tokenizer = _model_and_tokenizer(run, hf, device)
+    name = served_model_name or Path(run or hf).resolve().name
+    serve_http(model, tokenizer, name, host, port, limits, compile)
     return 0
 
 
@@ -302,6 +366,10 @@ def presets() -> int:
     from .analysis import count_parameters
 
     for name, preset in PRESETS.items():
+        if not preset.model:  # "finetune": the model comes from --init-from
+            print(f"{name} (the model of --init-from SRC): {preset.description}")
+            print(f"    train: {preset.train}")
+            continue
         total = count_parameters(ModelConfig.from_dict(preset.model))["total"]
         print(f"{name} ({total:,} parameters): {preset.description}")
         print(f"    model: {preset.model}")
@@ -316,8 +384,11 @@ def params(
     model_config: NotEmptyStr | None = None,
     batch_size: PositiveInt = 1,
     seq_len: PositiveInt | None = None,
-    dtype: Literal["fp32", "bf16", "fp16"] = "fp32",
+    dtype: DtypeName = "float32",
     json: bool = False,
+    freeze: str | None = None,
+    lora_rank: PositiveInt | None = None,
+    lora_targets: str | None = None,
 ) -> int:
     """Parameter, FLOP and memory counts of a model.
 
@@ -327,26 +398,36 @@ def params(
     Args:
         preset: the model of a preset (give one of --preset, --run, --model-config).
         run: the model of a run directory.
-        model_config: a config.json (a run's, or ModelConfig fields as a JSON object).
+        model_config: a run's config.json, or ModelConfig fields in a YAML, JSON or TOML
+            (.toml) file (optionally under `model`).
         batch_size: sequences per batch for the memory figures.
         seq_len: sequence length T (default: block_size).
-        dtype: the number format for the memory figures.
+        dtype: the number format for the memory figures (fp32, bf16, fp16 are the same as
+            float32, bfloat16, float16, here and in train).
         json: print JSON instead of a table.
+        freeze: count as trainable only what this --freeze of `decoderlm train` leaves
+            (default: a run's own setting).
+        lora_rank: count the parameters of LoRA adapters of this rank on --lora-targets,
+            which alone train (default: a run's own setting).
+        lora_targets: the layers with adapters (default: a run's, or qkv).
     """
     import torch
 
     from .analysis import count_parameters, flops_per_token, memory_bytes
-    from .files import read_json
     from .model import DecoderLM
     from .presets import get_preset
 
     _one_of(preset=preset, run=run, model_config=model_config)
+    data = None
     if preset:
         config = ModelConfig.from_dict(get_preset(preset).model)
     else:
         path = Path(run or model_config)
-        data = read_json(path / "config.json" if path.is_dir() else path)
-        config = ModelConfig.from_dict(data.get("model", data) if isinstance(data, dict) else data)
+        path = path / "config.json" if path.is_dir() else path
+        if not path.is_file():
+            raise FileNotFoundError(f"{path} not found")
+        data = _read_settings(path, "n_layers: 12")
+        config = ModelConfig.from_dict(data.get("model", data))
     counts = count_parameters(config)
     with torch.device("meta"):  # the real modules, without allocating their memory
         built = DecoderLM(config).num_parameters()
@@ -357,14 +438,76 @@ def params(
         "config": config.to_dict(),
         "parameters": counts,
         "parameters_of_modules": built,
+        "vocabulary": {
+            "tokens": config.vocab_size,
+            "rows": config.vocab_rows,
+            "padding_rows": config.vocab_rows - config.vocab_size,
+        },
         "flops_per_token": {c: flops_per_token(config, T, c) for c in ("kaplan", "palm")},
         "memory_bytes": memory_bytes(config, batch_size, T, dtype),
         "memory_bytes_checkpointed": memory_bytes(config, batch_size, T, dtype, True),
         "batch_size": batch_size,
         "seq_len": T,
-        "dtype": dtype,
+        "dtype": canonical_dtype(dtype),
+        "trainable": _trainable_report(
+            config,
+            {"freeze": freeze, "lora_rank": lora_rank, "lora_targets": lora_targets},
+            data.get("train") if run and isinstance(data, dict) else None,
+        ),
     }
     print(_json_text(report) if json else _params_table(report))
+    return 0
+
+
+def inspect(
+    run: NotEmptyStr | None = None,
+    hf: NotEmptyStr | None = None,
+    text: str | None = None,
+    text_file: str | None = None,
+    out: NotEmptyStr = "report.html",
+    layers: list[NonNegativeInt] | None = None,
+    max_tokens: PositiveInt = 128,
+    corrupt: str | None = None,
+    device: str = "cpu",
+) -> int:
+    """Write an HTML report of what a model does on a text.
+
+    One self-contained HTML file (nothing fetched; opens offline) with views linked by
+    hovering a token: the text coloured by surprisal (bits) with the top guesses, the
+    attention of every layer and head, previous-token / duplicate-token / induction head
+    scores, the logit lens, the embedding map, and activation patching with --corrupt; the
+    same data as JSON beside it (same name, .json). See decoderlm.report.
+
+    Args:
+        run: a run directory (give --run or --hf).
+        hf: a Hugging Face GPT-2 checkpoint directory (config.json + model.safetensors).
+        text: the text to look at (give --text or --text-file); its <|endoftext|> is the
+            end-of-text token where the vocabulary has one, as in a prompt.
+        text_file: a UTF-8 file holding the text.
+        out: the HTML file to write.
+        layers: layers whose attention maps are stored (default: all); repeat for several.
+        max_tokens: use the first N tokens of the text (at most the model's context).
+        corrupt: a corrupted text with as many tokens as the text (after --max-tokens): adds
+            the patching view (metric: the clean run's top next token against the corrupted
+            run's).
+        device: cpu, cuda, ...
+    """
+    from .report import build_report, write_report
+
+    _one_of(text=text, text_file=text_file)
+    if text_file is not None:
+        try:
+            text = Path(text_file).read_text(encoding="utf-8-sig")
+        except UnicodeDecodeError:
+            raise ValueError(f"{text_file} is not UTF-8 text") from None
+    model, tokenizer = _model_and_tokenizer(run, hf, device)
+    n = min(max_tokens, model.config.max_positions)
+    ids = tokenizer.encode(text, allowed_special="all")[:n]  # as a prompt
+    corrupted = None if corrupt is None else tokenizer.encode(corrupt, allowed_special="all")[:n]
+    title = f"{run or hf}: {tokenizer.decode(ids)[:80]!r}"
+    report = build_report(model, tokenizer, ids, layers, corrupted, title=title)
+    html, data = write_report(report, out)
+    print(f"wrote {html} ({html.stat().st_size:,} bytes) and {data} ({len(ids)} tokens)")
     return 0
 
 
@@ -382,6 +525,12 @@ def _params_table(report: dict) -> str:
         f"  {part:<11} {counts[part]:>15,}"
         for part in ("embeddings", "attention", "mlp", "norms", "head")
     ]
+    vocab = report["vocabulary"]
+    if vocab["padding_rows"]:
+        lines.append(
+            f"vocabulary: {vocab['tokens']:,} tokens in {vocab['rows']:,} embedding rows "
+            f"({vocab['padding_rows']:,} padding rows, counted above, never produced)"
+        )
     k, p = report["flops_per_token"]["kaplan"], report["flops_per_token"]["palm"]
     lines.append(
         f"FLOPs per token at T={T}: forward {k['forward']:,}, training "
@@ -407,7 +556,67 @@ def _params_table(report: dict) -> str:
         f"  activations with activation checkpointing: {c['activations'] / gib:.3f} GiB"
         f" (training total {c['training_total'] / gib:.3f} GiB)"
     )
+    t = report.get("trainable")
+    if t:
+        lines.append(
+            f"trainable: {t['trainable']:,} of {t['total']:,} parameters"
+            + (
+                f"; LoRA adapters {t['adapters']:,} = r (d_in + d_out) summed over "
+                f"{t['adapted_layers']} layers"
+                if t["adapters"]
+                else ""
+            )
+        )
     return "\n".join(lines)
+
+
+def _trainable_report(config: ModelConfig, given: dict, saved: dict | None) -> dict | None:
+    """Trainable and total parameter counts under freeze / LoRA settings (`given`, else a
+    run's saved `train` entry), from the real modules on the meta device; None when every
+    parameter trains."""
+    import torch
+
+    from .finetune import prepare_trainable, trainable_counts
+    from .lora import LoRALinear, lora_parameter_count
+    from .model import DecoderLM
+
+    saved = saved if isinstance(saved, dict) else {}
+    settings = {k: v if v is not None else saved.get(k) for k, v in given.items()}
+    settings = {k: v for k, v in settings.items() if v is not None}
+    if not settings.get("freeze") and not settings.get("lora_rank"):
+        return None
+    with torch.device("meta"):
+        model = DecoderLM(config)
+        prepare_trainable(model, TrainConfig.from_dict(settings))
+    counts = trainable_counts(model)
+    layers = [m for m in model.modules() if isinstance(m, LoRALinear)]
+    shapes = [(m.out_features, m.in_features) for m in layers]
+    closed_form = lora_parameter_count(shapes, settings.get("lora_rank") or 0)
+    if counts["adapters"] != closed_form:
+        raise RuntimeError(f"internal error: formula {closed_form} != adapters {counts}")
+    return {**counts, "adapted_layers": len(layers), **settings}
+
+
+def merge(run: NotEmptyStr, out: NotEmptyStr) -> int:
+    """Merge a LoRA run's adapters into an ordinary model directory.
+
+    Write the model of a run trained with --lora-rank, its adapters folded into the weights
+    (W + (alpha / r) B A), as a model directory (model.safetensors, config.json, the
+    tokenizer files) whose logits equal the adapted model's; `sample`, `eval`, `serve` and
+    the GPT-2 export take it without the base model.
+
+    Args:
+        run: the LoRA run (or one of its checkpoints); its base model must be where the run
+            recorded it.
+        out: the new model directory (must not exist, or be empty).
+    """
+    from .finetune import merge_run
+
+    print(
+        f"wrote {merge_run(run, out)}/: model.safetensors config.json tokenizer.json "
+        f"decoderlm_tokenizer.json"
+    )
+    return 0
 
 
 # ---- helpers of the commands ----
@@ -452,7 +661,7 @@ def _checked_device(text: str | None) -> str | None:
 def _model_and_tokenizer(run: str | None, hf: str | None, device: str):
     """The model and tokenizer of --run DIR or --hf DIR, checked to belong together."""
     from .evaluate import check_vocab
-    from .model import DecoderLM
+    from .finetune import load_model
     from .tokenizers import GPT2Tokenizer, load_tokenizer
 
     _one_of(run=run, hf=hf)
@@ -462,7 +671,7 @@ def _model_and_tokenizer(run: str | None, hf: str | None, device: str):
 
         model, tokenizer = load_gpt2(hf, map_location=device), GPT2Tokenizer()
     else:
-        model = DecoderLM.from_pretrained(run, map_location=device)
+        model = load_model(run, map_location=device)  # adapters applied over their base
         tokenizer = load_tokenizer(run)
     check_vocab(tokenizer, model, run or hf)
     return model, tokenizer
@@ -501,17 +710,23 @@ COMMANDS = {
     "serve": serve,
     "presets": presets,
     "params": params,
+    "inspect": inspect,
+    "merge": merge,
 }
 _METAVARS = {
     "run": "DIR",
     "hf": "DIR",
     "out": "DIR",
     "resume": "DIR",
+    "init_from": "SRC",
     "data": "PATH",
     "dataset": "NAME",
     "prompt_file": "FILE",
     "model_config": "FILE",
     "stop": "TEXT",
+    "text": "TEXT",
+    "text_file": "FILE",
+    "corrupt": "TEXT",
 }
 _UNIONS = (typing.Union, types.UnionType)
 _KINDS = {
@@ -537,15 +752,19 @@ _FILE_ERRORS = [  # jsonargparse's words for a bad settings file -> ours
 
 
 def _load(text: str, path: str = "") -> Any:
-    """Read a settings file (TOML if its name ends in .toml, else YAML, which includes JSON)
-    or a flag's value (YAML; `none` means None as `null` does)."""
+    """Read a settings file (TOML if its name ends in .toml, JSON if in .json, else YAML) or a
+    flag's value (YAML; `none` means None as `null` does). A .json name is read as JSON, whose
+    1e-05 is a number (YAML 1.1 reads it as text)."""
     if str(path).endswith(".toml"):
         return tomllib.loads(text)
+    if str(path).endswith(".json"):
+        return json.loads(text)
     value = yaml.safe_load(text)
     return None if value in ("none", "None") else value
 
 
-set_loader("decoderlm", _load, exceptions=(yaml.YAMLError, tomllib.TOMLDecodeError))
+_PARSE_ERRORS = (yaml.YAMLError, tomllib.TOMLDecodeError, json.JSONDecodeError)
+set_loader("decoderlm", _load, exceptions=_PARSE_ERRORS)
 
 
 @functools.cache
@@ -577,6 +796,7 @@ def build_parser() -> ArgumentParser:
     root = _parser(
         prog="decoderlm", description="Train, sample and inspect decoder-only language models."
     )
+    root.add_argument("--version", action="version", version=f"decoderlm {_version()}")
     subcommands = root.add_subcommands(dest="command", metavar="COMMAND")
     for name, function in COMMANDS.items():
         summary, _, details = typing.cast(str, function.__doc__).partition("\n\n")
@@ -600,21 +820,29 @@ def build_parser() -> ArgumentParser:
         if function is train:
             _add_settings(parser)
         _flat_flags(parser)
+        if function is inspect:  # its --out is a file, not a run directory
+            parser._option_string_actions["--out"].metavar = "FILE"
         subcommands.add_subcommand(name, parser, help=summary.strip().rstrip("."))
     return root
 
 
+def _version() -> str:
+    from . import __version__
+
+    return __version__
+
+
 def _add_settings(parser: ArgumentParser) -> None:
-    """The ModelConfig (but vocab_size) and TrainConfig fields as flags of `train`, shown with
-    the values of the 'default' preset."""
-    parser.add_class_arguments(ModelConfig, "model", skip={"vocab_size"})
+    """The ModelConfig and TrainConfig fields as flags of `train`, shown with the values of the
+    'default' preset (vocab_size: the tokenizer's unless given)."""
+    parser.add_class_arguments(ModelConfig, "model")
     parser.add_class_arguments(TrainConfig, "train")
     default = PRESETS["default"]
     shown = {
         "model": ModelConfig.from_dict(default.model).to_dict(),
         "train": TrainConfig.from_dict(default.train).to_dict(),
     }
-    del shown["model"]["vocab_size"]
+    shown["model"]["vocab_size"] = None  # the tokenizer's
     parser.set_defaults(
         {
             f"{section}.{key}": value
@@ -726,6 +954,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     kwargs = settings.get(settings.command, Namespace()).as_dict()
     kwargs.pop("config", None)
+    nproc = kwargs.pop("nproc_per_node", None)
+    if nproc and "LOCAL_RANK" not in os.environ:  # the launcher; its workers see LOCAL_RANK
+        from .training.launch import launch
+
+        return launch(argv, nproc)
     return _run(settings.command, kwargs)
 
 
@@ -742,6 +975,28 @@ def _settings_file_first(argv: list[str]) -> list[str]:
     return argv[:1] + files + rest
 
 
+def _read_settings(path: str | Path, example: str) -> dict:
+    """The mapping in a YAML, JSON or TOML (a .toml name) settings file.
+
+    Raises:
+        ValueError: (one line naming the file) not UTF-8 text, does not parse, is empty or is
+            not a mapping (`example` shows one).
+    """
+    try:
+        data = _load(Path(path).read_bytes().decode("utf-8"), str(path))
+    except UnicodeDecodeError:
+        raise ValueError(f"settings file {path} is not UTF-8 text") from None
+    except _PARSE_ERRORS as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ValueError(f"the settings file does not parse: {path}: {first}") from None
+    if not isinstance(data, dict):
+        what = "is empty" if data is None else f"holds a {type(data).__name__}"
+        raise ValueError(
+            f"a settings file must map settings to values; {path} {what} (write e.g. `{example}`)"
+        )
+    return data
+
+
 def _check_settings_files(argv: list[str], command: str | None) -> None:
     """Refuse, with one ValueError naming the file, a settings file (`--config FILE`) that is
     not UTF-8 text, does not parse, is empty or is not a mapping, or (train) whose `model` or
@@ -751,19 +1006,7 @@ def _check_settings_files(argv: list[str], command: str | None) -> None:
     for path in paths:
         if not Path(path).is_file():
             continue
-        try:
-            data = _load(Path(path).read_bytes().decode("utf-8"), path)
-        except UnicodeDecodeError:
-            raise ValueError(f"settings file {path} is not UTF-8 text") from None
-        except (yaml.YAMLError, tomllib.TOMLDecodeError) as e:
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise ValueError(f"the settings file does not parse: {path}: {first}") from None
-        if not isinstance(data, dict):
-            what = "is empty" if data is None else f"holds a {type(data).__name__}"
-            raise ValueError(
-                f"a settings file must map settings to values; {path} {what} (write e.g. "
-                f"`max_steps: 100`)"
-            )
+        data = _read_settings(path, "max_steps: 100")
         for section in ("model", "train") if command == "train" else ():
             if not isinstance(data.get(section, {}), dict):
                 raise ValueError(

@@ -15,7 +15,7 @@ import typing
 from dataclasses import dataclass
 from typing import Any, Literal
 
-__all__ = ["ModelConfig", "TrainConfig"]
+__all__ = ["DTYPE_ALIASES", "DtypeName", "ModelConfig", "TrainConfig", "canonical_dtype"]
 
 
 def _from_dict(cls, data: dict[str, Any]):
@@ -82,6 +82,22 @@ def _check_real(
         raise ValueError(f"{name} must be a finite number {interval}, got {value!r}{hint}")
 
 
+# the number formats: torch's names, and their short names (accepted everywhere, the same)
+DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+DtypeName = Literal["float32", "bfloat16", "float16", "fp32", "bf16", "fp16"]
+
+
+def canonical_dtype(name: str) -> str:
+    """torch's name of a number format: "bf16" -> "bfloat16", "float32" -> "float32", ...
+
+    Raises:
+        ValueError: not one of DtypeName.
+    """
+    if name not in typing.get_args(DtypeName):
+        raise ValueError(f"dtype must be one of {list(typing.get_args(DtypeName))}, got {name!r}")
+    return DTYPE_ALIASES.get(name, name)
+
+
 def _check_choices(obj) -> None:
     """Raise ValueError unless each field typed Literal[...] holds one of its values."""
     for name, hint in typing.get_type_hints(type(obj)).items():
@@ -95,7 +111,14 @@ class ModelConfig:
     """Hyperparameters of a decoder-only transformer (GPT-2 by default).
 
     Attributes:
-        vocab_size: number of token ids; logits are [B, T, vocab_size].
+        vocab_size: number of token ids; logits are [B, T, vocab_size]. `decoderlm train`
+            takes the tokenizer's; a larger --vocab-size there becomes padded_vocab_size, a
+            smaller one is refused.
+        padded_vocab_size: rows of the token embedding and the unembedding when larger than
+            vocab_size (e.g. 50,304 = 64 x 786 for GPT-2's 50,257 tokens, as nanoGPT pads
+            for faster matmuls); None means vocab_size. The padded rows are never produced:
+            the model drops their logits, so logits stay [B, T, vocab_size] and no sampling,
+            loss or evaluation can meet a padded id.
         block_size: context length: the positions the model is trained on, and the most one
             forward pass may see with learned positions.
         max_positions: the most positions one forward pass (or one KV cache) may see; None
@@ -138,13 +161,15 @@ class ModelConfig:
             (-c, c) (Gemma 2's final-logit soft-capping).
 
     Raises:
-        ValueError: a size is not a positive integer, d_model is not divisible by n_heads,
+        ValueError: a size is not a positive integer, padded_vocab_size is below vocab_size,
+            d_model is not divisible by n_heads,
             head_dim is odd with rope, max_positions is below block_size (or above it with
             learned positions), dropout is outside [0, 1), or an option is not one of
             its choices.
     """
 
     vocab_size: int = 50257
+    padded_vocab_size: int | None = None
     block_size: int = 1024
     max_positions: int | None = None
     n_layers: int = 12
@@ -171,6 +196,13 @@ class ModelConfig:
     def __post_init__(self) -> None:
         _check_choices(self)
         _check_int(self, "vocab_size", "block_size", "n_layers", "n_heads", "d_model", high=2**31)
+        if self.padded_vocab_size is not None:
+            _check_int(self, "padded_vocab_size", high=2**31)
+            if self.padded_vocab_size < self.vocab_size:
+                raise ValueError(
+                    f"padded_vocab_size ({self.padded_vocab_size}) must be >= vocab_size "
+                    f"({self.vocab_size}): padding only adds rows; leave it unset for none"
+                )
         if self.d_ff is None:
             self.d_ff = 4 * self.d_model
             if self.mlp == "swiglu":
@@ -218,6 +250,11 @@ class ModelConfig:
     def head_dim(self) -> int:
         """Width of one attention head: d_model // n_heads."""
         return self.d_model // self.n_heads
+
+    @property
+    def vocab_rows(self) -> int:
+        """Rows of the token embedding and the unembedding: padded_vocab_size, or vocab_size."""
+        return self.padded_vocab_size or self.vocab_size
 
     @property
     def length_limit(self) -> str:
@@ -270,8 +307,10 @@ class TrainConfig:
         beta2: AdamW's second moment coefficient (of the squared gradient's running mean).
         grad_clip: clip the global gradient norm to this value; None disables clipping.
         eval_interval: estimate the validation loss every this many steps (and at the end).
-        eval_batches: each validation estimate covers at most eval_batches * batch_size
-            non-overlapping windows, spread evenly over the validation split.
+        eval_batches: each validation estimate during training covers at most eval_batches
+            optimizer-step batches (batch_size * grad_accum_steps * world_size windows each)
+            of non-overlapping windows, spread evenly over the validation split; the same
+            windows however a step is split into micro-batches.
         log_interval: write a metrics line every this many steps.
         log: more places for the metrics.jsonl records: "csv" (metrics.csv) and/or
             "tensorboard" (event files in tensorboard/, tags train/loss, val/loss, train/lr,
@@ -281,6 +320,7 @@ class TrainConfig:
             known GPUs, or a matmul peak measured once on the CPU).
         dtype: "float32"; "bfloat16" for bfloat16 autocast; "float16" for float16 autocast
             with a GradScaler (dynamic loss scaling). Weights and optimizer state stay float32.
+            "fp32", "bf16", "fp16" are the same (stored as the long names).
         compile: wrap the model in torch.compile for training.
         activation_checkpointing: recompute each block's activations in the backward pass
             instead of storing them (less memory, about 1/3 more compute).
@@ -293,6 +333,18 @@ class TrainConfig:
         seed: seeds torch for initialisation, batches and dropout.
         sample_chars: characters sampled into samples.txt after training.
         sample_prompt: prompt of that sample.
+        freeze: parameters that do not train, a comma-separated list of groups: embeddings
+            (token embedding, position table; with tie_embeddings also the unembedding),
+            head (the unembedding), norms (every norm's gain and bias), blocks (all decoder
+            blocks), blocks:I or blocks:I-J (blocks I to J inclusive, 0-based), or a
+            parameter-name pattern with * (e.g. blocks.*.attn.*); None trains everything.
+            The optimizer holds only the parameters that train.
+        lora_rank: add LoRA adapters of this rank r (Hu et al. 2021) to the lora_targets
+            layers and train only them (None: no adapters).
+        lora_alpha: LoRA's alpha: the update is (alpha / r) B A; None means alpha = r.
+        lora_targets: the linear layers that get adapters, comma-separated ends of module
+            names: qkv, proj (attn.proj and mlp.proj), attn.proj, mlp.proj, fc, gate.
+        lora_dropout: dropout probability on the adapters' input (training mode only).
     """
 
     batch_size: int = 32
@@ -316,7 +368,7 @@ class TrainConfig:
     log_interval: int = 10
     log: list[Literal["csv", "tensorboard"]] = dataclasses.field(default_factory=list)
     peak_tflops: float | None = None
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    dtype: DtypeName = "float32"
     compile: bool = False
     activation_checkpointing: bool = False
     fsdp: bool = False
@@ -326,6 +378,11 @@ class TrainConfig:
     seed: int = 1337
     sample_chars: int = 600
     sample_prompt: str = "T"
+    freeze: str | None = None
+    lora_rank: int | None = None
+    lora_alpha: float | None = None
+    lora_targets: str = "qkv"
+    lora_dropout: float = 0.0
 
     def __post_init__(self) -> None:
         _check_int(
@@ -344,6 +401,7 @@ class TrainConfig:
             _check_int(self, "decay_steps")
         _check_int(self, "seed", low=0, high=2**63)
         _check_choices(self)
+        self.dtype = canonical_dtype(self.dtype)
         _check_real(self, "lr", 0.0, low_open=True)
         if self.schedule in ("cosine", "wsd"):
             _check_real(self, "min_lr", 0.0, self.lr)
@@ -367,6 +425,21 @@ class TrainConfig:
             raise ValueError(f"log must be a list of 'csv' and 'tensorboard', got {self.log!r}")
         if not isinstance(self.sample_prompt, str):
             raise ValueError(f"sample_prompt must be text, got {self.sample_prompt!r}")
+        self._check_finetuning()
+
+    def _check_finetuning(self) -> None:
+        """Raise ValueError for bad freeze / LoRA settings."""
+        if self.lora_rank is not None:
+            _check_int(self, "lora_rank", high=2**31)
+        if self.lora_alpha is not None:
+            _check_real(self, "lora_alpha", 0.0, low_open=True)
+        _check_real(self, "lora_dropout", 0.0, 1.0, high_open=True)
+        for name in ("freeze", "lora_targets"):
+            value = getattr(self, name)
+            if (value is not None or name == "lora_targets") and not (
+                isinstance(value, str) and value.strip(", ")
+            ):
+                raise ValueError(f"{name} must be a non-empty comma-separated list, got {value!r}")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

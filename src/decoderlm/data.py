@@ -48,6 +48,8 @@ __all__ = [
 EMBEDDED_CORPUS = files("decoderlm") / "corpora" / "wikitext2_valid_300k.txt"
 SEED_CROP_CHARS = 300_000
 WIKITEXT_FILES = ("wiki.train.raw", "wiki.valid.raw", "wiki.test.raw")
+# (train, valid, test) file names of the split layouts a data directory may have
+SPLIT_LAYOUTS = (WIKITEXT_FILES, ("train.txt", "valid.txt", "test.txt"))
 
 
 META_NAME = "meta.json"
@@ -136,13 +138,14 @@ def load_text(
     else:
         path = Path(path)
         if path.is_dir():
-            train = path / WIKITEXT_FILES[0]
-            if not train.is_file():
+            trains = [path / names[0] for names in SPLIT_LAYOUTS]
+            if not any(p.is_file() for p in trains):
                 raise FileNotFoundError(
-                    f"directory {path} has no {WIKITEXT_FILES[0]}; pass a UTF-8 text file, or a "
-                    f"directory holding the WikiText files {list(WIKITEXT_FILES)}"
+                    f"directory {path} has no {' or '.join(p.name for p in trains)}; pass a "
+                    f"UTF-8 text file, or a directory holding the WikiText files "
+                    f"{list(WIKITEXT_FILES)} (or train.txt, valid.txt, test.txt)"
                 )
-            path = train
+            path = next(p for p in trains if p.is_file())
         elif not path.exists():
             raise FileNotFoundError(f"data file {path} not found")
         elif not path.is_file():
@@ -348,9 +351,10 @@ def load_corpus(spec: dict, tokenizer=None):
     A prepared token directory (`decoderlm prepare`) is memory-mapped and brings its own
     tokenizer and split; text is encoded with `tokenizer` (a new CharTokenizer of the text,
     with an unknown-character id, when None) and split by spec["val_fraction"] (the last part
-    is validation). The fingerprint is the sha256 of the text, or of the token directory's
-    meta.json (which holds its sources' sha256 and counts): `--resume` compares it with the
-    checkpoint's to notice a corpus that changed.
+    is validation); spec["unknown"] = "unk" (fine-tuning runs) maps characters outside a char
+    vocabulary to its unknown token, counted in the description. The fingerprint is the
+    sha256 of the text, or of the token directory's meta.json (which holds its sources' sha256
+    and counts): `--resume` compares it with the checkpoint's to notice a corpus that changed.
 
     Raises:
         ValueError: a token directory without validation tokens (and see `load_text`,
@@ -376,12 +380,20 @@ def load_corpus(spec: dict, tokenizer=None):
     text, source = load_text(spec["path"], spec["max_chars"], spec["dataset"])
     if tokenizer is None:
         tokenizer = CharTokenizer.from_text(text, unk_token=DEFAULT_UNK_TOKEN)
-    ids = torch.tensor(tokenizer.encode(text), dtype=torch.long)
+    unknown = spec.get("unknown", "error")
+    ids = torch.tensor(tokenizer.encode_ordinary(text, unknown), dtype=torch.long)  # a corpus
     train_ids, val_ids = split_ids(ids, spec["val_fraction"])
+    n_unknown = tokenizer.count_unknown(text) if unknown == "unk" else 0
+    unknown_note = (
+        f", {n_unknown:,} of them outside the vocabulary (mapped to the unknown token "
+        f"{getattr(tokenizer, 'unk_token', None)!r})"
+        if n_unknown
+        else ""
+    )
     return (
         tokenizer,
         train_ids,
         val_ids,
-        f"{source}: {len(text):,} characters",
+        f"{source}: {len(text):,} characters{unknown_note}",
         hashlib.sha256(text.encode("utf-8")).hexdigest(),
     )

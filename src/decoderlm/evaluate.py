@@ -18,12 +18,21 @@ import torch
 
 from .data import check_split, is_token_dir, load_corpus, load_token_dir, windows
 from .files import read_json
+from .finetune import load_model
 from .model import DecoderLM
 from .prepare import encode_source, source_files
 from .tokenizers import CharTokenizer, Tokenizer, load_tokenizer
 from .weights import CONFIG_NAME
 
-__all__ = ["LN2", "evaluate", "check_vocab", "evaluate_run", "format_report"]
+__all__ = [
+    "LN2",
+    "evaluate",
+    "token_logprobs",
+    "score_window_starts",
+    "check_vocab",
+    "evaluate_run",
+    "format_report",
+]
 
 LN2 = math.log(2.0)  # nats per bit: bits = nats / LN2
 
@@ -74,6 +83,66 @@ def evaluate(
     return total / count
 
 
+def score_window_starts(n: int, T: int) -> list[int]:
+    """The windows that score every one of n ids (n >= 2) with a context of at most T: the
+    non-overlapping windows of `evaluate` (inputs ids[s : s + T], s = 0, T, 2T, ...), and when
+    ids remain after the last full one, a last window ending at the last id, ids[n - T - 1 :],
+    whose outputs count only for the ids not scored yet (they see up to T earlier ids).
+    A window starting at s predicts ids s + 1 .. s + T."""
+    if n - 1 <= T:
+        return [0]
+    full = (n - 1) // T
+    starts = [k * T for k in range(full)]
+    return starts + [n - 1 - T] if full * T < n - 1 else starts
+
+
+@torch.no_grad()
+def token_logprobs(
+    model: DecoderLM, ids: list[int], top_k: int = 0, vocab_size: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Log-probability (nats) of every id given the ids before it, as `evaluate` scores them.
+
+    The log-softmax of the raw logits (no temperature, top-k or top-p), over the first
+    `vocab_size` logits (default: all of them; less when a tokenizer has fewer ids).
+    Windows: `score_window_starts` with T = block_size, so a sequence longer than the context
+    is scored in non-overlapping windows of T and the first ids of each window see only
+    the window's earlier ids.
+
+    Args:
+        model: the DecoderLM (run in eval mode; its mode is restored).
+        ids: n >= 1 token ids.
+        top_k: also return the top_k most likely ids at every position.
+
+    Returns:
+        (logprobs [n - 1] float32, of ids[1:]; top_values [n - 1, top_k] float32 and top_ids
+        [n - 1, top_k] int64, the top_k log-probabilities at each of those positions, largest
+        first).
+    """
+    T, n = model.config.block_size, len(ids)
+    V = vocab_size or model.config.vocab_size
+    data = torch.tensor(ids, dtype=torch.long)
+    logprobs = torch.empty(max(n - 1, 0))
+    top_values = torch.empty(max(n - 1, 0), top_k)
+    top_ids = torch.empty(max(n - 1, 0), top_k, dtype=torch.long)
+    was_training = model.training
+    model.eval()
+    try:
+        done = 0  # ids[1 : done + 1] are scored
+        for s in score_window_starts(n, T) if n > 1 else []:
+            width = min(T, n - 1 - s)
+            x, y = windows(data, torch.tensor([s]), width)
+            lp = model(x.to(model.device))[0][0, :, :V].float().log_softmax(-1).cpu()
+            keep = slice(done - s, width)  # outputs of the ids not scored yet
+            logprobs[done : s + width] = lp[keep].gather(1, y[0, keep, None])[:, 0]
+            if top_k:
+                top = lp[keep].topk(top_k, dim=-1)
+                top_values[done : s + width], top_ids[done : s + width] = top
+            done = s + width
+    finally:
+        model.train(was_training)
+    return logprobs, top_values, top_ids
+
+
 def check_vocab(tokenizer: Tokenizer, model, source) -> None:
     """ValueError unless the tokenizer has the model's vocab_size ids (they belong together)."""
     if tokenizer.vocab_size != model.config.vocab_size:
@@ -108,7 +177,10 @@ def _ids_of_data_spec(run: Path, tokenizer: Tokenizer, split: str) -> tuple[np.n
     if spec.get("token_dir"):
         return _ids_of_token_dir(Path(spec["token_dir"]), tokenizer, split)
     _, train_ids, val_ids, source, _ = load_corpus(spec, tokenizer)
-    return (val_ids if split == "val" else train_ids), 0, source
+    ids = val_ids if split == "val" else train_ids
+    unk = getattr(tokenizer, "unk_id", None)  # a fine-tuning run maps unknown characters
+    n_unknown = int((ids == unk).sum()) if spec.get("unknown") == "unk" and unk is not None else 0
+    return ids, n_unknown, source
 
 
 def _ids_of_token_dir(path: Path, tokenizer: Tokenizer, split: str) -> tuple[np.ndarray, int, str]:
@@ -132,7 +204,8 @@ def evaluate_run(
     """Loss of the model in run directory `run` on a whole split or text.
 
     Args:
-        run: a run directory (model.safetensors, config.json, tokenizer.json).
+        run: a run directory (model.safetensors, config.json, its tokenizer files), or a
+            LoRA run's adapter directory (loaded over its base model).
         data: None (the run's own data, from config.json's "data_spec"); a prepared token
             directory (its `split`, default "val"; it must use the run's tokenizer); or a text
             file / directory of text files (all of it), encoded with the run's tokenizer, with
@@ -154,7 +227,7 @@ def evaluate_run(
     run = Path(run)
     if split not in (None, "val", "train"):
         raise ValueError(f"unknown split {split!r}; use 'val' or 'train'")
-    model = DecoderLM.from_pretrained(run, map_location=device)
+    model = load_model(run, map_location=device)  # an adapter run: over its base
     tokenizer = load_tokenizer(run)
     check_vocab(tokenizer, model, run)
     if data is None:

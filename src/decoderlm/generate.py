@@ -16,7 +16,14 @@ import torch
 from . import cpu_decode
 from .kv_cache import KVCache
 
-__all__ = ["generate", "stream_generate", "stream_text", "sample_next", "filter_logits"]
+__all__ = [
+    "generate",
+    "stream_generate",
+    "stream_text",
+    "TextStream",
+    "sample_next",
+    "filter_logits",
+]
 
 
 def filter_logits(
@@ -299,6 +306,49 @@ def generate(model, idx: torch.Tensor, max_new_tokens: int, **options) -> torch.
     return torch.cat([idx, torch.stack(new, dim=1)], dim=1) if new else idx.clone()
 
 
+class TextStream:
+    """The text of a growing continuation, released as it becomes final.
+
+    push(token_id) adds one token and returns the text that can be shown now; text is held
+    back while it ends in an incomplete character (U+FFFD from a partial UTF-8 byte sequence)
+    or could be the start of a stop text. Once the text holds a stop text, `stopped` is True
+    and the text before the first stop text is all that is ever released (the stop text
+    itself never is). `rest()` releases what is held back at the end.
+
+    Args:
+        tokenizer: decodes the tokens.
+        stop: stop texts (empty ones are ignored).
+    """
+
+    def __init__(self, tokenizer, stop: list[str] | None = None):
+        self.tokenizer, self.stop = tokenizer, [s for s in stop or [] if s]
+        self.ids: list[int] = []
+        self.shown, self.text, self.stopped = "", "", False
+
+    def push(self, token_id: int) -> str:
+        """Add a token; returns the newly final text ("" while held back)."""
+        self.ids.append(int(token_id))
+        self.text = text = self.tokenizer.decode(self.ids)
+        cut = min((text.find(s) for s in self.stop if s in text), default=-1)
+        if cut >= 0:
+            self.stopped = True
+            return self._release(text[:cut])
+        hold = max(
+            (k for s in self.stop for k in range(1, len(s)) if text.endswith(s[:k])), default=0
+        )
+        safe = text[: len(text) - hold]
+        return "" if safe.endswith("\ufffd") else self._release(safe)
+
+    def rest(self) -> str:
+        """The text held back, released at the end (none after a stop text)."""
+        return "" if self.stopped else self._release(self.text)
+
+    def _release(self, upto: str) -> str:
+        delta = upto[len(self.shown) :] if len(upto) > len(self.shown) else ""
+        self.shown += delta
+        return delta
+
+
 def stream_text(
     model,
     tokenizer,
@@ -313,8 +363,7 @@ def stream_text(
 ):
     """Sample one continuation and yield its text as it grows, as (delta, finish_reason).
 
-    Text is held back while it ends in an incomplete character (U+FFFD from a partial UTF-8
-    byte sequence) or could be the start of a stop text. The continuation ends before the
+    Text is released as `TextStream` releases it. The continuation ends before the
     first stop text (which is not yielded) with finish_reason "stop", or after
     max_new_tokens tokens with "length". It decodes one row that is never stopped by token
     id, so generate's pad_token_id never reaches the text (tokenizers refuse ids outside the
@@ -323,22 +372,15 @@ def stream_text(
     Yields:
         (delta, None) while going, then one last (delta, "stop" | "length", n_new_tokens).
     """
-    device = model.device
-    idx = torch.tensor([prompt_ids], dtype=torch.long, device=device)
-    stop = [s for s in stop or [] if s]
-    new_ids, shown, text = [], "", ""
+    idx = torch.tensor([prompt_ids], dtype=torch.long, device=model.device)
+    text = TextStream(tokenizer, stop)
     for token in stream_generate(
         model, idx, max_new_tokens, temperature, top_k, top_p, seed=seed, compile=compile
     ):
-        new_ids.append(int(token[0]))
-        text = tokenizer.decode(new_ids)
-        cut = min((text.find(s) for s in stop if s in text), default=-1)
-        if cut >= 0:
-            yield text[len(shown) : cut], "stop", len(new_ids)
+        delta = text.push(int(token[0]))
+        if text.stopped:
+            yield delta, "stop", len(text.ids)
             return
-        hold = max((k for s in stop for k in range(1, len(s)) if text.endswith(s[:k])), default=0)
-        safe = text[: len(text) - hold]
-        if not safe.endswith("\ufffd") and len(safe) > len(shown):
-            yield safe[len(shown) :], None
-            shown = safe
-    yield text[len(shown) :], "length", len(new_ids)
+        if delta:
+            yield delta, None
+    yield text.rest(), "length", len(text.ids)

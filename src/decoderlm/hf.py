@@ -18,6 +18,7 @@ attn.masked_bias) are ignored. transformers itself is needed only by the tests.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import torch
@@ -121,22 +122,41 @@ def _read_hf_weights(directory: Path) -> dict[str, torch.Tensor]:
     return {k: v for file in files for k, v in read_safetensors(file).items()}
 
 
-def load_gpt2(directory: str | Path, map_location: str = "cpu") -> DecoderLM:
+def load_gpt2(
+    directory: str | Path,
+    map_location: str = "cpu",
+    tie_embeddings: bool | None = None,
+    vocab_size: int | None = None,
+    padded_vocab_size: int | None = None,
+) -> DecoderLM:
     """Load a transformers GPT-2 checkpoint directory as a DecoderLM (eval mode).
 
     Returns a model whose logits equal GPT2LMHeadModel's (tanh GELU, LayerNorm epsilon and
-    tying as in config.json).
+    tying as in config.json) over its vocab_size tokens.
+
+    Args:
+        directory: the checkpoint directory.
+        map_location: the device to load onto.
+        tie_embeddings: override config.json's tie_word_embeddings (see
+            `DecoderLM.from_pretrained`); a tied model refuses a file whose
+            transformer.wte.weight and lm_head.weight differ.
+        vocab_size: the real vocabulary when the file's rows are padded (e.g. 50,257 for a
+            nanoGPT export with 50,304 rows); the rows beyond it become padding. None: all
+            of the file's rows are tokens.
+        padded_vocab_size: pad the embedding and unembedding to this many rows (zeros; see
+            `ModelConfig.padded_vocab_size`), e.g. 50,304 to train GPT-2 as nanoGPT does.
 
     Raises:
         FileNotFoundError: no config.json or weights. ValueError: not GPT-2, unsupported
-        options, unreadable weight files, or missing / unexpected / mis-shaped tensors (named
-        in the message).
+        options, unreadable weight files, missing / unexpected / mis-shaped tensors (named
+        in the message), conflicting tied weights, or vocab_size / padded_vocab_size that
+        do not fit the file's rows.
     """
     directory = Path(directory)
     config = _config_from_hf(read_json(directory / "config.json"), directory / "config.json")
-    state = {}
-    for key, tensor in _read_hf_weights(directory).items():
-        key = key.removeprefix("transformer.")
+    state, file_keys = {}, {}
+    for name, tensor in _read_hf_weights(directory).items():
+        key = name.removeprefix("transformer.")
         parts = key.split(".")
         if parts[0] == "h":
             module = ".".join(parts[2:-1])
@@ -151,18 +171,56 @@ def load_gpt2(directory: str | Path, map_location: str = "cpu") -> DecoderLM:
             key = f"{_TOP_NAMES[parts[0]]}.{parts[-1]}"
         elif key != "lm_head.weight":
             raise ValueError(f"unexpected tensor {key!r} in {directory}")
-        state[key] = tensor.contiguous()
-    return load_state(DecoderLM(config), state, directory).to(map_location).eval()
+        state[key], file_keys[key] = tensor.contiguous(), name
+    if tie_embeddings is not None:
+        config = dataclasses.replace(config, tie_embeddings=tie_embeddings)
+    config, state = _with_vocab(config, state, vocab_size, padded_vocab_size)
+    model = load_state(DecoderLM(config), state, directory, file_keys)
+    return model.to(map_location).eval()
 
 
-def save_gpt2(model: DecoderLM, directory: str | Path) -> None:
+def _with_vocab(config: ModelConfig, state: dict, vocab_size, padded_vocab_size):
+    """(config, state) with vocab_size tokens and padded_vocab_size rows: the embedding and
+    unembedding cut or zero-padded to that many rows (only rows past vocab_size change)."""
+    rows = config.vocab_size
+    vocab_size = rows if vocab_size is None else vocab_size
+    padded = rows if padded_vocab_size is None else padded_vocab_size
+    if (
+        isinstance(vocab_size, bool)
+        or not isinstance(vocab_size, int)
+        or not 0 < vocab_size <= rows
+    ):
+        raise ValueError(
+            f"vocab_size must be an integer from 1 to the file's {rows} rows, got {vocab_size!r}"
+        )
+    config = dataclasses.replace(
+        config, vocab_size=vocab_size, padded_vocab_size=padded if padded != vocab_size else None
+    )  # checks padded_vocab_size >= vocab_size
+    for key in ("tok_emb.weight", "lm_head.weight"):
+        if key in state and state[key].size(0) == rows != padded:
+            table = state[key][: min(rows, padded)]
+            state[key] = torch.cat([table, table.new_zeros(padded - len(table), table.size(1))])
+    return config, state
+
+
+def save_gpt2(model: DecoderLM, directory: str | Path, eos_token_id: int | None = None) -> None:
     """Write `model` as a transformers GPT-2 directory (config.json + model.safetensors) that
     `GPT2LMHeadModel.from_pretrained` loads with the same logits.
+
+    A padded vocabulary is cut to its vocab_size real rows (transformers' GPT-2 has no
+    padding; `load_gpt2(..., padded_vocab_size=N)` pads it again).
+
+    Args:
+        model: the DecoderLM (possibly wrapped).
+        directory: where to write.
+        eos_token_id: written as bos_token_id and eos_token_id; None: GPT-2's <|endoftext|>
+            (50256) when the vocabulary has that id, else null for both (no special token;
+            an absent entry would make transformers assume 50256).
 
     Raises:
         ValueError: the model is not GPT-2 shaped (needs pre-norm, learned positions,
             LayerNorm with bias, the GELU MLP with d_ff any width, no QK-norm, no logit
-            soft-cap).
+            soft-cap), or eos_token_id is not one of its ids.
     """
     model = unwrap_model(model)
     c = model.config
@@ -195,8 +253,10 @@ def save_gpt2(model: DecoderLM, directory: str | Path) -> None:
         elif key == "lm_head.weight":
             if c.tie_embeddings:
                 continue
+            tensor = tensor[: c.vocab_size]
         else:
             key = "transformer." + {v: k for k, v in _TOP_NAMES.items()}[parts[0]] + "." + parts[-1]
+            tensor = tensor[: c.vocab_size] if parts[0] == "tok_emb" else tensor
         out[key] = tensor.detach().cpu().contiguous()
     atomic_write(
         directory / "model.safetensors", lambda tmp: save_file(out, tmp, metadata={"format": "pt"})
@@ -218,10 +278,22 @@ def save_gpt2(model: DecoderLM, directory: str | Path) -> None:
             "resid_pdrop": c.dropout,
             "embd_pdrop": c.dropout,
             "attn_pdrop": c.dropout,
-            "bos_token_id": 50256,
-            "eos_token_id": 50256,
+            **_special_ids(c.vocab_size, eos_token_id),
         },
     )
+
+
+def _special_ids(vocab_size: int, eos_token_id: int | None) -> dict:
+    """config.json's bos_token_id / eos_token_id entries: eos_token_id, or GPT-2's 50256 when
+    the vocabulary has it, else null (transformers' GPT2Config would otherwise assume 50256)."""
+    if eos_token_id is None:
+        eos = 50256 if vocab_size > 50256 else None
+        return {"bos_token_id": eos, "eos_token_id": eos}
+    if isinstance(eos_token_id, bool) or not isinstance(eos_token_id, int):
+        raise ValueError(f"eos_token_id must be an integer, got {eos_token_id!r}")
+    if not 0 <= eos_token_id < vocab_size:
+        raise ValueError(f"eos_token_id {eos_token_id} is not in the vocabulary [0, {vocab_size})")
+    return {"bos_token_id": eos_token_id, "eos_token_id": eos_token_id}
 
 
 def rope_interleaved_to_half(weight: torch.Tensor, n_heads: int) -> torch.Tensor:

@@ -7,7 +7,7 @@ import torch
 
 from .config import ModelConfig
 
-__all__ = ["KVCache"]
+__all__ = ["KVCache", "SlotKVCache"]
 
 
 class KVCache:
@@ -68,3 +68,113 @@ class KVCache:
         # softmax row finite (no NaN); the outputs at padding are never used
         itself = torch.arange(S, device=device) == (torch.arange(T, device=device) + start)[:, None]
         return ((causal[None] & key_mask[:, None, :]) | itself[None])[:, None]
+
+
+class SlotKVCache:
+    """Keys and values of a changing batch of sequences, each at its own length (continuous
+    batching): row i of the buffers holds the i-th active sequence, `lengths[i]` positions of
+    it filled; sequences join (`put`) and leave (`remove`) between forward passes.
+
+    k[l], v[l]: [capacity, n_heads, max_positions + 1, head_dim] in `dtype`; capacity grows
+    (doubling, up to max_rows) as sequences join. A forward pass over one new token of each
+    of the B = `rows` active sequences (DecoderLM.forward_cached with this cache) writes
+    row i's keys and values at position lengths[i] and attends over positions
+    0 .. lengths[i] of that row only (the others are masked out).
+
+    Args:
+        config: the model's ModelConfig.
+        max_rows: the most sequences at once.
+        device, dtype: those of the model's weights.
+    """
+
+    def __init__(self, config: ModelConfig, max_rows: int, device, dtype):
+        self.config, self.max_rows, self.device, self.dtype = config, max_rows, device, dtype
+        self.k: list[torch.Tensor] = []
+        self.v: list[torch.Tensor] = []
+        self.lengths = torch.zeros(0, dtype=torch.long, device=device)
+        self._grow(1)
+
+    @property
+    def rows(self) -> int:
+        """The number of active sequences, B."""
+        return len(self.lengths)
+
+    def _grow(self, capacity: int) -> None:
+        c = self.config
+        shape = (capacity, c.n_heads, c.max_positions + 1, c.head_dim)
+        for buffers in (self.k, self.v):
+            for layer in range(c.n_layers):
+                # zeros, not empty: a masked position gets weight 0, and 0 * NaN is NaN
+                new = torch.zeros(shape, device=self.device, dtype=self.dtype)
+                if len(buffers) > layer:
+                    new[: self.rows] = buffers[layer][: self.rows]
+                    buffers[layer] = new
+                else:
+                    buffers.append(new)
+
+    def put(self, cache: KVCache) -> int:
+        """Add the one sequence of `cache` (a KVCache of batch size 1) as the last row;
+        returns its row.
+
+        Raises:
+            ValueError: max_rows sequences are active already.
+        """
+        row = self.rows
+        if row >= self.max_rows:
+            raise ValueError(f"the batch is full ({self.max_rows} sequences)")
+        if row >= self.k[0].size(0):
+            self._grow(min(self.max_rows, 2 * self.k[0].size(0)))
+        self.replace(row, cache)
+        return row
+
+    def replace(self, row: int, cache: KVCache) -> None:
+        """Row `row` (an active row, or the next free one) takes the keys and values of the
+        one sequence of `cache` (a KVCache of batch size 1)."""
+        n = cache.length
+        for layer in range(self.config.n_layers):
+            self.k[layer][row, :, :n] = cache.k[layer][0, :, :n]
+            self.v[layer][row, :, :n] = cache.v[layer][0, :, :n]
+        if row == self.rows:
+            self.lengths = torch.cat([self.lengths, self.lengths.new_tensor([n])])
+        else:
+            self.lengths[row] = n
+
+    def remove(self, row: int) -> None:
+        """Drop row `row`; the last row moves into its place (the rows after it keep theirs
+        unless it is the last)."""
+        last = self.rows - 1
+        if row != last:
+            n = int(self.lengths[last])
+            for layer in range(self.config.n_layers):
+                self.k[layer][row, :, :n] = self.k[layer][last, :, :n]
+                self.v[layer][row, :, :n] = self.v[layer][last, :, :n]
+            self.lengths[row] = self.lengths[last]
+        self.lengths = self.lengths[:last].clone()
+
+    def update(
+        self, layer: int, k: torch.Tensor, v: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write the new keys and values k, v [B, n_heads, 1, head_dim] of `layer` at each
+        row's length and return the rows' filled prefixes, [B, n_heads, S, head_dim] each
+        with S = max(lengths) + 1 (positions past a row's own length are masked out)."""
+        B, S = self.rows, int(self.lengths.max()) + 1
+        rows = torch.arange(B, device=self.device)
+        self.k[layer][rows, :, self.lengths] = k[:, :, 0]
+        self.v[layer][rows, :, self.lengths] = v[:, :, 0]
+        return self.k[layer][:B, :, :S], self.v[layer][:B, :, :S]
+
+    def advance(self, T: int) -> None:
+        """Count T more filled positions in every row (after a forward pass)."""
+        self.lengths = self.lengths + T
+
+    def attention_mask(self, T: int, key_mask: torch.Tensor | None) -> torch.Tensor:
+        """bool [B, 1, 1, S]: row i's new token may attend to positions 0 .. lengths[i].
+
+        Raises:
+            ValueError: T is not 1 or key_mask is given (a slot cache takes one new token per
+                sequence, and has no padding).
+        """
+        if T != 1 or key_mask is not None:
+            raise ValueError("a SlotKVCache takes one new token per row and no key_mask")
+        S = int(self.lengths.max()) + 1
+        return (torch.arange(S, device=self.device) <= self.lengths[:, None])[:, None, None]

@@ -7,6 +7,7 @@ A decoder-only transformer, GPT-2 style by default (Radford et al. 2019), read t
                                 x = x + mlp(ln_2(x))
               (post-norm):      x = ln_1(x + attn(x)); x = ln_2(x + mlp(x))
     logits = lm_head(ln_f(x))  (pre-norm; post-norm has no final norm)   # [B, T, vocab_size]
+    (a padded vocabulary's extra rows are dropped from the logits: they are never produced)
 
 Attention is scaled dot-product attention (Vaswani et al. 2017, eq. 1):
 softmax(q k^T / sqrt(head_dim) + causal mask) v, with future positions set to -inf before
@@ -16,6 +17,7 @@ Activations are reachable by name through `HookPoint`s (listed in `DecoderLM`).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
@@ -28,7 +30,7 @@ from .config import ModelConfig
 from .hooks import HookPoint
 from .kv_cache import KVCache
 from .positions import apply_rope, rope_cos_sin, sinusoidal_positions
-from .weights import load_state, read_model_dir, save_model
+from .weights import load_state, read_model_dir, resolve_tied, save_model
 
 __all__ = ["DecoderLM", "CausalSelfAttention", "MLP", "Block", "RMSNorm", "attention_pattern"]
 
@@ -214,7 +216,7 @@ class DecoderLM(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.config = config
-        self.tok_emb = nn.Embedding(config.vocab_size, config.d_model)
+        self.tok_emb = nn.Embedding(config.vocab_rows, config.d_model)
         self.pos_emb = None
         if config.pos_encoding == "learned":
             self.pos_emb = nn.Embedding(config.block_size, config.d_model)
@@ -231,9 +233,11 @@ class DecoderLM(nn.Module):
         self.blocks = nn.ModuleList(Block(config, layer) for layer in range(config.n_layers))
         self.ln_f = make_norm(config) if config.norm_position == "pre" else None
         self.hook_normalized = HookPoint()
-        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        self.lm_head = nn.Linear(config.d_model, config.vocab_rows, bias=False)
         if config.tie_embeddings:
             self.lm_head.weight = self.tok_emb.weight
+        # a state dict whose two tensors differ never loads silently into tied weights
+        self.register_load_state_dict_pre_hook(_resolve_tied_on_load)
         self.apply(self._init_weights)
         residual_std = 0.02 / math.sqrt(2 * config.n_layers)
         for block in self.blocks:
@@ -295,8 +299,17 @@ class DecoderLM(nn.Module):
             x = x[:, -1:]
         if self.ln_f is not None:
             x = self.ln_f(x)
-        logits = self.lm_head(self.hook_normalized(x))  # [B, T, vocab_size]
-        if (cap := self.config.logit_softcap) is not None:  # bounded in (-cap, cap)
+        return self.unembed(self.hook_normalized(x))  # [B, T, vocab_size]
+
+    def unembed(self, x: Tensor) -> Tensor:
+        """lm_head(x) without the padded rows: x [..., d_model] (what lm_head reads, after
+        ln_f) -> logits [..., vocab_size]. A padded vocabulary's extra rows get no logits, so
+        nothing downstream (sampling, loss, evaluation) can produce a padded id. With
+        config.logit_softcap c the logits are c * tanh(logits / c), bounded in (-c, c)."""
+        logits = self.lm_head(x)  # [..., vocab_rows]
+        if self.config.vocab_rows > self.config.vocab_size:
+            logits = logits[..., : self.config.vocab_size]
+        if (cap := self.config.logit_softcap) is not None:
             logits = cap * torch.tanh(logits / cap)
         return logits
 
@@ -321,7 +334,7 @@ class DecoderLM(nn.Module):
         loss = None
         if targets is not None:
             loss = F.cross_entropy(
-                logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1
+                logits.float().reshape(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1
             )
         return logits, loss
 
@@ -353,6 +366,42 @@ class DecoderLM(nn.Module):
         n = sum(p.numel() for p in self.parameters())
         return n - self.pos_emb.weight.numel() if non_embedding and self.pos_emb is not None else n
 
+    def crop_block_size(self, block_size: int) -> DecoderLM:
+        """Shrink the model's context to `block_size` positions, in place (nanoGPT's
+        crop_block_size; e.g. GPT-2 at 256 for cheaper fine-tuning). Returns the model.
+
+        The learned position table keeps its first block_size rows (a new Parameter: build the
+        optimizer after cropping); the sinusoidal and rotary tables are cut to block_size
+        rows; config.block_size and config.max_positions become block_size, so KV caches and
+        generation's sliding window follow. Logits of inputs of at most block_size tokens are
+        unchanged (attention is causal: position t never sees later ones).
+
+        Raises:
+            ValueError: block_size is not an integer in 1..config.block_size (a context can
+                be cropped, never extended).
+        """
+        old = self.config
+        if (
+            isinstance(block_size, bool)
+            or not isinstance(block_size, int)
+            or not 1 <= block_size <= old.block_size
+        ):
+            raise ValueError(
+                f"cannot crop the context to {block_size!r} positions: the model has "
+                f"block_size={old.block_size}; give an integer from 1 to {old.block_size}"
+            )
+        self.config = dataclasses.replace(old, block_size=block_size, max_positions=block_size)
+        if self.pos_emb is not None:
+            table = self.pos_emb.weight
+            self.pos_emb.weight = nn.Parameter(
+                table.detach()[:block_size].clone(), requires_grad=table.requires_grad
+            )
+            self.pos_emb.num_embeddings = block_size
+        for name in ("pos_table", "rope_cos", "rope_sin"):
+            if hasattr(self, name):
+                setattr(self, name, getattr(self, name)[:block_size].clone())
+        return self
+
     def save_pretrained(self, directory: str | Path, extra_config: dict | None = None) -> None:
         """Write model.safetensors and config.json into `directory` (created if missing).
 
@@ -362,13 +411,32 @@ class DecoderLM(nn.Module):
         save_model(self, directory, extra_config)
 
     @classmethod
-    def from_pretrained(cls, directory: str | Path, map_location: str = "cpu") -> DecoderLM:
+    def from_pretrained(
+        cls, directory: str | Path, map_location: str = "cpu", tie_embeddings: bool | None = None
+    ) -> DecoderLM:
         """Load a model written by `save_pretrained` (or `decoderlm train`), in eval mode.
+
+        Args:
+            directory: the model directory (config.json + model.safetensors).
+            map_location: the device to load onto.
+            tie_embeddings: override config.json's: False loads tok_emb.weight and
+                lm_head.weight as two matrices (a file holding only one starts both from it),
+                True shares one. None: as config.json says.
 
         Raises:
             FileNotFoundError: config.json or model.safetensors is missing.
-            ValueError: the files do not describe a matching model.
+            ValueError: the files do not describe a matching model, or the model is tied and
+                the file holds two different matrices (see `weights.resolve_tied`).
         """
         config, state = read_model_dir(directory, map_location)
+        if tie_embeddings is not None:
+            config = dataclasses.replace(config, tie_embeddings=tie_embeddings)
         model = load_state(cls(config), state, Path(directory) / "model.safetensors")
         return model.to(map_location).eval()
+
+
+def _resolve_tied_on_load(model: DecoderLM, state_dict, prefix: str, *args) -> None:
+    """load_state_dict pre-hook of a tied model: `resolve_tied` on the keys of this model (an
+    untied model loads exactly the tensors given)."""
+    if model.config.tie_embeddings:
+        resolve_tied(state_dict, True, "the state dict", prefix)

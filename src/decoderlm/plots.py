@@ -23,7 +23,8 @@ def plot_loss(metrics: list[dict], path: str | Path) -> None:
     """Plot train and validation loss (nats) against step from metrics.jsonl records.
 
     Args:
-        metrics: dicts with "step" and "train_loss" and, on evaluation steps, "val_loss".
+        metrics: dicts with "step" and "train_loss" and, on evaluation steps, "val_loss"
+            (and "probe_second_half_loss", drawn too when present).
         path: the PNG file to write.
     """
     plt = _pyplot()
@@ -34,6 +35,11 @@ def plot_loss(metrics: list[dict], path: str | Path) -> None:
         ax.plot(*zip(*train, strict=True), label="train", linewidth=1)
     if val:
         ax.plot(*zip(*val, strict=True), "o-", label="validation", linewidth=1.5)
+    probe = [
+        (m["step"], m["probe_second_half_loss"]) for m in metrics if "probe_second_half_loss" in m
+    ]
+    if probe:  # falls when induction heads form
+        ax.plot(*zip(*probe, strict=True), "s--", label="repeated probe, 2nd half", linewidth=1)
     ax.set_xlabel("step")
     ax.set_ylabel("cross-entropy loss (nats per token)")
     ax.set_title("loss")

@@ -142,7 +142,8 @@ def forward(params: dict[str, np.ndarray], config, idx: np.ndarray) -> np.ndarra
 
     Args:
         params: the model's state dict as NumPy arrays (keys as in `DecoderLM.state_dict()`;
-            if "lm_head.weight" is absent, the token embedding is used: tied weights).
+            if "lm_head.weight" is absent, the token embedding is used: tied weights; rows
+            past vocab_size are padding and get no logits).
         config: the ModelConfig.
         idx: [B, T] integer token ids, T <= max_positions (block_size for learned positions).
 
@@ -193,6 +194,6 @@ def forward(params: dict[str, np.ndarray], config, idx: np.ndarray) -> np.ndarra
             x = norm(x + mlp(x, pre), f"{pre}.ln_2")
     if config.norm_position == "pre":
         x = norm(x, "ln_f")
-    logits = x @ p.get("lm_head.weight", p["tok_emb.weight"]).T
+    logits = (x @ p.get("lm_head.weight", p["tok_emb.weight"]).T)[..., : config.vocab_size]
     cap = config.logit_softcap
     return logits if cap is None else cap * np.tanh(logits / cap)

@@ -7,6 +7,11 @@ A model is a directory, as in Hugging Face transformers:
 
 A run directory holds one such model, and its resumable checkpoints in
 checkpoints/step-NNNNNNNN/ (see `decoderlm.training.checkpoints`).
+
+A run trained with LoRA adapters (`decoderlm.lora`) is an adapter directory instead: its
+config.json has a "lora" entry and an "init_from" entry (the base model's path and sha256),
+and adapter.safetensors holds the adapter tensors alone (``<layer>.lora_A`` / ``lora_B``);
+`decoderlm.finetune.load_model` reads it over its base.
 """
 
 from __future__ import annotations
@@ -20,12 +25,14 @@ from safetensors.torch import load_file, save_file
 from .analysis import count_parameters
 from .config import ModelConfig
 from .files import atomic_write, read_json, write_json
+from .lora import is_lora_key
 
 __all__ = [
     "save_model",
     "save_weights",
     "read_model_dir",
     "load_state",
+    "resolve_tied",
     "read_safetensors",
     "normalize_state_dict",
     "unwrap_model",
@@ -33,13 +40,16 @@ __all__ = [
     "CONFIG_NAME",
     "WEIGHTS_NAME",
     "CHECKPOINTS_DIR",
+    "ADAPTER_NAME",
 ]
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
 CHECKPOINTS_DIR = "checkpoints"
+ADAPTER_NAME = "adapter.safetensors"
 _STEP_PREFIX = "step-"
 _WRAPPER_PREFIXES = ("module.", "_orig_mod.")  # DDP / DataParallel and torch.compile
+_PAIR = ("tok_emb.weight", "lm_head.weight")  # the token embedding and the unembedding
 
 
 def normalize_state_dict(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -80,10 +90,25 @@ def save_weights(
     extra_config: dict[str, Any] | None = None,
 ) -> None:
     """Write a model state dict (any device, wrapper prefixes allowed) and its ModelConfig to
-    `directory` as model.safetensors + config.json, each atomically (see `save_model`)."""
+    `directory` as model.safetensors + config.json, each atomically (see `save_model`).
+
+    A state dict holding LoRA adapter tensors is written as an adapter directory:
+    adapter.safetensors with those tensors alone (the base weights stay where
+    extra_config["init_from"] says), and extra_config must carry the "lora" entry.
+    """
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     state = normalize_state_dict(state)
+    adapters = {k: v.detach().contiguous().cpu() for k, v in state.items() if is_lora_key(k)}
+    if adapters:
+        if not (extra_config or {}).get("lora") or not extra_config.get("init_from"):
+            raise ValueError(
+                "a model with LoRA adapters is saved as adapters over its base model; "
+                "pass extra_config with its 'lora' and 'init_from' entries, or merge it first"
+            )
+        atomic_write(directory / ADAPTER_NAME, lambda tmp: save_file(adapters, tmp))
+        write_json(directory / CONFIG_NAME, {"model": config.to_dict(), **extra_config})
+        return
     if config.tie_embeddings:
         state.pop("lm_head.weight", None)
     state = {k: v.detach().contiguous().cpu() for k, v in state.items()}
@@ -123,11 +148,19 @@ def read_model_dir(
         )
     model_config = ModelConfig.from_dict(config["model"])
     weights = directory / WEIGHTS_NAME
+    if not weights.is_file() and (directory / ADAPTER_NAME).is_file():
+        raise ValueError(
+            f"{directory} holds LoRA adapters over a base model, not a whole model; load it "
+            f"with decoderlm.finetune.load_model (as the decoderlm commands do), or write a "
+            f"model directory with `decoderlm merge --run {directory} --out DIR`"
+        )
     if not weights.is_file():
         raise FileNotFoundError(f"{weights} not found")
     state = normalize_state_dict(read_safetensors(weights, map_location))
-    tied = model_config.tie_embeddings
-    in_file = sum(t.numel() for k, t in state.items() if not (tied and k == "lm_head.weight"))
+    pair = [state[k] for k in _PAIR if k in state]
+    in_file = sum(t.numel() for k, t in state.items() if k not in _PAIR)
+    if pair:  # one matrix when tied, two when not, whether the file holds one or both
+        in_file += pair[0].numel() * (1 if model_config.tie_embeddings else 2)
     expected_total = count_parameters(model_config)["total"]
     if in_file != expected_total:
         raise ValueError(
@@ -145,16 +178,67 @@ def read_safetensors(path: Path, device: str = "cpu") -> dict[str, torch.Tensor]
         raise ValueError(f"{path} is not a readable safetensors file ({e})") from None
 
 
-def load_state(model: torch.nn.Module, state: dict[str, torch.Tensor], source) -> torch.nn.Module:
+def resolve_tied(
+    state: dict, tied: bool, source, prefix: str = "", file_keys: dict | None = None
+) -> None:
+    """Make `state` (changed in place) hold both the token embedding and the unembedding, by
+    the rule for tied weights: one of the two alone stands for both (tied or not); both in a
+    tied model must be equal bitwise (same shape, dtype and values), and then are one tensor.
+
+    Args:
+        state: a state dict; its keys prefix + "tok_emb.weight" and prefix + "lm_head.weight".
+        tied: whether the model that will load it ties them (config.tie_embeddings).
+        source: names the file in messages.
+        prefix: of both keys (load_state_dict's prefix).
+        file_keys: our key -> the file's own name for it, used in messages (e.g. GPT-2's
+            "transformer.wte.weight").
+
+    Raises:
+        ValueError: tied, and the two tensors differ; the message names both keys and the
+            largest absolute difference, and how to load them untied.
+    """
+    emb_key, head_key = (prefix + key for key in _PAIR)
+    emb, head = state.get(emb_key), state.get(head_key)
+    if emb is None or head is None:
+        if emb is not None or head is not None:
+            state[emb_key] = state[head_key] = emb if emb is not None else head
+        return
+    if not tied or emb is head:
+        return
+    if emb.shape == head.shape and emb.dtype == head.dtype and torch.equal(emb, head):
+        state[head_key] = emb
+        return
+    names = [(file_keys or {}).get(k[len(prefix) :], k) for k in (emb_key, head_key)]
+    if emb.shape == head.shape:
+        diff = f"max abs difference {(emb.double() - head.double()).abs().max().item():.6g}"
+        if emb.dtype != head.dtype:
+            diff += f", dtypes {emb.dtype} and {head.dtype}"
+    else:
+        diff = f"shapes {tuple(emb.shape)} and {tuple(head.shape)}"
+    raise ValueError(
+        f"{source} holds two different matrices {names[0]} and {names[1]} ({diff}) but the "
+        f"model ties them (one matrix for both); loading would drop one. Load them untied "
+        f"with tie_embeddings=False (DecoderLM.from_pretrained or decoderlm.hf.load_gpt2), "
+        f"or set tie_embeddings (GPT-2: tie_word_embeddings) to false in config.json"
+    )
+
+
+def load_state(
+    model: torch.nn.Module, state: dict[str, torch.Tensor], source, file_keys: dict | None = None
+) -> torch.nn.Module:
     """Load `state` (our key names) into `model` (a DecoderLM), checked key by key and shape
-    by shape first; a tied unembedding may be absent from `state`. Returns the model.
+    by shape first; tied or not, the token embedding or the unembedding may stand for both
+    (see `resolve_tied`). Returns the model.
+
+    file_keys: our key -> the file's name for it, for messages.
 
     Raises:
         ValueError: the tensors do not match the model (the message lists missing,
-            unexpected and mis-shaped tensors, and names `source`).
+            unexpected and mis-shaped tensors, and names `source`), or two different
+            matrices for tied weights.
     """
-    if model.config.tie_embeddings and "tok_emb.weight" in state:
-        state = {**state, "lm_head.weight": state["tok_emb.weight"]}
+    state = dict(state)
+    resolve_tied(state, model.config.tie_embeddings, source, file_keys=file_keys)
     expected = model.state_dict()
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))

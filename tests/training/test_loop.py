@@ -1,33 +1,67 @@
-"""The training loop (decoderlm.training.loop): gradient accumulation."""
+"""The training loop (decoderlm.training.loop): gradient accumulation, validation estimates,
+printing."""
 
 import pytest
 import torch
 
 from decoderlm import DecoderLM
 from decoderlm.config import TrainConfig
+from decoderlm.data import windows
 from decoderlm.training.loop import train
 
 from conftest import tiny_config
+
+
+def trained(data, val, batch_size: int, accumulation: int, max_steps: int, eval_interval: int):
+    """(TrainResult, model): TINY (seed 0) trained at lr 1e-3, logging every step."""
+    torch.manual_seed(0)
+    model = DecoderLM(tiny_config())
+    cfg = TrainConfig(
+        batch_size=batch_size,
+        grad_accum_steps=accumulation,
+        max_steps=max_steps,
+        lr=1e-3,
+        log_interval=1,
+        eval_interval=eval_interval,
+        eval_batches=1,
+    )
+    return train(model, cfg, data, val, progress=False), model
 
 
 def test_gradient_accumulation_equals_one_larger_batch():
     data = torch.randint(0, 65, (3000,), generator=torch.Generator().manual_seed(1))
     runs = []
     for batch_size, accumulation in ((8, 1), (4, 2), (2, 4)):
-        torch.manual_seed(0)
-        model = DecoderLM(tiny_config())
-        cfg = TrainConfig(
-            batch_size=batch_size,
-            grad_accum_steps=accumulation,
-            max_steps=4,
-            lr=1e-3,
-            log_interval=1,
-            eval_interval=100,
-            eval_batches=1,
-        )
-        result = train(model, cfg, data[:2700], data[2700:], progress=False)
+        result, model = trained(data[:2700], data[2700:], batch_size, accumulation, 4, 100)
         runs.append(([r["train_loss"] for r in result.metrics], model.state_dict()))
     for losses, state in runs[1:]:
         assert losses == pytest.approx(runs[0][0], abs=1e-6)
         for name, value in state.items():
             torch.testing.assert_close(value, runs[0][1][name], atol=1e-4, rtol=0)
+
+
+def test_the_validation_estimate_does_not_depend_on_the_micro_batch_split():
+    data = torch.randint(0, 65, (6000,), generator=torch.Generator().manual_seed(2))
+    val = data[:3000]  # 93 windows of 32: more than one step's 32, so the count matters
+    estimates = []
+    for batch_size, accumulation in ((32, 1), (8, 4)):
+        result, model = trained(data[3000:], val, batch_size, accumulation, 2, 1)
+        estimates.append([r["val_loss"] for r in result.metrics])
+        with torch.no_grad():  # the estimate is that of the first 32 windows spread evenly
+            starts = torch.linspace(0, 92, 32).long() * 32
+            x, y = windows(val, starts, 32)
+            assert estimates[-1][-1] == pytest.approx(float(model.eval()(x, y)[1]), abs=1e-5)
+    assert estimates[1] == pytest.approx(estimates[0], abs=1e-5)
+
+
+def test_progress_false_prints_nothing(capsys):
+    data = torch.randint(0, 65, (2000,), generator=torch.Generator().manual_seed(3))
+    cfg = TrainConfig(batch_size=2, max_steps=2, log_interval=1, eval_interval=1, eval_batches=1)
+    for progress in (False, True):
+        torch.manual_seed(0)
+        result = train(DecoderLM(tiny_config()), cfg, data[:1500], data[1500:], progress=progress)
+        out, err = capsys.readouterr()
+        assert [r["step"] for r in result.metrics if "val_loss" in r] == [1, 2]
+        if not progress:
+            assert out == "" and err == ""
+    assert "val " in out + err  # the evaluation lines, shown with progress

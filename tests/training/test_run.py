@@ -3,8 +3,11 @@
 import json
 
 import pytest
+import torch
 
+from decoderlm import DecoderLM
 from decoderlm.evaluate import evaluate_run
+from decoderlm.hf import save_gpt2
 from decoderlm.prepare import prepare
 from decoderlm.training.run import run_experiment
 
@@ -33,6 +36,35 @@ def test_training_reads_a_prepared_token_directory(tmp_path, kind):
     config = json.loads((tmp_path / "run" / "config.json").read_text())
     assert config["data_spec"]["token_dir"] == str((tmp_path / "tokens").resolve())
     assert config["model"]["vocab_size"] == {"byte": 256, "gpt2": 50257}[kind]
-    assert json.loads((tmp_path / "run" / "tokenizer.json").read_text())["type"] == kind
+    assert json.loads((tmp_path / "run" / "decoderlm_tokenizer.json").read_text())["type"] == kind
     report = evaluate_run(tmp_path / "run", split="val")
     assert report["nats_per_token"] == pytest.approx(summary.val_loss, rel=1e-6)
+
+
+def test_a_larger_vocab_size_pads_and_a_smaller_one_is_refused(tmp_path):
+    # nanoGPT's 50,304 rows for GPT-2's 50,257 tokens: trained, sampled and exported
+    transformers = pytest.importorskip("transformers")
+    source = tmp_path / "text.txt"
+    source.write_text(TEXT * 3, encoding="utf-8")
+    prepare([source], "gpt2", tmp_path / "tokens", log=quiet)
+    common = dict(data=tmp_path / "tokens", train_overrides=FAST, device="cpu", log=quiet)
+    small = {**SMALL, "activation": "gelu_tanh"}
+    with pytest.raises(ValueError, match="smaller than the tokenizer's 50257 tokens"):
+        run_experiment(
+            out=tmp_path / "no", model_overrides={**small, "vocab_size": 50000}, **common
+        )
+    assert not (tmp_path / "no").exists()
+    run = tmp_path / "run"
+    run_experiment(
+        out=run, model_overrides={**small, "vocab_size": 50304}, progress=False, **common
+    )
+    config = json.loads((run / "config.json").read_text())["model"]
+    assert config["vocab_size"] == 50257 and config["padded_vocab_size"] == 50304
+    model = DecoderLM.from_pretrained(run)
+    assert model.tok_emb.weight.shape == (50304, 16)
+    assert (run / "samples.txt").read_text(encoding="utf-8")  # sampled through the tokenizer
+    save_gpt2(model, tmp_path / "hf")
+    ref = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "hf").eval()
+    idx = torch.randint(0, 50257, (1, 16))
+    with torch.no_grad():
+        assert (ref(idx).logits - model(idx)[0]).abs().max() < 1e-4

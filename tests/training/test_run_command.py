@@ -54,11 +54,16 @@ def test_train_writes_a_complete_run_and_sample_is_reproducible(tmp_path, capsys
         "loss.png",
         "attention.png",
         "samples.txt",
+        "report.html",
+        "report.json",
     ):
         assert (out / name).stat().st_size > 0, name
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records if "val_loss" in r] == [3, 6]
     assert all({"step", "train_loss", "lr"} <= set(r) for r in records)
+    evals = [r for r in records if "val_loss" in r]  # the lens probe, one score per layer
+    assert all(len(r["induction_score"]) == 1 and r["probe_second_half_loss"] > 0 for r in evals)
+    assert len(json.loads((out / "report.json").read_text())["tokens"]) == 16
     config = json.loads((out / "config.json").read_text())
     assert config["model"]["block_size"] == 16 and config["train"]["max_steps"] == 6
     tok = load_tokenizer(out)
@@ -83,7 +88,7 @@ def test_train_writes_a_complete_run_and_sample_is_reproducible(tmp_path, capsys
     assert main(args) == 0
     first = capsys.readouterr().out
     assert main(args) == 0
-    assert capsys.readouterr().out == first and len(first) == 41
+    assert capsys.readouterr().out == first and len(first) == 4 + 41  # prompt + 40 + "\n"
     assert main(args + ["--compile"]) == 0  # the same text, decoded by a compiled step
     assert capsys.readouterr().out == first
     # the run is never overwritten by accident
@@ -138,7 +143,9 @@ def test_sample_with_unknown_characters_or_mismatched_tokenizer(tmp_path, capsys
     assert main(["sample", "--run", str(out), "--prompt", "Zebra!"]) == 2
     err = capsys.readouterr().err
     assert "'Z' at position 0" in err and "'!' at position 5" in err
-    (out / "tokenizer.json").write_text(json.dumps({"type": "char", "chars": list("abc")}))
+    (out / "decoderlm_tokenizer.json").write_text(
+        json.dumps({"type": "char", "chars": list("abc")})
+    )
     assert main(["sample", "--run", str(out), "--prompt", "a"]) == 2
     assert "3 tokens but the model expects vocab_size=" in capsys.readouterr().err
 
@@ -261,16 +268,21 @@ def test_damaged_run_files_give_clear_errors(tmp_path, capsys):
 def test_sample_several_prompts_samples_and_stop_text(tmp_path, capsys):
     data, out = train_small(tmp_path)
     capsys.readouterr()
-    base = ["sample", "--run", str(out), "--max-new-tokens", "30", "--seed", "5"]
+    base = ["sample", "--run", str(out), "--max-new-tokens", "30", "--seed", "5", "--only-new"]
     assert main(base + ["--prompt", "The "]) == 0
     alone = capsys.readouterr().out
-    assert main(base + ["--prompt", "The ", "--prompt", "Pack", "--num-samples", "2"]) == 0
+    # by default the prompt comes first, then its continuation (transformers, nanoGPT)
+    assert main(base[:-1] + ["--prompt", "The "]) == 0
+    assert capsys.readouterr().out == "The " + alone
+    assert main(base[:-1] + ["--prompt", "The ", "--prompt", "Pack", "--num-samples", "2"]) == 0
     parts = capsys.readouterr().out.split("\n---\n")
-    assert len(parts) == 4 and parts[0] == alone
+    assert len(parts) == 4 and parts[0] == "### prompt 1 of 2, sample 1 of 2\nThe " + alone
+    assert parts[3].startswith("### prompt 2 of 2, sample 2 of 2\nPack")
     (tmp_path / "prompts.txt").write_text("The \nPack\n", encoding="utf-8")
-    assert main(base + ["--prompt-file", str(tmp_path / "prompts.txt")]) == 0
+    assert main(base[:-1] + ["--prompt-file", str(tmp_path / "prompts.txt")]) == 0
     from_file = capsys.readouterr().out.split("\n---\n")
-    assert from_file[0] == parts[0] and from_file[1] == parts[2]
+    assert from_file[0] == parts[0].replace(", sample 1 of 2", "")
+    assert from_file[1] == parts[2].replace(", sample 1 of 2", "")
     stop = alone[5:7]  # two characters from the middle of the sample
     assert main(base + ["--prompt", "The ", "--stop", stop]) == 0
     cut = capsys.readouterr().out

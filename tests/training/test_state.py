@@ -348,7 +348,7 @@ def test_resume_finishes_a_run_stopped_after_its_last_step_and_survives_damage(
         for line in complete["metrics.jsonl"].decode().splitlines()
     ]
     capsys.readouterr()
-    (list_checkpoints(out)[-1] / "tokenizer.json").write_text("{")  # step 4 damaged
+    (list_checkpoints(out)[-1] / "decoderlm_tokenizer.json").write_text("{")  # step 4 damaged
     assert main(["train", "--resume", str(out), "--max-steps", "6"]) == 0
     assert "skipping checkpoint" in capsys.readouterr().out
     # the damaged one is kept aside, out of the rotation; the two newest good ones remain

@@ -1,6 +1,6 @@
 """Resumable training checkpoints: <run>/checkpoints/step-NNNNNNNN/.
 
-A checkpoint is a model directory (see `decoderlm.weights`) plus tokenizer.json and
+A checkpoint is a model directory (see `decoderlm.weights`) plus the tokenizer files and
 trainer_state.pt (optimizer, step, RNG states, data sampler; only tensors and plain Python
 containers, read back with torch.load(weights_only=True), so loading it never runs pickled
 code). It is written into a hidden temporary directory, every file fsync-ed, then renamed into

@@ -11,8 +11,10 @@ metrics.jsonl gets one JSON object per logged step: step (optimizer steps done),
 (mean over the steps since the last record and over all ranks, nats), lr, tokens (seen so
 far, all ranks), elapsed_s, tokens_per_s, grad_norm (of the logged step, before clipping), mfu
 (when the device's peak is known), and on evaluation steps val_loss (nats), val_bpc (val_loss
-/ ln 2, bits per token) and val_bpb (bits per UTF-8 byte of the validation text); see
-`decoderlm.training.metrics`, which also writes them to metrics.csv and TensorBoard (cfg.log).
+/ ln 2, bits per token), val_bpb (bits per UTF-8 byte of the validation text; see
+`decoderlm.training.metrics`, which also writes the records to metrics.csv and TensorBoard,
+cfg.log), induction_score (per layer, the best head's) and probe_second_half_loss (nats) on a
+repeated random-token probe (`decoderlm.lens.probe_metrics`).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from tqdm.auto import tqdm
 from ..config import TrainConfig
 from ..data import check_split, windows
 from ..evaluate import LN2, evaluate
+from ..lens import default_probe, probe_metrics
 from ..model import DecoderLM
 from ..weights import list_checkpoints
 from .metrics import RecordExtras, Sinks
@@ -98,6 +101,13 @@ def micro_batches(
         yield windows(train_ids, mine, block_size)
 
 
+def eval_window_count(cfg: TrainConfig, info: DistInfo) -> int:
+    """Windows of each validation estimate during training: eval_batches batches of one
+    optimizer step (batch_size * grad_accum_steps * world_size sequences), so how a step is
+    split into micro-batches and processes does not change which windows are scored."""
+    return cfg.eval_batches * cfg.batch_size * cfg.grad_accum_steps * info.world_size
+
+
 def train_step(
     par: Parallelized,
     optimizer: torch.optim.Optimizer,
@@ -143,7 +153,8 @@ def train_step(
 
 class MetricsLog:
     """The records of logged steps: kept in `records`, appended to metrics.jsonl (rank 0 with
-    a run directory), shown on a tqdm progress bar, and evaluation lines printed (rank 0)."""
+    a run directory), and with `progress` shown on a tqdm progress bar with a printed line per
+    evaluation (rank 0); without it nothing is printed."""
 
     def __init__(
         self,
@@ -156,6 +167,8 @@ class MetricsLog:
     ):
         self.cfg, self.info, self.records, self.sink = cfg, info, [], None
         self.extras, self.sinks = extras, None
+        self.probe = None  # () -> dict of more evaluation metrics (the lens probe)
+        self.show = progress and info.is_main
         if info.is_main and run_dir is not None:
             run_dir.mkdir(parents=True, exist_ok=True)
             self.sink = open(run_dir / "metrics.jsonl", "a", encoding="utf-8")
@@ -163,7 +176,7 @@ class MetricsLog:
         self.bar = tqdm(
             total=cfg.max_steps,
             initial=first_step,
-            disable=not (progress and info.is_main),
+            disable=not self.show,
             unit="step",
             mininterval=0.5,
             dynamic_ncols=True,
@@ -193,8 +206,8 @@ class MetricsLog:
         }
         if is_eval:
             val = evaluate_val()
-            record.update(val_loss=val, val_bpc=val / LN2)
-            if self.info.is_main:
+            record.update(val_loss=val, val_bpc=val / LN2, **(self.probe() if self.probe else {}))
+            if self.show:
                 self.bar.write(
                     f"step {done:>6}: train {record['train_loss']:.4f}, "
                     f"val {val:.4f} nats ({val / LN2:.3f} bits/token)"
@@ -294,7 +307,8 @@ def train(
         cfg: the TrainConfig.
         train_ids, val_ids: [N] token ids (int64 tensors, or numpy / memmapped arrays).
         run_dir: where metrics.jsonl and checkpoints/ go (rank 0 writes); None keeps nothing.
-        progress: show a tqdm progress bar on stderr (rank 0).
+        progress: show a tqdm progress bar on stderr and a line per evaluation (rank 0);
+            False prints neither (metrics.jsonl and the returned records still have them).
         info: this process's DistInfo (see `parallel.init_distributed`); None: one process.
         resume: a checkpoint's trainer state to continue from (`load_trainer_state`; the
             model weights must already be the checkpoint's); see `TrainState`.
@@ -320,11 +334,13 @@ def train(
     par = parallelize(model, cfg, info, device)
     state = _initial_state(model, cfg, info, log, resume, run_dir)
     autocast, first_step = autocast_for(cfg, device), state.step
-    eval_windows = cfg.eval_batches * cfg.batch_size * info.world_size  # as one process
+    eval_windows = eval_window_count(cfg, info)
     validate = functools.partial(evaluate, model, val_ids, eval_windows, cfg.batch_size, autocast)
     extras = RecordExtras(model.config, cfg, device, info.world_size, val_bytes_per_token)
     metrics = MetricsLog(run_dir, cfg, info, progress, first_step, extras)
     norms: list = []
+    probe = default_probe(model.config.vocab_size, T)
+    metrics.probe = functools.partial(probe_metrics, model, probe)
     checkpoint, interrupted = None, False
     state.start_clock()
     model.train()

@@ -3,7 +3,8 @@
 `run_experiment` decides what to train (a new run from a preset and overrides, or a resumed
 one from its newest checkpoint), checks and prepares the run directory, builds the model,
 calls `loop.train`, then writes the run's files: model.safetensors, config.json,
-tokenizer.json, loss.png, attention.png and samples.txt (metrics.jsonl and checkpoints/ are
+tokenizer.json (Hugging Face's format), decoderlm_tokenizer.json, loss.png, attention.png,
+samples.txt and report.html / report.json (the lens report; metrics.jsonl and checkpoints/ are
 written while training).
 """
 
@@ -22,14 +23,25 @@ from ..config import ModelConfig, TrainConfig
 from ..data import check_split, data_spec, load_corpus
 from ..evaluate import LN2
 from ..files import atomic_write, read_json
+from ..finetune import (
+    finetune_config,
+    load_model,
+    load_source,
+    lora_entry,
+    merge_run,
+    prepare_trainable,
+    trainable_counts,
+)
 from ..generate import generate
 from ..hooks import run_with_cache
 from ..model import DecoderLM
 from ..plots import plot_attention, plot_loss
 from ..presets import get_preset
+from ..report import build_report, write_report
 from ..tokenizers import CharTokenizer, Tokenizer, load_tokenizer
 from ..weights import list_checkpoints
 from .checkpoints import latest_checkpoint, load_trainer_state
+from .launch import resume_command
 from .loop import TrainResult, autocast_for, train
 from .metrics import bytes_per_token, check_sinks
 from .parallel import DistInfo, barrier, init_distributed
@@ -41,14 +53,20 @@ _RUN_FILES = (
     "config.json",
     "model.safetensors",
     "tokenizer.json",
+    "decoderlm_tokenizer.json",
     "metrics.jsonl",
     "metrics.csv",
     "tensorboard",
     "loss.png",
     "attention.png",
     "samples.txt",
+    "report.html",
+    "report.json",
     "checkpoints",
+    "adapter.safetensors",
+    "merged",
 )
+_FINETUNE_FIELDS = ("freeze", "lora_rank", "lora_alpha", "lora_targets", "lora_dropout")
 
 
 @dataclass
@@ -81,6 +99,9 @@ class RunPlan:
     checkpoint: Path | None = None  # resuming: the checkpoint, its trainer state and model
     resume_state: dict | None = None
     resumed: DecoderLM | None = None
+    init_from: dict | None = None  # fine-tuning: config.json["init_from"], the source's model
+    base: DecoderLM | None = None
+    lora: dict | None = None  # config.json["lora"] once adapters are added
 
     @property
     def resumed_step(self) -> int | None:
@@ -90,12 +111,14 @@ class RunPlan:
     @property
     def extra(self) -> dict:
         """The config.json entries besides the model config."""
-        return {
+        extra = {
             "train": self.train_cfg.to_dict(),
             "preset": self.preset,
             "data": self.source,
             "data_spec": self.spec,
         }
+        extra.update({k: v for k, v in (("init_from", self.init_from), ("lora", self.lora)) if v})
+        return extra
 
 
 def run_experiment(
@@ -111,6 +134,8 @@ def run_experiment(
     progress: bool = True,
     log=print,
     resume: str | Path | None = None,
+    init_from: str | Path | None = None,
+    merge: bool = False,
     threads: int | str | None = None,
 ) -> RunSummary:
     """Train a DecoderLM end to end (the seed experiment by default), then sample and plot.
@@ -120,7 +145,8 @@ def run_experiment(
     splits 90/10, trains with the preset's settings plus overrides, and writes into the run
     directory: metrics.jsonl and checkpoints/ while training, then model.safetensors,
     config.json, tokenizer.json, loss.png, attention.png (every layer and head on the first 64
-    validation tokens) and samples.txt (sample_chars tokens from sample_prompt).
+    validation tokens), samples.txt (sample_chars tokens from sample_prompt) and report.html
+    with report.json (`decoderlm.report` on the first 128 validation tokens).
 
     Under torchrun every process calls this; rank 0 alone writes files and prints.
 
@@ -136,6 +162,12 @@ def run_experiment(
         resume: a run directory to continue from its newest complete checkpoint; its model
             config, preset and data are reused (contradicting overrides are refused), training
             settings may be overridden (e.g. max_steps), and metrics.jsonl is appended to.
+        init_from: fine-tune: start from the weights of this decoderlm run directory or
+            Hugging Face GPT-2 directory (see `decoderlm.finetune.load_source`), whose shape
+            and tokenizer the run takes (model overrides other than dropout are refused); the
+            preset defaults to "finetune"; config.json records the source in "init_from".
+        merge: after training a run with LoRA adapters, also write the merged model to
+            <out>/merged/ (an ordinary model directory).
         threads: CPU threads: None (torch's default), N, or "auto" (timed, see
             `decoderlm.training.threads.set_threads`).
 
@@ -148,10 +180,7 @@ def run_experiment(
     log = info.main_only(log)
     request = dict(preset=preset, data=data, out=out, dataset=dataset, max_chars=max_chars)
     request.update(model_overrides=model_overrides, train_overrides=train_overrides)
-    if resume is not None:
-        plan = _resume_plan(Path(resume), info, log, **request)
-    else:
-        plan = _new_plan(**request)
+    plan = _make_plan(request, resume, init_from, merge, info, log)
     _check_plan(plan, info, overwrite)  # on every rank: all fail alike
     if info.is_main:
         _prepare_run_dir(plan.out_dir, plan.resumed_step, log)
@@ -177,16 +206,47 @@ def run_experiment(
     )
     if info.is_main and not result.interrupted:
         _save_run(model, result, plan, info, device, log)
+        if merge:
+            log(f"merged model: {merge_run(plan.out_dir, plan.out_dir / 'merged')}")
     return _summarize(plan, result, log)
 
 
+def _make_plan(request: dict, resume, init_from, merge: bool, info: DistInfo, log) -> RunPlan:
+    """The plan of a resumed run (`_resume_plan`) or a new one (`_new_plan`)."""
+    if resume is not None and init_from is not None:
+        raise ValueError(
+            "--resume continues a run, which already records where it started; drop --init-from"
+        )
+    if resume is not None:
+        plan = _resume_plan(Path(resume), info, log, **request)
+    else:
+        plan = _new_plan(**request, init_from=init_from, log=log)
+    if merge and plan.train_cfg.lora_rank is None:
+        raise ValueError("--merge merges LoRA adapters; this run has none (give --lora-rank R)")
+    return plan
+
+
 def _new_plan(
-    *, preset, data, out, dataset, max_chars, model_overrides: dict, train_overrides: dict
+    *,
+    preset,
+    data,
+    out,
+    dataset,
+    max_chars,
+    model_overrides: dict,
+    train_overrides: dict,
+    init_from=None,
+    log=print,
 ) -> RunPlan:
     """A new run: the preset's settings plus the overrides, on a freshly read corpus."""
-    preset = preset or "default"
+    preset = preset or ("finetune" if init_from is not None else "default")
     preset_spec = get_preset(preset)
     train_cfg = TrainConfig.from_dict({**preset_spec.train, **train_overrides})
+    if init_from is None and (train_cfg.lora_rank is not None or not preset_spec.model):
+        raise ValueError(
+            "LoRA adapters and the 'finetune' preset adapt an existing model; give "
+            "--init-from SRC (a run directory or a Hugging Face GPT-2 directory)"
+        )
     spec = data_spec(data, dataset, max_chars, train_cfg.val_fraction)
     if spec["token_dir"] and (max_chars or "val_fraction" in train_overrides):
         raise ValueError(
@@ -194,15 +254,68 @@ def _new_plan(
             "directory: its split was fixed by `decoderlm prepare` (run it "
             "again with --val-fraction)"
         )
+    if init_from is not None:
+        return _finetune_plan(init_from, preset, spec, out, model_overrides, train_cfg, log)
     tokenizer, train_ids, val_ids, source, fingerprint = load_corpus(spec)
     spec["fingerprint"] = fingerprint
     model_cfg = ModelConfig.from_dict(
-        {**preset_spec.model, **model_overrides, "vocab_size": tokenizer.vocab_size}
+        {**preset_spec.model, **_vocab_settings(model_overrides, tokenizer.vocab_size)}
     )
     out_dir = Path(out) if out is not None else _free_run_dir(preset)
     return RunPlan(
         out_dir, preset, spec, model_cfg, train_cfg, tokenizer, train_ids, val_ids, source
     )
+
+
+def _vocab_settings(model_overrides: dict, n_tokens: int) -> dict:
+    """model_overrides with vocab_size the tokenizer's n_tokens. A vocab_size asked for that is
+    larger becomes padded_vocab_size (rows never produced); a smaller one is a ValueError."""
+    settings = {**model_overrides, "vocab_size": n_tokens}
+    asked = model_overrides.get("vocab_size")
+    if asked is None or asked == n_tokens:
+        return settings
+    if isinstance(asked, bool) or not isinstance(asked, int) or asked < n_tokens:
+        raise ValueError(
+            f"vocab_size {asked!r} is smaller than the tokenizer's {n_tokens} tokens; "
+            f"drop --vocab-size (it defaults to the tokenizer's) or give at least {n_tokens}"
+        )
+    if model_overrides.get("padded_vocab_size") not in (None, asked):
+        raise ValueError(
+            f"vocab_size {asked} (padding the tokenizer's {n_tokens} tokens) and "
+            f"padded_vocab_size {model_overrides['padded_vocab_size']} disagree; give one"
+        )
+    return {**settings, "padded_vocab_size": asked}
+
+
+def _finetune_plan(
+    init_from, preset: str, spec: dict, out, model_overrides: dict, train_cfg: TrainConfig, log
+) -> RunPlan:
+    """A new run from the weights of `init_from`: its shape (dropout may change) and
+    tokenizer, the corpus encoded with that tokenizer (characters outside a char vocabulary
+    mapped to its unknown token, and counted)."""
+    source = load_source(init_from)
+    context = model_overrides.get("block_size")
+    if context is not None and context != source.model.config.block_size:
+        source.model.crop_block_size(context)  # a fine-tune may shorten the context, not grow it
+    model_cfg = finetune_config(source.model.config, model_overrides)
+    spec["unknown"] = "unk"
+    tokenizer, train_ids, val_ids, description, fingerprint = load_corpus(spec, source.tokenizer)
+    if tokenizer.to_dict() != source.tokenizer.to_dict():
+        raise ValueError(
+            f"{spec['token_dir']} was prepared with another tokenizer ({tokenizer!r}) than "
+            f"{init_from}'s ({source.tokenizer!r}); pass the text file to encode it with the "
+            f"model's tokenizer"
+        )
+    spec["fingerprint"] = fingerprint
+    log(f"fine-tuning from {source.info['path']} ({source.info['kind']} weights)")
+    out_dir = Path(out) if out is not None else _free_run_dir(preset)
+    if out_dir.resolve() == Path(source.info["path"]):
+        raise ValueError(f"--out {out} is the --init-from directory; choose another --out")
+    plan = RunPlan(
+        out_dir, preset, spec, model_cfg, train_cfg, tokenizer, train_ids, val_ids, description
+    )
+    plan.init_from, plan.base = source.info, source.model
+    return plan
 
 
 def _resume_plan(
@@ -236,6 +349,8 @@ def _resume_plan(
     given["val_fraction"] = train_overrides.get("val_fraction")
     spec = _resumed_data_spec(saved, checkpoint / "config.json", data, given)
     _check_same("model config", saved["model"], model_overrides)
+    finetuning = {k: v for k, v in train_overrides.items() if k in _FINETUNE_FIELDS}
+    _check_same("fine-tuning settings", saved["train"], finetuning)
     model_cfg = ModelConfig.from_dict(saved["model"])
     train_cfg = TrainConfig.from_dict({**saved["train"], **train_overrides})
     tokenizer, train_ids, val_ids, source, fingerprint = load_corpus(spec, tokenizer)
@@ -246,7 +361,7 @@ def _resume_plan(
             f"pass --data with the original, or start a new run"
         )
     _note_schedule_change(saved["train"], train_cfg, log)
-    return RunPlan(
+    plan = RunPlan(
         out_dir,
         saved.get("preset"),
         spec,
@@ -260,6 +375,8 @@ def _resume_plan(
         resume_state,
         resumed,
     )
+    plan.init_from = saved.get("init_from")
+    return plan
 
 
 def _resumed_data_spec(saved: dict, config_path: Path, data, given: dict) -> dict:
@@ -314,7 +431,7 @@ def _resume_point(run_dir: Path, info: DistInfo, log):
             return (
                 candidate,
                 load_trainer_state(candidate),
-                DecoderLM.from_pretrained(candidate),
+                load_model(candidate, merge=False),
                 load_tokenizer(candidate),
             )
         except (ValueError, FileNotFoundError) as e:
@@ -337,7 +454,7 @@ def _free_run_dir(name: str, root: Path = Path("runs")) -> Path:
 
 def _check_plan(plan: RunPlan, info: DistInfo, overwrite: bool) -> None:
     """Refuse what cannot train: fsdp in one process, splits shorter than one window, a run
-    directory that cannot be used."""
+    directory that cannot be used, LoRA targets or --freeze items that name nothing."""
     if plan.train_cfg.fsdp and info.world_size == 1:
         raise ValueError(
             "fsdp needs several processes: run under torchrun (`torchrun "
@@ -348,6 +465,8 @@ def _check_plan(plan: RunPlan, info: DistInfo, overwrite: bool) -> None:
     check_split("validation", plan.val_ids, plan.model_cfg.block_size)
     check_sinks(plan.train_cfg)
     _check_run_dir(plan.out_dir, overwrite, plan.checkpoint)
+    with torch.device("meta"):  # LoRA targets and --freeze items, checked on a shell model
+        prepare_trainable(DecoderLM(plan.model_cfg), plan.train_cfg)
 
 
 def _check_run_dir(out_dir: Path, overwrite: bool, checkpoint: Path | None) -> None:
@@ -399,7 +518,16 @@ def _build_model(plan: RunPlan, info: DistInfo, device: torch.device) -> Decoder
     """The model to train on `device`: new (seeded with the training seed) or the checkpoint's.
     Every rank starts from the same weights and then draws its own dropout."""
     torch.manual_seed(plan.train_cfg.seed)
-    model = plan.resumed if plan.checkpoint is not None else DecoderLM(plan.model_cfg)
+    if plan.checkpoint is not None:
+        model = plan.resumed
+    elif plan.base is not None:
+        model = DecoderLM(plan.model_cfg)
+        model.load_state_dict(plan.base.state_dict())
+        plan.base = None  # the run's model holds the weights now
+    else:
+        model = DecoderLM(plan.model_cfg)
+    prepare_trainable(model, plan.train_cfg)
+    plan.lora = lora_entry(model, plan.train_cfg)
     model = model.to(device)
     if info.world_size > 1:
         torch.manual_seed(plan.train_cfg.seed + info.rank)
@@ -415,11 +543,26 @@ def _log_start(plan: RunPlan, model: DecoderLM, info: DistInfo, device: torch.de
     log(
         f"model: {model.num_parameters():,} parameters (n_layers {cfg.n_layers}, "
         f"d_model {cfg.d_model}, n_heads {cfg.n_heads}, block_size "
-        f"{cfg.block_size}); preset {plan.preset!r}, {train_cfg.max_steps} steps, "
+        f"{cfg.block_size}"
+        + (f", vocabulary padded to {cfg.padded_vocab_size} rows" if cfg.padded_vocab_size else "")
+        + f"); preset {plan.preset!r}, {train_cfg.max_steps} steps, "
         f"{train_cfg.dtype} on {device}"
         + (f" x {info.world_size} processes" if info.world_size > 1 else "")
         + (f"; resuming from {plan.checkpoint}" if plan.checkpoint else "")
     )
+    counts = trainable_counts(model)
+    if counts["trainable"] != counts["total"]:
+        lora = plan.lora
+        log(
+            f"trainable: {counts['trainable']:,} of {counts['total']:,} parameters"
+            + (
+                f" (LoRA r={lora['rank']}, alpha {lora['alpha']:g} on {len(lora['modules'])}"
+                f" layers)"
+                if lora
+                else ""
+            )
+            + (f"; frozen: {plan.train_cfg.freeze}" if plan.train_cfg.freeze else "")
+        )
 
 
 def _save_run(
@@ -428,7 +571,7 @@ def _save_run(
     """Write the trained model, its tokenizer and the artifacts into the run directory (rank
     0). Under torchrun the full weights are read back from the last checkpoint."""
     final = (
-        DecoderLM.from_pretrained(result.checkpoint, map_location=str(device))
+        load_model(result.checkpoint, map_location=str(device), merge=False)
         if info.world_size > 1
         else model
     )
@@ -446,7 +589,7 @@ def _save_run(
 def _summarize(plan: RunPlan, result: TrainResult, log) -> RunSummary:
     """The RunSummary, and the closing lines (how to resume, or the final loss and files)."""
     if result.interrupted:
-        log(f"resume with: decoderlm train --resume {plan.out_dir}")
+        log(f"resume with: {resume_command(plan.out_dir)}")
         return RunSummary(
             plan.out_dir,
             None,
@@ -472,9 +615,15 @@ def _summarize(plan: RunPlan, result: TrainResult, log) -> RunSummary:
         f"bits/{unit} (whole validation split), {result.elapsed_s:.1f} s of training at "
         f"{result.tokens_per_s:,.0f} tokens/s"
     )
+    weights = (
+        f"adapter.safetensors (LoRA adapters over {plan.init_from['path']})"
+        if plan.lora
+        else "model.safetensors"
+    )
     log(
-        f"wrote {plan.out_dir}/: model.safetensors config.json tokenizer.json metrics.jsonl "
-        f"loss.png attention.png samples.txt checkpoints/"
+        f"wrote {plan.out_dir}/: {weights} config.json tokenizer.json "
+        f"decoderlm_tokenizer.json metrics.jsonl loss.png attention.png samples.txt "
+        f"report.html checkpoints/"
     )
     return summary
 
@@ -488,6 +637,14 @@ def attention_maps(model: DecoderLM, idx: torch.Tensor) -> torch.Tensor:
     return torch.stack(list(cache.values()))[:, 0].cpu()  # hook order is layer order
 
 
+def _write_report(model: DecoderLM, tokenizer, val_ids, out_dir: Path) -> None:
+    """report.html / report.json of the final model on the first 128 validation tokens."""
+    n = min(128, model.config.max_positions, len(val_ids))
+    ids = [int(i) for i in np.asarray(val_ids[:n])]
+    title = f"{out_dir.name}: the first {n} validation tokens"
+    write_report(build_report(model, tokenizer, ids, title=title), out_dir / "report.html")
+
+
 def _write_artifacts(
     model: DecoderLM,
     tokenizer,
@@ -497,7 +654,8 @@ def _write_artifacts(
     out_dir: Path,
     log=print,
 ) -> None:
-    """loss.png, attention.png (every layer and head on the first 64 validation tokens) and
+    """loss.png, attention.png (every layer and head on the first 64 validation tokens),
+    report.html / report.json (the lens report on the first 128 validation tokens) and
     samples.txt (sample_chars tokens from sample_prompt) in out_dir."""
     plot_loss(metrics, out_dir / "loss.png")
     n = min(64, model.config.block_size, len(val_ids))
@@ -507,8 +665,9 @@ def _write_artifacts(
         out_dir / "attention.png",
         title=f"attention on validation tokens 0-{n - 1}: {tokenizer.decode(window[0])!r}",
     )
+    _write_report(model, tokenizer, val_ids, out_dir)
     try:
-        prompt = tokenizer.encode(cfg.sample_prompt)
+        prompt = tokenizer.encode(cfg.sample_prompt, allowed_special="all")
     except ValueError:  # the prompt has characters outside a character vocabulary
         prompt = []
         log(

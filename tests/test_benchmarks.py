@@ -1,0 +1,64 @@
+"""The benchmark scripts: each takes --help (argparse) and fails in one line when its data is
+missing. They run in one child process (torch imported once), as `python benchmarks/X.py`."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+SCRIPTS = sorted(p for p in BENCHMARKS.glob("*.py") if p.name != "common.py")
+
+DRIVER = r"""
+import contextlib, io, json, runpy, sys
+results = {}
+for script, *args in json.loads(sys.argv[1]):
+    sys.argv = [script, *args]
+    sys.path.insert(0, script.rsplit("/", 1)[0])
+    out, err = io.StringIO(), io.StringIO()
+    code = None
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            runpy.run_path(script, run_name="__main__")
+        except SystemExit as e:
+            code = e.code
+    results[" ".join([script, *args])] = [code, out.getvalue(), err.getvalue()]
+print(json.dumps(results))
+"""
+
+
+def _run(calls: list[list[str]]) -> dict:
+    done = subprocess.run(
+        [sys.executable, "-c", DRIVER, json.dumps(calls)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={"OMP_NUM_THREADS": "1", "PATH": "", **_pythonpath()},
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def _pythonpath() -> dict:
+    import decoderlm
+
+    return {"PYTHONPATH": str(Path(decoderlm.__file__).parents[1])}
+
+
+def test_every_benchmark_takes_help_and_fails_in_one_line_without_its_data(tmp_path):
+    assert len(SCRIPTS) >= 10
+    missing = str(tmp_path / "missing.txt")
+    calls = [[str(p), "--help"] for p in SCRIPTS] + [
+        [str(BENCHMARKS / "train_speed.py"), "--part", "recipe", "--data", missing],
+        [str(BENCHMARKS / "recipe_spread.py"), "--data", missing],
+        [str(BENCHMARKS / "versions.py"), missing, missing],
+    ]
+    results = _run(calls)
+    for script in SCRIPTS:
+        code, out, _ = results[f"{script} --help"]
+        assert code == 0 and out.startswith("usage:"), (script.name, code, out[:200])
+    for key, (code, out, err) in results.items():
+        if key.endswith("--help"):
+            continue
+        assert code == 2 and out == "" and err.count("\n") == 1, (key, err)
+        assert "error:" in err and "missing.txt not found" in err, err
