@@ -6,22 +6,22 @@ the variant trains for as many steps as fit in --seconds of training (its schedu
 those steps), with --seeds seeds. Variants and seeds alternate (A B C ... A B C ...). The
 score is the final validation loss over the whole validation split (nats/char).
 
-    python benchmarks/ablation.py [--seconds 120] [--seeds 1337 1 2] [--variants ...] [FLAGS]
+    python benchmarks/ablation.py [--seconds 120] [--seeds 1337 1 2] [--variants ...]
+                                  [--train-flags="--dtype float32"]
 
-Extra FLAGS go to every run (e.g. --dtype float32). Prints a Markdown table: variant, its
+--train-flags go to every run. Prints a Markdown table: variant, its
 flags, steps, mean ± half-range of the validation loss over the seeds, and the difference
 from the base.
 """
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import tempfile
 from pathlib import Path
 
-from whole_process import decoderlm_train, run_main, spread, steady_tokens_per_s
+from common import TRAIN_FLAGS, arguments, decoderlm_train, run_main, spread, steady_tokens_per_s
 
 OPTIONS = {
     "muon": ["--optimizer", "muon"],
@@ -49,12 +49,14 @@ def steps_for(name: str, seconds: float, flags: list, work: Path, calibration: i
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = arguments(__doc__)
     parser.add_argument("--seconds", type=float, default=120.0, help="training seconds per run")
     parser.add_argument("--seeds", type=int, nargs="+", default=[1337, 1, 2])
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     parser.add_argument("--calibration-steps", type=int, default=30)
-    args, flags = parser.parse_known_args()
+    parser.add_argument("--train-flags", **TRAIN_FLAGS)
+    args = parser.parse_args()
+    flags = args.train_flags
     if args.seconds <= 0 or args.calibration_steps < 15:
         raise SystemExit("error: --seconds must be positive and --calibration-steps >= 15")
     losses = {name: [] for name in args.variants}

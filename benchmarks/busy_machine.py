@@ -8,7 +8,7 @@ script starts a process that spins on one core for the busy runs and stops it af
 settings and conditions alternate, and each is repeated. tokens/s is the steady training rate
 between the first and the last metrics record that is not an evaluation.
 
-    python benchmarks/busy_machine.py [--steps 300] [--repeats 2] [TRAIN FLAGS ...]
+    python benchmarks/busy_machine.py [--steps 300] [--repeats 2] [--train-flags="..."]
 
 Prints a Markdown table: setting, quiet tokens/s, busy tokens/s, busy / quiet (the goal: the
 default keeps >= 80% of its quiet rate with one core busy).
@@ -16,7 +16,6 @@ default keeps >= 80% of its quiet rate with one core busy).
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import statistics
 import subprocess
@@ -24,7 +23,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from whole_process import decoderlm_train, run_main, steady_tokens_per_s
+from common import TRAIN_FLAGS, arguments, decoderlm_train, run_main, steady_tokens_per_s
 
 SETTINGS = {  # flags, environment, processes
     "threads 1": (["--threads", "1"], {}, 1),
@@ -55,11 +54,13 @@ def one_core_busy(busy: bool):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = arguments(__doc__)
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS))
-    args, flags = parser.parse_known_args()
+    parser.add_argument("--train-flags", **TRAIN_FLAGS)
+    args = parser.parse_args()
+    flags = args.train_flags
     if args.steps < 20 or args.repeats < 1:
         raise SystemExit("error: --steps must be at least 20 and --repeats positive")
     steps = ["--max-steps", args.steps, "--log-interval", 10, "--eval-interval", args.steps]

@@ -20,7 +20,6 @@ fsdp: the train part's step with FSDP2 (fully_shard per block, then the root) in
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import os
 import tempfile
@@ -28,6 +27,7 @@ import time
 
 import torch
 
+from common import arguments
 from decoderlm import DecoderLM, ModelConfig, TrainConfig, get_preset
 from decoderlm.analysis import flops_per_token, memory_bytes
 from decoderlm.generate import generate
@@ -141,7 +141,7 @@ def generate_part(args) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = arguments(__doc__)
     parser.add_argument("part", choices=["train", "generate", "fsdp"])
     parser.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--batch", type=int, default=8)

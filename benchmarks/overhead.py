@@ -1,7 +1,7 @@
 """The fixed cost of `decoderlm train`: a short run's whole process against
 `python -c "import torch"`, alternated (A B A B ...), and where the time goes.
 
-    python benchmarks/overhead.py [--repeats 5] [--steps 10] [--breakdown] [TRAIN FLAGS ...]
+    python benchmarks/overhead.py [--repeats 5] [--steps 10] [--breakdown] [--train-flags="..."]
 
 Prints the median wall time of each and their ratio (the goal is a 10-step run within 3x the
 bare torch import). --breakdown adds one run under `python -X importtime` (the slowest
@@ -11,14 +11,13 @@ training loop, evaluation, checkpoints, plots, the sample).
 
 from __future__ import annotations
 
-import argparse
 import pstats
 import statistics
 import sys
 import tempfile
 from pathlib import Path
 
-from whole_process import run_main, timed
+from common import TRAIN_FLAGS, arguments, run_main, timed
 
 PHASES = {
     "training/run.py:.*run_experiment": "run_experiment (all but imports and parsing)",
@@ -81,11 +80,13 @@ def breakdown(work: Path, steps: int, flags: list) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = arguments(__doc__)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--steps", type=int, default=10, help="training steps of the short run")
     parser.add_argument("--breakdown", action="store_true")
-    args, flags = parser.parse_known_args()
+    parser.add_argument("--train-flags", **TRAIN_FLAGS)
+    args = parser.parse_args()
+    flags = args.train_flags
     if args.repeats < 1 or args.steps < 1:
         raise SystemExit("error: --repeats and --steps must be positive")
     with tempfile.TemporaryDirectory() as work:

@@ -4,13 +4,13 @@ A: ../shared/peers/nanogpt/run_recipe.sh (nanoGPT's Shakespeare-character CPU re
 4 heads, 128 wide, context 64, batch 12, --steps iterations). B: `decoderlm train` on the same
 characters (prepared once by `decoderlm prepare --tokenizer char`, the same 90/10 split) with
 the same shape, batch, context, schedule and steps (benchmarks/train_speed.py's RECIPE), plus
-the extra FLAGS given here (any option of ours, e.g. --dtype bfloat16 --pos-encoding rope).
+--train-flags (any option of ours, e.g. --train-flags="--dtype bfloat16 --pos-encoding rope").
 They alternate A B A B ... Both final models are scored by the same code: nanoGPT's checkpoint
 is loaded into a DecoderLM (its layout is GPT-2's with Linear layers) and both go through
 `decoderlm.evaluate.evaluate` over every non-overlapping 64-token window of the validation
 split, in float32.
 
-    python benchmarks/vs_nanogpt.py [--steps 2000] [--repeats 2] [FLAGS for decoderlm ...]
+    python benchmarks/vs_nanogpt.py [--steps 2000] [--repeats 2] [--train-flags="..."]
 
 --steps must be a multiple of 250: nanoGPT's recipe saves its checkpoint at its evaluations.
 
@@ -22,7 +22,6 @@ loss.
 
 from __future__ import annotations
 
-import argparse
 import re
 import statistics
 import sys
@@ -32,8 +31,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from common import SHARED, TRAIN_FLAGS, arguments, decoderlm_train, require_file, run_main, timed
 from train_speed import RECIPE, SHAKESPEARE
-from whole_process import SHARED, decoderlm_train, run_main, timed
 
 RUN_RECIPE = SHARED / "peers" / "nanogpt" / "run_recipe.sh"
 _NAMES = {"attn.c_attn": "attn.qkv", "attn.c_proj": "attn.proj", "mlp.c_fc": "mlp.fc"}
@@ -99,17 +98,19 @@ def run_decoderlm(work: Path, tokens: Path, steps: int, flags: list) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = arguments(__doc__)
     parser.add_argument("--steps", type=int, default=2000)
     parser.add_argument("--repeats", type=int, default=2)
-    args, flags = parser.parse_known_args()
+    parser.add_argument("--train-flags", **TRAIN_FLAGS)
+    args = parser.parse_args()
+    flags = args.train_flags
     if args.steps < 1 or args.steps % 250 or args.repeats < 1:
         raise SystemExit(
             "error: --steps must be a positive multiple of 250 (nanoGPT's recipe evaluates and "
             "saves its checkpoint every 250 iterations) and --repeats positive"
         )
-    if not RUN_RECIPE.is_file() or not SHAKESPEARE.is_file():
-        raise SystemExit(f"error: needs {RUN_RECIPE} and {SHAKESPEARE}")
+    require_file(RUN_RECIPE, "nanoGPT's recipe script is in ../shared/peers/nanogpt/")
+    require_file(SHAKESPEARE, "Tiny Shakespeare is ../shared/data/tinyshakespeare/input.txt")
     nano, ours = [], []
     with tempfile.TemporaryDirectory() as work:
         work = Path(work)
