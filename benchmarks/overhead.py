@@ -28,6 +28,8 @@ PHASES = {
     "plots.py:.*plot_loss": "loss.png",
     "plots.py:.*plot_attention": "attention.png",
     "generate.py:.*\\(generate\\)": "samples.txt (generation)",
+    "training/run.py:.*_write_report": "report.html / report.json (the lens report)",
+    "training/run.py:.*_save_run": "everything after training (model, plots, sample, report)",
     "training/metrics.py:.*peak_flops": "mfu peak (CPU matmul measured once)",
     "training/metrics.py:.*bytes_per_token": "val_bpb bytes count",
 }
