@@ -298,7 +298,7 @@ class TrainConfig:
             momentum, then the update orthogonalised by Newton-Schulz iterations) for the
             weight matrices of the Linear layers inside the blocks (attention and MLP), and
             AdamW for the rest (embeddings, unembedding, norm gains, biases). Muon's decoupled
-            weight decay is weight_decay too. Not with fsdp.
+            weight decay is weight_decay too. Not with fsdp or LoRA.
         muon_lr: Muon's peak learning rate (the schedule scales it like lr).
         muon_momentum: Muon's momentum coefficient (Nesterov).
         weight_decay: AdamW decoupled weight decay, applied to weight matrices and
@@ -412,6 +412,11 @@ class TrainConfig:
             raise ValueError(
                 "optimizer 'muon' orthogonalises whole weight matrices, which fsdp shards; "
                 "use --fsdp false (DDP) or --optimizer adamw"
+            )
+        if self.optimizer == "muon" and self.lora_rank is not None:
+            raise ValueError(
+                "optimizer 'muon' trains the blocks' weight matrices, which LoRA freezes; "
+                "use --optimizer adamw with --lora-rank"
             )
         _check_real(self, "weight_decay", 0.0)
         _check_real(self, "beta1", 0.0, 1.0, high_open=True)
