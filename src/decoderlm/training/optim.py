@@ -78,7 +78,8 @@ def configure_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim
                 "optimizer 'muon' needs trainable weight matrices inside the blocks (attention "
                 "and MLP Linear layers) and this model has none; use --optimizer adamw"
             )
-        rest = [p for p in params if all(p is not h for h in hidden)]
+        hidden_ids = {id(p) for p in hidden}
+        rest = [p for p in params if id(p) not in hidden_ids]
         return MuonWithAdamW(hidden, _adamw_groups(rest, cfg), cfg, fused)
     return torch.optim.AdamW(
         _adamw_groups(params, cfg), lr=lr_at(0, cfg), betas=(cfg.beta1, cfg.beta2), fused=fused
@@ -97,7 +98,9 @@ def muon_parameters(model: torch.nn.Module) -> list[torch.nn.Parameter]:
     """The weights Muon trains: the trainable weight matrix of every nn.Linear inside
     model.blocks (attention qkv and proj, MLP fc, gate and proj), chosen by module, so that
     embeddings, the (possibly tied) unembedding, norm gains and biases stay with AdamW."""
-    blocks = getattr(model, "blocks", None) or []
+    blocks = getattr(model, "blocks", None)
+    if not isinstance(blocks, torch.nn.Module):
+        return []
     return [
         m.weight
         for m in blocks.modules()
