@@ -1,5 +1,7 @@
-"""What every benchmark script shares: a `--help` built from its docstring, and a one-line
-failure when its data is missing.
+"""What every benchmark script shares: a `--help` built from its docstring, a one-line
+failure when its data is missing, and for the whole-process benchmarks (overhead.py,
+busy_machine.py, ablation.py, vs_nanogpt.py): running and timing fresh processes, `decoderlm
+train` runs, their metrics, and summaries of repeated figures.
 
     from common import arguments, require_file
 """
@@ -7,7 +9,14 @@ failure when its data is missing.
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import re
+import shlex
+import statistics
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 
@@ -30,3 +39,89 @@ def require_file(path: str | Path, hint: str, directory: bool = False) -> Path:
         print(f"{Path(sys.argv[0]).name}: error: {path} not found; {hint}", file=sys.stderr)
         raise SystemExit(2)
     return path
+
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = ROOT.parent / "shared"
+FINAL = re.compile(r"final validation loss ([0-9.]+) nats")
+
+
+class Failed(SystemExit):
+    """A benchmark step failed: exit with one line naming the command and its last words."""
+
+    def __init__(self, command: list[str], result: subprocess.CompletedProcess):
+        last = (result.stderr or result.stdout or "").strip().splitlines()[-1:] or ["no output"]
+        super().__init__(f"error: `{' '.join(map(str, command))}` failed: {last[0]}")
+
+
+# parser.add_argument("--train-flags", **TRAIN_FLAGS): more `decoderlm train` flags for every
+# run, as one quoted string
+TRAIN_FLAGS = dict(
+    type=shlex.split,
+    default=[],
+    metavar='"FLAGS"',
+    help='more decoderlm train flags for every run, e.g. --train-flags="--dtype float32"',
+)
+
+
+def run_main(main) -> None:
+    """Call a benchmark's main(); a Failed step ends the script with its one line."""
+    try:
+        main()
+    except Failed as e:
+        raise SystemExit(str(e)) from None
+
+
+def timed(command: list, env: dict | None = None, cwd=None) -> tuple[float, str]:
+    """(wall seconds, stdout) of `command` as a fresh process; Failed if it fails."""
+    command = [str(c) for c in command]
+    start = time.perf_counter()
+    result = subprocess.run(
+        command, capture_output=True, text=True, env={**os.environ, **(env or {})}, cwd=cwd
+    )
+    seconds = time.perf_counter() - start
+    if result.returncode != 0:
+        raise Failed(command, result)
+    return seconds, result.stdout
+
+
+def decoderlm_train(out: Path, flags: list, env: dict | None = None, processes: int = 1) -> dict:
+    """`python -m decoderlm train --out OUT --overwrite --no-progress FLAGS` as a fresh process
+    (under torchrun with `processes` > 1): {"wall_s", "val_loss" (the whole validation split,
+    nats/token), "records" (metrics.jsonl)}."""
+    launcher = [sys.executable, "-m"]
+    if processes > 1:
+        launcher += ["torch.distributed.run", "--nproc_per_node", str(processes), "-m"]
+    command = [*launcher, "decoderlm", "train", "--out", out, "--overwrite"]
+    wall, stdout = timed([*command, "--no-progress", *flags], env)
+    final = FINAL.search(stdout)
+    return {
+        "wall_s": wall,
+        "val_loss": float(final[1]) if final else None,
+        "records": read_records(out),
+        "stdout": stdout,
+    }
+
+
+def read_records(run_dir: Path) -> list[dict]:
+    """metrics.jsonl of a run directory, one dict per line."""
+    lines = (Path(run_dir) / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
+    return [json.loads(line) for line in lines]
+
+
+def steady_tokens_per_s(records: list[dict]) -> float:
+    """Training tokens/s between the first and the last record that are not evaluations
+    (falls back to the last record's overall tokens_per_s)."""
+    plain = [r for r in records if "val_loss" not in r]
+    if len(plain) >= 2 and plain[-1]["elapsed_s"] > plain[0]["elapsed_s"]:
+        a, b = plain[0], plain[-1]
+        return (b["tokens"] - a["tokens"]) / (b["elapsed_s"] - a["elapsed_s"])
+    return records[-1]["tokens_per_s"]
+
+
+def spread(values: list[float]) -> str:
+    """ "mean ± half the range" of the values (± 0 for one value)."""
+    if not values:
+        return "n/a"
+    half = (max(values) - min(values)) / 2
+    return f"{statistics.fmean(values):.4f} ± {half:.4f}"

@@ -92,7 +92,7 @@ def finetune(base, data, out, *flags):
 def records(run):
     lines = (run / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
     return [
-        {k: v for k, v in json.loads(x).items() if k not in ("elapsed_s", "tokens_per_s")}
+        {k: v for k, v in json.loads(x).items() if k not in ("elapsed_s", "tokens_per_s", "mfu")}
         for x in lines
     ]
 

@@ -23,7 +23,7 @@ def count_parameters(config: ModelConfig) -> dict[str, int]:
         embeddings = V d (+ block_size d for a learned position table; sinusoidal and rotary
                      positions have no parameters)
         attention  = L (3 d^2 + 3 b d + d^2 + b d)            (fused QKV + output projection)
-        mlp        = L (2 d f + b f + b d)       for "gelu"    (fc + proj)
+        mlp        = L (2 d f + b f + b d)       for "gelu", "relu2"  (fc + proj)
                      L (3 d f + 2 b f + b d)     for "swiglu"  (gate + fc + proj)
         norms      = n_norms (d + b d) for LayerNorm, n_norms d for RMSNorm, where
                      n_norms = 2 L + 1 with pre-norm (the final norm) and 2 L with post-norm

@@ -57,6 +57,7 @@ def train(
     nproc_per_node: PositiveInt | None = None,
     model: dict[str, Any] | None = None,
     train: dict[str, Any] | None = None,
+    threads: str | None = None,
 ) -> int:
     """Train a GPT-style model.
 
@@ -97,8 +98,13 @@ def train(
             checkpoint, as it stops one process. Under a torchrun of your own, leave it out.
         model: ModelConfig fields to change (the flags of the model settings).
         train: TrainConfig fields to change (the flags of the training settings).
+        threads: CPU threads: N, or auto (time a few training steps at 1, 2, ... threads on
+            this machine as it is loaded now and keep the fastest); default torch's (the
+            usable cores). OMP_WAIT_POLICY=PASSIVE in the environment makes idle threads
+            sleep instead of spinning.
     """
     from .training.run import run_experiment
+    from .training.threads import parse_threads
 
     for section, fields in (("model", model), ("train", train)):
         if not isinstance(fields, dict | None):
@@ -121,6 +127,7 @@ def train(
         resume=resume,
         init_from=init_from,
         merge=merge,
+        threads=parse_threads(threads),
     )
     return 0
 

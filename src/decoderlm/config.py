@@ -133,6 +133,9 @@ class ModelConfig:
             rule for "swiglu": 2/3 * 4 * d_model rounded up to a multiple of 256.
         dropout: dropout probability on embeddings, attention weights and residual branches
             (training mode only).
+        embed_dropout, attn_dropout, resid_dropout: the dropout of one place instead of
+            `dropout` (None: `dropout`): the embeddings (token + positions), the attention
+            probabilities, the outputs of the attention and MLP branches.
         bias: whether Linear layers and LayerNorms carry a bias.
         tie_embeddings: share the unembedding matrix with the token embedding (GPT-2).
         pos_encoding: "learned" (GPT-2: a trained [block_size, d_model] table added to the
@@ -145,10 +148,17 @@ class ModelConfig:
             et al.: norm(x + f(x)), no final norm).
         norm: "layernorm" (Ba et al. 2016) or "rmsnorm" (Zhang & Sennrich 2019; no bias).
         norm_eps: epsilon of the norms.
-        mlp: "gelu" (Linear -> activation -> Linear) or "swiglu" (Shazeer 2020, as in Llama:
-            proj(silu(gate(x)) * fc(x))).
+        mlp: "gelu" (Linear -> activation -> Linear), "swiglu" (Shazeer 2020, as in Llama:
+            proj(silu(gate(x)) * fc(x))) or "relu2" (proj(relu(fc(x))^2), the squared ReLU of
+            So et al. 2021, "Primer", section 4; d_ff defaults to 4 * d_model).
         activation: the GELU of the "gelu" MLP: "gelu" is exact (erf), "gelu_tanh" is the tanh
             approximation GPT-2's released weights were trained with.
+        qk_norm: RMS-normalise every head's q and k over head_dim (no gain) before rotary
+            positions and the dot product (Henry et al. 2020, "Query-Key Normalization").
+        zero_init_proj: initialise the residual output projections (attn.proj, mlp.proj)
+            to zero, so every block starts as the identity (modded-nanogpt, nanochat).
+        logit_softcap: None, or c > 0: logits become c * tanh(logits / c), bounded in
+            (-c, c) (Gemma 2's final-logit soft-capping).
 
     Raises:
         ValueError: a size is not a positive integer, padded_vocab_size is below vocab_size,
@@ -167,6 +177,9 @@ class ModelConfig:
     d_model: int = 768
     d_ff: int | None = None
     dropout: float = 0.0
+    embed_dropout: float | None = None
+    attn_dropout: float | None = None
+    resid_dropout: float | None = None
     bias: bool = True
     tie_embeddings: bool = True
     pos_encoding: Literal["learned", "sinusoidal", "rope"] = "learned"
@@ -174,8 +187,11 @@ class ModelConfig:
     norm_position: Literal["pre", "post"] = "pre"
     norm: Literal["layernorm", "rmsnorm"] = "layernorm"
     norm_eps: float = 1e-5
-    mlp: Literal["gelu", "swiglu"] = "gelu"
+    mlp: Literal["gelu", "swiglu", "relu2"] = "gelu"
     activation: Literal["gelu", "gelu_tanh"] = "gelu"
+    qk_norm: bool = False
+    zero_init_proj: bool = False
+    logit_softcap: float | None = None
 
     def __post_init__(self) -> None:
         _check_choices(self)
@@ -216,9 +232,19 @@ class ModelConfig:
                 f"rope needs an even head_dim, got d_model / n_heads = {self.head_dim}"
             )
         _check_real(self, "dropout", 0.0, 1.0, high_open=True)
+        for name in ("embed_dropout", "attn_dropout", "resid_dropout"):
+            if getattr(self, name) is not None:
+                _check_real(self, name, 0.0, 1.0, high_open=True)
         _check_real(self, "rope_base", 1.0, low_open=True)
         _check_real(self, "norm_eps", 0.0, low_open=True)
-        _check_bool(self, "bias", "tie_embeddings")
+        _check_bool(self, "bias", "tie_embeddings", "qk_norm", "zero_init_proj")
+        if self.logit_softcap is not None:
+            _check_real(self, "logit_softcap", 0.0, low_open=True)
+
+    def dropout_at(self, place: Literal["embed", "attn", "resid"]) -> float:
+        """The dropout probability of a place: its own field when set, else `dropout`."""
+        own = getattr(self, f"{place}_dropout")
+        return self.dropout if own is None else own
 
     @property
     def head_dim(self) -> int:
@@ -257,13 +283,24 @@ class TrainConfig:
             optimizer step.
         max_steps: optimizer steps.
         lr: peak learning rate of AdamW.
-        min_lr: learning rate at the end of the cosine decay.
+        min_lr: learning rate at the end of the cosine or warm-up-stable-decay schedule.
         warmup_steps: steps of linear warm-up from lr / warmup_steps to lr.
         decay_steps: the cosine decay reaches min_lr at this step and stays there; None
             means max_steps (nanoGPT's lr_decay_iters). Set it to stop a run early (max_steps)
             and resume it later on the same schedule.
-        schedule: "cosine" (linear warm-up, then cosine decay to min_lr) or "constant" (lr at
-            every step, no warm-up).
+        schedule: "cosine" (linear warm-up, then cosine decay to min_lr), "constant" (lr at
+            every step, no warm-up) or "wsd" (warm-up-stable-decay, a trapezoid: linear
+            warm-up, lr until the last cooldown_fraction of decay_steps, then linear decay to
+            min_lr; Hu et al. 2024, "MiniCPM", section 4).
+        cooldown_fraction: the share of decay_steps (default max_steps) that "wsd" spends
+            decaying, in (0, 1].
+        optimizer: "adamw" (every parameter) or "muon": torch.optim.Muon (Jordan et al. 2024;
+            momentum, then the update orthogonalised by Newton-Schulz iterations) for the
+            weight matrices of the Linear layers inside the blocks (attention and MLP), and
+            AdamW for the rest (embeddings, unembedding, norm gains, biases). Muon's decoupled
+            weight decay is weight_decay too. Not with fsdp or LoRA.
+        muon_lr: Muon's peak learning rate (the schedule scales it like lr).
+        muon_momentum: Muon's momentum coefficient (Nesterov).
         weight_decay: AdamW decoupled weight decay, applied to weight matrices and
             embeddings only (not to biases or LayerNorm gains).
         beta1: AdamW's first moment coefficient (of the gradient's running mean).
@@ -275,6 +312,12 @@ class TrainConfig:
             of non-overlapping windows, spread evenly over the validation split; the same
             windows however a step is split into micro-batches.
         log_interval: write a metrics line every this many steps.
+        log: more places for the metrics.jsonl records: "csv" (metrics.csv) and/or
+            "tensorboard" (event files in tensorboard/, tags train/loss, val/loss, train/lr,
+            train/grad_norm, train/mfu, train/tokens_per_s, val/bpb; needs the optional
+            tensorboard package); repeat the flag for both.
+        peak_tflops: the device's peak TFLOP/s for the mfu metric (default: a table of
+            known GPUs, or a matmul peak measured once on the CPU).
         dtype: "float32"; "bfloat16" for bfloat16 autocast; "float16" for float16 autocast
             with a GradScaler (dynamic loss scaling). Weights and optimizer state stay float32.
             "fp32", "bf16", "fp16" are the same (stored as the long names).
@@ -311,7 +354,11 @@ class TrainConfig:
     min_lr: float = 2e-5
     warmup_steps: int = 0
     decay_steps: int | None = None
-    schedule: Literal["cosine", "constant"] = "constant"
+    schedule: Literal["cosine", "constant", "wsd"] = "constant"
+    cooldown_fraction: float = 0.2
+    optimizer: Literal["adamw", "muon"] = "adamw"
+    muon_lr: float = 0.02
+    muon_momentum: float = 0.95
     weight_decay: float = 1e-2
     beta1: float = 0.9
     beta2: float = 0.999
@@ -319,6 +366,8 @@ class TrainConfig:
     eval_interval: int = 100
     eval_batches: int = 20
     log_interval: int = 10
+    log: list[Literal["csv", "tensorboard"]] = dataclasses.field(default_factory=list)
+    peak_tflops: float | None = None
     dtype: DtypeName = "float32"
     compile: bool = False
     activation_checkpointing: bool = False
@@ -354,14 +403,31 @@ class TrainConfig:
         _check_choices(self)
         self.dtype = canonical_dtype(self.dtype)
         _check_real(self, "lr", 0.0, low_open=True)
-        if self.schedule == "cosine":
+        if self.schedule in ("cosine", "wsd"):
             _check_real(self, "min_lr", 0.0, self.lr)
+        _check_real(self, "cooldown_fraction", 0.0, 1.0, low_open=True)
+        _check_real(self, "muon_lr", 0.0, low_open=True)
+        _check_real(self, "muon_momentum", 0.0, 1.0, high_open=True)
+        if self.optimizer == "muon" and self.fsdp:
+            raise ValueError(
+                "optimizer 'muon' orthogonalises whole weight matrices, which fsdp shards; "
+                "use --fsdp false (DDP) or --optimizer adamw"
+            )
+        if self.optimizer == "muon" and self.lora_rank is not None:
+            raise ValueError(
+                "optimizer 'muon' trains the blocks' weight matrices, which LoRA freezes; "
+                "use --optimizer adamw with --lora-rank"
+            )
         _check_real(self, "weight_decay", 0.0)
         _check_real(self, "beta1", 0.0, 1.0, high_open=True)
         _check_real(self, "beta2", 0.0, 1.0, high_open=True)
         if self.grad_clip is not None:
             _check_real(self, "grad_clip", 0.0, low_open=True)
         _check_real(self, "val_fraction", 0.0, 1.0, low_open=True, high_open=True)
+        if self.peak_tflops is not None:
+            _check_real(self, "peak_tflops", 0.0, low_open=True)
+        if not isinstance(self.log, list) or not set(self.log) <= {"csv", "tensorboard"}:
+            raise ValueError(f"log must be a list of 'csv' and 'tensorboard', got {self.log!r}")
         if not isinstance(self.sample_prompt, str):
             raise ValueError(f"sample_prompt must be text, got {self.sample_prompt!r}")
         self._check_finetuning()

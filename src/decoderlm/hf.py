@@ -219,8 +219,8 @@ def save_gpt2(model: DecoderLM, directory: str | Path, eos_token_id: int | None 
 
     Raises:
         ValueError: the model is not GPT-2 shaped (needs pre-norm, learned positions,
-            LayerNorm with bias, the GELU MLP with d_ff any width), or eos_token_id is not
-            one of its ids.
+            LayerNorm with bias, the GELU MLP with d_ff any width, no QK-norm, no logit
+            soft-cap), or eos_token_id is not one of its ids.
     """
     model = unwrap_model(model)
     c = model.config
@@ -232,6 +232,8 @@ def save_gpt2(model: DecoderLM, directory: str | Path, eos_token_id: int | None 
             ("norm", "layernorm"),
             ("mlp", "gelu"),
             ("bias", True),
+            ("qk_norm", False),
+            ("logit_softcap", None),
         )
         if getattr(c, k) != want
     }

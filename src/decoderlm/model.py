@@ -85,13 +85,15 @@ class CausalSelfAttention(nn.Module):
 
     def __init__(self, config: ModelConfig, layer: int = 0):
         super().__init__()
-        self.n_heads, self.layer, self.dropout = config.n_heads, layer, config.dropout
+        self.n_heads, self.layer = config.n_heads, layer
+        self.dropout = config.dropout_at("attn")
+        self.qk_norm_eps = config.norm_eps if config.qk_norm else None
         self.impl = "sdpa"
         self.qkv = nn.Linear(config.d_model, 3 * config.d_model, bias=config.bias)
         self.hook_q, self.hook_k, self.hook_v = HookPoint(), HookPoint(), HookPoint()
         self.hook_pattern, self.hook_z = HookPoint(), HookPoint()
         self.proj = nn.Linear(config.d_model, config.d_model, bias=config.bias)
-        self.resid_dropout = nn.Dropout(config.dropout)
+        self.resid_dropout = nn.Dropout(config.dropout_at("resid"))
 
     def forward(self, x: Tensor, rope=None, cache: KVCache | None = None, mask=None) -> Tensor:
         B, T, C = x.shape
@@ -99,6 +101,9 @@ class CausalSelfAttention(nn.Module):
             t.view(B, T, self.n_heads, C // self.n_heads).transpose(1, 2)
             for t in self.qkv(x).split(C, dim=2)
         )  # [B, n_heads, T, head_dim] each
+        if self.qk_norm_eps is not None:  # QK-norm: unit RMS over head_dim, no gain
+            q = F.rms_norm(q, (q.size(-1),), eps=self.qk_norm_eps)
+            k = F.rms_norm(k, (k.size(-1),), eps=self.qk_norm_eps)
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         q, k, v = self.hook_q(q), self.hook_k(k), self.hook_v(v)
@@ -123,6 +128,7 @@ class MLP(nn.Module):
 
     "gelu": proj(GELU(fc(x))), GELU exact (erf) or tanh-approximate per config.activation.
     "swiglu": proj(silu(gate(x)) * fc(x)) (Shazeer 2020, eq. 6 with Swish_1 = SiLU).
+    "relu2": proj(relu(fc(x))^2) (So et al. 2021, squared ReLU).
     Dropout on the output. hook_pre sees the activation's input [B, T, d_ff] (fc(x), or
     gate(x) for swiglu), hook_post the hidden layer [B, T, d_ff] that proj reads.
     """
@@ -138,11 +144,14 @@ class MLP(nn.Module):
         self.hook_pre, self.hook_post = HookPoint(), HookPoint()
         self.proj = nn.Linear(config.d_ff, config.d_model, bias=config.bias)
         self.approximate = "tanh" if config.activation == "gelu_tanh" else "none"
-        self.dropout = nn.Dropout(config.dropout)
+        self.relu2 = config.mlp == "relu2"
+        self.dropout = nn.Dropout(config.dropout_at("resid"))
 
     def forward(self, x: Tensor) -> Tensor:
         if self.gate is not None:
             h = F.silu(self.hook_pre(self.gate(x))) * self.fc(x)
+        elif self.relu2:
+            h = F.relu(self.hook_pre(self.fc(x))).square()
         else:
             h = F.gelu(self.hook_pre(self.fc(x)), approximate=self.approximate)
         return self.dropout(self.proj(self.hook_post(h)))
@@ -184,7 +193,8 @@ class DecoderLM(nn.Module):
 
     Initialisation follows GPT-2: every Linear and Embedding weight ~ N(0, 0.02), biases 0,
     and the two residual output projections of each block (attn.proj, mlp.proj) ~
-    N(0, 0.02 / sqrt(2 * n_layers)), since 2 * n_layers residual branches add into the stream.
+    N(0, 0.02 / sqrt(2 * n_layers)), since 2 * n_layers residual branches add into the stream
+    (zeros with config.zero_init_proj).
 
     Hook points (identity `HookPoint`s; attach forward hooks, or use
     `decoderlm.hooks.run_with_cache`), for layer l:
@@ -219,7 +229,7 @@ class DecoderLM(nn.Module):
             self.register_buffer("rope_cos", cos, persistent=False)
             self.register_buffer("rope_sin", sin, persistent=False)
         self.hook_embed = HookPoint()
-        self.drop = nn.Dropout(config.dropout)
+        self.drop = nn.Dropout(config.dropout_at("embed"))
         self.blocks = nn.ModuleList(Block(config, layer) for layer in range(config.n_layers))
         self.ln_f = make_norm(config) if config.norm_position == "pre" else None
         self.hook_normalized = HookPoint()
@@ -233,6 +243,9 @@ class DecoderLM(nn.Module):
         for block in self.blocks:
             nn.init.normal_(block.attn.proj.weight, mean=0.0, std=residual_std)
             nn.init.normal_(block.mlp.proj.weight, mean=0.0, std=residual_std)
+            if config.zero_init_proj:
+                nn.init.zeros_(block.attn.proj.weight)
+                nn.init.zeros_(block.mlp.proj.weight)
 
     @staticmethod
     def _init_weights(module: nn.Module) -> None:
@@ -291,10 +304,13 @@ class DecoderLM(nn.Module):
     def unembed(self, x: Tensor) -> Tensor:
         """lm_head(x) without the padded rows: x [..., d_model] (what lm_head reads, after
         ln_f) -> logits [..., vocab_size]. A padded vocabulary's extra rows get no logits, so
-        nothing downstream (sampling, loss, evaluation) can produce a padded id."""
+        nothing downstream (sampling, loss, evaluation) can produce a padded id. With
+        config.logit_softcap c the logits are c * tanh(logits / c), bounded in (-c, c)."""
         logits = self.lm_head(x)  # [..., vocab_rows]
         if self.config.vocab_rows > self.config.vocab_size:
             logits = logits[..., : self.config.vocab_size]
+        if (cap := self.config.logit_softcap) is not None:
+            logits = cap * torch.tanh(logits / cap)
         return logits
 
     def forward(self, idx: Tensor, targets: Tensor | None = None):

@@ -45,8 +45,8 @@ def plot_loss(metrics: list[dict], path: str | Path) -> None:
     ax.set_title("loss")
     ax.grid(alpha=0.3)
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.subplots_adjust(left=0.8 / 7, right=1 - 0.15 / 7, bottom=0.55 / 4.5, top=1 - 0.35 / 4.5)
+    fig.savefig(path, dpi=110)  # fixed margins: tight_layout would draw the figure twice
     plt.close(fig)
 
 
@@ -87,9 +87,18 @@ def plot_attention(att: np.ndarray, path: str | Path, title: str = ""):
             ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     if title:  # shown literally: "$" would start matplotlib's math mode
         fig.suptitle(title.replace("$", r"\$"), fontsize=9)
+    # fixed margins in inches: tight_layout would draw the whole grid once more to measure it
+    width, height = fig.get_size_inches()
+    fig.subplots_adjust(
+        left=0.6 / width,
+        right=1 - 0.1 / width,
+        bottom=0.5 / height,
+        top=1 - (0.55 if title else 0.35) / height,
+        wspace=0.4,
+        hspace=0.45,
+    )
     with warnings.catch_warnings():  # characters the font lacks are drawn as boxes
         warnings.filterwarnings("ignore", message="Glyph .* missing from")
-        fig.tight_layout()
         fig.savefig(path, dpi=90)
     plt.close(fig)
     return fig

@@ -9,6 +9,9 @@ Written from the formulas, not from the torch code, in float64, for every ModelC
     GELU(x)        = x * Phi(x) = 0.5 x (1 + erf(x / sqrt(2)))      (Hendrycks & Gimpel 2016)
     GELU_tanh(x)   = 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3)))
     SwiGLU(x)      = (SiLU(x W_gate) * x W_fc) W_proj, SiLU(z) = z / (1 + e^-z)  (Shazeer 2020)
+    ReLU^2 MLP(x)  = max(0, x W_fc)^2 W_proj                         (So et al. 2021)
+    QK-norm:       q and k of each head divided by their RMS over d_k (no gain)  (Henry et al.)
+    soft-cap:      logits -> c tanh(logits / c)                      (Gemma 2)
     sinusoidal PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(...)  (Vaswani 3.5)
     RoPE: the pair (x_j, x_{j + d_k/2}) read as the complex number x_j + i x_{j + d_k/2} is
           multiplied by e^(i m theta_j), theta_j = base^(-2j / d_k)   (Su et al. 2021, eq. 12)
@@ -31,6 +34,7 @@ __all__ = [
     "gelu",
     "gelu_tanh",
     "silu",
+    "relu_squared",
     "softmax",
     "sinusoidal_table",
     "rope",
@@ -61,6 +65,11 @@ def gelu_tanh(x: np.ndarray) -> np.ndarray:
 def silu(x: np.ndarray) -> np.ndarray:
     """SiLU (Swish with beta 1): x * sigmoid(x)."""
     return x / (1.0 + np.exp(-x))
+
+
+def relu_squared(x: np.ndarray) -> np.ndarray:
+    """The squared ReLU: max(0, x)^2."""
+    return np.maximum(x, 0.0) ** 2
 
 
 def sinusoidal_table(T: int, d: int) -> np.ndarray:
@@ -100,10 +109,16 @@ def _linear(x, params, name):
 
 
 def causal_self_attention(
-    x: np.ndarray, params: dict, prefix: str, n_heads: int, rope_base: float | None = None
+    x: np.ndarray,
+    params: dict,
+    prefix: str,
+    n_heads: int,
+    rope_base: float | None = None,
+    qk_norm_eps: float | None = None,
 ):
-    """x [B, T, d_model] -> (y [B, T, d_model], att [B, n_heads, T, T]); rope_base set means
-    q and k are rotated by position first."""
+    """x [B, T, d_model] -> (y [B, T, d_model], att [B, n_heads, T, T]); qk_norm_eps set means
+    q and k are divided by their RMS over d_k first, rope_base set means they are then rotated
+    by position."""
     B, T, C = x.shape
     d_k = C // n_heads
     qkv = _linear(x, params, f"{prefix}.qkv")
@@ -111,6 +126,8 @@ def causal_self_attention(
         qkv[..., i * C : (i + 1) * C].reshape(B, T, n_heads, d_k).transpose(0, 2, 1, 3)
         for i in range(3)
     )
+    if qk_norm_eps is not None:
+        q, k = (t / np.sqrt((t**2).mean(axis=-1, keepdims=True) + qk_norm_eps) for t in (q, k))
     if rope_base is not None:
         q, k = rope(q, rope_base), rope(k, rope_base)
     scores = q @ k.transpose(0, 1, 3, 2) / math.sqrt(d_k)
@@ -144,6 +161,8 @@ def forward(params: dict[str, np.ndarray], config, idx: np.ndarray) -> np.ndarra
     def mlp(x, pre):
         if config.mlp == "swiglu":
             h = silu(_linear(x, p, f"{pre}.mlp.gate")) * _linear(x, p, f"{pre}.mlp.fc")
+        elif config.mlp == "relu2":
+            h = relu_squared(_linear(x, p, f"{pre}.mlp.fc"))
         else:
             act = gelu_tanh if config.activation == "gelu_tanh" else gelu
             h = act(_linear(x, p, f"{pre}.mlp.fc"))
@@ -155,22 +174,26 @@ def forward(params: dict[str, np.ndarray], config, idx: np.ndarray) -> np.ndarra
     elif config.pos_encoding == "sinusoidal":
         x = x + sinusoidal_table(T, config.d_model)
     rope_base = config.rope_base if config.pos_encoding == "rope" else None
+    qk_eps = config.norm_eps if config.qk_norm else None
     for i in range(config.n_layers):
         pre = f"blocks.{i}"
         if config.norm_position == "pre":
             x = (
                 x
                 + causal_self_attention(
-                    norm(x, f"{pre}.ln_1"), p, f"{pre}.attn", config.n_heads, rope_base
+                    norm(x, f"{pre}.ln_1"), p, f"{pre}.attn", config.n_heads, rope_base, qk_eps
                 )[0]
             )
             x = x + mlp(norm(x, f"{pre}.ln_2"), pre)
         else:
             x = norm(
-                x + causal_self_attention(x, p, f"{pre}.attn", config.n_heads, rope_base)[0],
+                x
+                + causal_self_attention(x, p, f"{pre}.attn", config.n_heads, rope_base, qk_eps)[0],
                 f"{pre}.ln_1",
             )
             x = norm(x + mlp(x, pre), f"{pre}.ln_2")
     if config.norm_position == "pre":
         x = norm(x, "ln_f")
-    return (x @ p.get("lm_head.weight", p["tok_emb.weight"]).T)[..., : config.vocab_size]
+    logits = (x @ p.get("lm_head.weight", p["tok_emb.weight"]).T)[..., : config.vocab_size]
+    cap = config.logit_softcap
+    return logits if cap is None else cap * np.tanh(logits / cap)

@@ -9,9 +9,12 @@ process's gradient.
 
 metrics.jsonl gets one JSON object per logged step: step (optimizer steps done), train_loss
 (mean over the steps since the last record and over all ranks, nats), lr, tokens (seen so
-far, all ranks), elapsed_s, tokens_per_s, and on evaluation steps val_loss (nats) and val_bpc
-(val_loss / ln 2, bits per token), induction_score (per layer, the best head's) and
-probe_second_half_loss (nats) on a repeated random-token probe (`decoderlm.lens.probe_metrics`).
+far, all ranks), elapsed_s, tokens_per_s, grad_norm (of the logged step, before clipping), mfu
+(when the device's peak is known), and on evaluation steps val_loss (nats), val_bpc (val_loss
+/ ln 2, bits per token), val_bpb (bits per UTF-8 byte of the validation text; see
+`decoderlm.training.metrics`, which also writes the records to metrics.csv and TensorBoard,
+cfg.log), induction_score (per layer, the best head's) and probe_second_half_loss (nats) on a
+repeated random-token probe (`decoderlm.lens.probe_metrics`).
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from ..evaluate import LN2, evaluate
 from ..lens import default_probe, probe_metrics
 from ..model import DecoderLM
 from ..weights import list_checkpoints
+from .metrics import RecordExtras, Sinks
 from .optim import configure_optimizer, lr_at, set_lr
 from .parallel import DistInfo, Parallelized, agree_across_ranks, gradient_sync, parallelize
 from .state import TrainState
@@ -111,9 +115,14 @@ def train_step(
     batches,
     cfg: TrainConfig,
     autocast=contextlib.nullcontext,
+    grad_norms: list | None = None,
 ) -> torch.Tensor:
     """One optimizer step: forward and backward over the micro-batches (gradients synchronised
     across ranks on the last one only), gradient-norm clipping, the (scaled) optimizer step.
+
+    grad_norms: a list to append the global L2 norm of the (unscaled) gradients to, before
+    clipping (a scalar tensor; computed also without clipping, then the gradients are left
+    exactly as they are).
 
     Returns:
         This rank's mean loss over the micro-batches, a detached scalar tensor.
@@ -125,9 +134,16 @@ def train_step(
                 _, loss = par.step_module(x.to(par.device), y.to(par.device))
             scaler.scale(loss / cfg.grad_accum_steps).backward()
         step_loss += loss.detach()
+    norm = None
     if cfg.grad_clip is not None:
         scaler.unscale_(optimizer)
-        torch.nn.utils.clip_grad_norm_(par.model.parameters(), cfg.grad_clip)
+        norm = torch.nn.utils.clip_grad_norm_(par.model.parameters(), cfg.grad_clip)
+    elif grad_norms is not None:
+        scaler.unscale_(optimizer)  # what scaler.step would do first
+        grads = [p.grad for p in par.model.parameters() if p.grad is not None]
+        norm = torch.nn.utils.get_total_norm(grads)
+    if grad_norms is not None:
+        grad_norms.append(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
     scaler.step(optimizer)
     scaler.update()
     optimizer.zero_grad(set_to_none=True)
@@ -147,13 +163,16 @@ class MetricsLog:
         info: DistInfo,
         progress: bool,
         first_step: int,
+        extras: RecordExtras | None = None,
     ):
         self.cfg, self.info, self.records, self.sink = cfg, info, [], None
+        self.extras, self.sinks = extras, None
         self.probe = None  # () -> dict of more evaluation metrics (the lens probe)
         self.show = progress and info.is_main
         if info.is_main and run_dir is not None:
             run_dir.mkdir(parents=True, exist_ok=True)
             self.sink = open(run_dir / "metrics.jsonl", "a", encoding="utf-8")
+            self.sinks = Sinks(run_dir, cfg, first_step)
         self.bar = tqdm(
             total=cfg.max_steps,
             initial=first_step,
@@ -163,9 +182,12 @@ class MetricsLog:
             dynamic_ncols=True,
         )
 
-    def log_step(self, state: TrainState, lr: float, loss: float, evaluate_val) -> None:
+    def log_step(
+        self, state: TrainState, lr: float, loss: float, evaluate_val, grad_norm=None
+    ) -> None:
         """After an optimizer step: advance the bar and, on logging steps, write a record
-        (with evaluate_val()'s validation loss on evaluation steps)."""
+        (with evaluate_val()'s validation loss on evaluation steps, and the step's grad_norm
+        tensor, mfu and val_bpb, see `RecordExtras`)."""
         done, tokens, cfg = state.step, state.tokens, self.cfg
         self.bar.update(1)
         self.bar.set_postfix(
@@ -190,15 +212,19 @@ class MetricsLog:
                     f"step {done:>6}: train {record['train_loss']:.4f}, "
                     f"val {val:.4f} nats ({val / LN2:.3f} bits/token)"
                 )
+        if self.extras is not None:
+            self.extras.add(record, None if grad_norm is None else grad_norm.item())
         self.records.append(record)
         if self.sink:
             self.sink.write(json.dumps(record) + "\n")
             self.sink.flush()
+            self.sinks.write(record)
 
     def close(self) -> None:
         self.bar.close()
         if self.sink:
             self.sink.close()
+            self.sinks.close()
 
 
 def _initial_state(
@@ -270,6 +296,7 @@ def train(
     resume: dict | None = None,
     checkpoint_files: dict | None = None,
     log=print,
+    val_bytes_per_token: float | None = None,
 ) -> TrainResult:
     """Train `model` in place: AdamW, warm-up + cosine schedule, clipping, mixed precision,
     gradient accumulation, checkpoints, and DDP / FSDP2 under torchrun (see the module
@@ -288,6 +315,7 @@ def train(
         checkpoint_files: stored in each checkpoint besides the trainer state:
             {"extra": config.json entries, "tokenizer": a tokenizer}.
         log: print function for messages (rank 0).
+        val_bytes_per_token: UTF-8 bytes per validation token, for val_bpb (None: left out).
 
     SIGINT / SIGTERM: the current step finishes, a checkpoint is saved, interrupted=True.
 
@@ -308,7 +336,9 @@ def train(
     autocast, first_step = autocast_for(cfg, device), state.step
     eval_windows = eval_window_count(cfg, info)
     validate = functools.partial(evaluate, model, val_ids, eval_windows, cfg.batch_size, autocast)
-    metrics = MetricsLog(run_dir, cfg, info, progress, first_step)
+    extras = RecordExtras(model.config, cfg, device, info.world_size, val_bytes_per_token)
+    metrics = MetricsLog(run_dir, cfg, info, progress, first_step, extras)
+    norms: list = []
     probe = default_probe(model.config.vocab_size, T)
     metrics.probe = functools.partial(probe_metrics, model, probe)
     checkpoint, interrupted = None, False
@@ -319,11 +349,11 @@ def train(
             for step in range(first_step, cfg.max_steps):
                 lr = set_lr(state.optimizer, lr_at(step, cfg))
                 batches = micro_batches(train_ids, state.generator, cfg, info, T)
-                loss = train_step(par, state.optimizer, state.scaler, batches, cfg, autocast)
+                loss = train_step(par, state.optimizer, state.scaler, batches, cfg, autocast, norms)
                 agree_across_ranks(loss, stop, info)
                 value = _check_finite(loss.item(), step, lr, run_dir)
                 state.add_loss(value)
-                metrics.log_step(state, lr, value, validate)
+                metrics.log_step(state, lr, value, validate, norms.pop())
                 if stop:
                     interrupted = True
                     break

@@ -1,7 +1,9 @@
 """The optimiser and its learning-rate schedule.
 
-Training minimises the mean next-token cross-entropy with AdamW, a linear warm-up then cosine
-decay of the learning rate (`lr_at`), and gradient-norm clipping (in `loop.train_step`).
+Training minimises the mean next-token cross-entropy with AdamW (or Muon for the hidden
+weight matrices and AdamW for the rest: `MuonWithAdamW`), a learning-rate schedule (`lr_at`:
+constant, warm-up + cosine, or warm-up-stable-decay), and gradient-norm clipping (in
+`loop.train_step`).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import torch
 
 from ..config import TrainConfig
 
-__all__ = ["lr_at", "set_lr", "configure_optimizer"]
+__all__ = ["lr_at", "set_lr", "configure_optimizer", "MuonWithAdamW", "muon_parameters"]
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
@@ -21,25 +23,34 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
     "constant": cfg.lr. "cosine": linear warm-up lr * (step + 1) / warmup_steps over the first
     warmup_steps steps, then min_lr + (lr - min_lr) * (1 + cos(pi * progress)) / 2 with
     progress going from 0 to 1 over the steps up to decay_steps (default max_steps), then 1
-    (Loshchilov & Hutter 2017, eq. 5).
+    (Loshchilov & Hutter 2017, eq. 5). "wsd": the same warm-up, then lr until the last
+    cooldown = max(1, round(cooldown_fraction * decay_steps)) steps before decay_steps, over
+    which it falls linearly, lr + (min_lr - lr) * (step - start + 1) / cooldown, reaching
+    min_lr at step decay_steps - 1 and staying there.
     """
     if cfg.schedule == "constant":
         return cfg.lr
     if step < cfg.warmup_steps:
         return cfg.lr * (step + 1) / cfg.warmup_steps
+    if cfg.schedule == "wsd":
+        total = cfg.decay_steps or cfg.max_steps
+        cooldown = max(1, round(cfg.cooldown_fraction * total))
+        progress = min(1.0, max(0, step - (total - cooldown) + 1) / cooldown)
+        return cfg.lr + (cfg.min_lr - cfg.lr) * progress
     decay_steps = max(1, (cfg.decay_steps or cfg.max_steps) - 1 - cfg.warmup_steps)
     progress = min(1.0, (step - cfg.warmup_steps) / decay_steps)
     return cfg.min_lr + 0.5 * (cfg.lr - cfg.min_lr) * (1.0 + math.cos(math.pi * progress))
 
 
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> float:
-    """Give every parameter group learning rate `lr`; returns lr."""
+    """Give every parameter group learning rate `lr` (times the group's "lr_scale", which
+    `MuonWithAdamW` sets on Muon's group); returns lr."""
     for group in optimizer.param_groups:
-        group["lr"] = lr
+        group["lr"] = lr * group.get("lr_scale", 1.0)
     return lr
 
 
-def configure_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
+def configure_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
     """AdamW (Loshchilov & Hutter 2019) with decoupled weight decay on every parameter of 2 or
     more dimensions and none on biases and norm gains (1-D).
 
@@ -51,11 +62,109 @@ def configure_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim
 
     The fused AdamW kernel (one kernel for all parameters) is used on CPU and CUDA; FSDP's
     sharded parameters use the default multi-tensor implementation.
+
+    cfg.optimizer "muon": `MuonWithAdamW`, Muon for `muon_parameters(model)` and the above for
+    the rest.
+
+    Raises:
+        ValueError: "muon" and the model has no trainable weight matrix inside its blocks.
     """
     params = [p for p in model.parameters() if p.requires_grad]
-    groups = [
+    fused = not cfg.fsdp and all(p.device.type in ("cpu", "cuda") for p in params)
+    if cfg.optimizer == "muon":
+        hidden = muon_parameters(model)
+        if not hidden:
+            raise ValueError(
+                "optimizer 'muon' needs trainable weight matrices inside the blocks (attention "
+                "and MLP Linear layers) and this model has none; use --optimizer adamw"
+            )
+        hidden_ids = {id(p) for p in hidden}
+        rest = [p for p in params if id(p) not in hidden_ids]
+        return MuonWithAdamW(hidden, _adamw_groups(rest, cfg), cfg, fused)
+    return torch.optim.AdamW(
+        _adamw_groups(params, cfg), lr=lr_at(0, cfg), betas=(cfg.beta1, cfg.beta2), fused=fused
+    )
+
+
+def _adamw_groups(params: list, cfg: TrainConfig) -> list[dict]:
+    """AdamW's two groups: weight decay on parameters of 2 or more dimensions, none on 1-D."""
+    return [
         {"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
     ]
-    fused = not cfg.fsdp and all(p.device.type in ("cpu", "cuda") for p in params)
-    return torch.optim.AdamW(groups, lr=lr_at(0, cfg), betas=(cfg.beta1, cfg.beta2), fused=fused)
+
+
+def muon_parameters(model: torch.nn.Module) -> list[torch.nn.Parameter]:
+    """The weights Muon trains: the trainable weight matrix of every nn.Linear inside
+    model.blocks (attention qkv and proj, MLP fc, gate and proj), chosen by module, so that
+    embeddings, the (possibly tied) unembedding, norm gains and biases stay with AdamW."""
+    blocks = getattr(model, "blocks", None)
+    if not isinstance(blocks, torch.nn.Module):
+        return []
+    return [
+        m.weight
+        for m in blocks.modules()
+        if isinstance(m, torch.nn.Linear) and m.weight.requires_grad
+    ]
+
+
+class MuonWithAdamW(torch.optim.Optimizer):
+    """One optimizer that steps torch.optim.Muon on the hidden matrices and AdamW on the rest.
+
+    Its param_groups are Muon's group (first, with "lr_scale" = muon_lr / lr for `set_lr`)
+    followed by AdamW's groups, and its state holds both optimizers' per-parameter state
+    (Muon's momentum_buffer, AdamW's step / exp_avg / exp_avg_sq), so `state_dict()`,
+    `load_state_dict()`, a GradScaler and torch.distributed.checkpoint treat it as any
+    single optimizer. Muon (torch.optim.Muon, after Jordan et al. 2024): a Nesterov momentum
+    buffer whose update is orthogonalised by ns_steps quintic Newton-Schulz iterations and
+    scaled by sqrt(max(1, rows / cols)).
+
+    Args:
+        hidden: the 2-D weights for Muon (`muon_parameters`).
+        adamw_groups: AdamW's parameter groups (weight decay set per group).
+        cfg: lr, muon_lr, muon_momentum, weight_decay, beta1, beta2 and the schedule.
+        fused: use the fused AdamW kernel.
+    """
+
+    def __init__(self, hidden: list, adamw_groups: list[dict], cfg: TrainConfig, fused: bool):
+        self.lr_scale = cfg.muon_lr / cfg.lr
+        lr = lr_at(0, cfg)
+        self.muon = torch.optim.Muon(
+            [{"params": hidden, "lr_scale": self.lr_scale}],
+            lr=lr * self.lr_scale,
+            weight_decay=cfg.weight_decay,
+            momentum=cfg.muon_momentum,
+        )
+        self.adamw = torch.optim.AdamW(
+            adamw_groups, lr=lr, betas=(cfg.beta1, cfg.beta2), fused=fused
+        )
+        super().__init__(self.muon.param_groups + self.adamw.param_groups, defaults={})
+        self._link()
+
+    def _link(self) -> None:
+        """Let both optimizers step on this optimizer's groups and state (again after
+        load_state_dict, which replaces them)."""
+        n = len(self.muon.param_groups)
+        self.muon.param_groups, self.adamw.param_groups = (
+            self.param_groups[:n],
+            self.param_groups[n:],
+        )
+        self.muon.state = self.adamw.state = self.state
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Restore a state_dict(); Muon's lr_scale stays this run's muon_lr / lr."""
+        super().load_state_dict(state_dict)
+        self._link()
+        for group in self.muon.param_groups:
+            group["lr_scale"] = self.lr_scale
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        """One step of both optimizers (closure: re-evaluates the loss, as in any optimizer)."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        self.muon.step()
+        self.adamw.step()
+        return loss

@@ -42,8 +42,10 @@ from ..tokenizers import CharTokenizer, Tokenizer, load_tokenizer
 from ..weights import list_checkpoints
 from .checkpoints import latest_checkpoint, load_trainer_state
 from .launch import resume_command
-from .loop import TrainResult, train
+from .loop import TrainResult, autocast_for, train
+from .metrics import bytes_per_token, check_sinks
 from .parallel import DistInfo, barrier, init_distributed
+from .threads import set_threads
 
 __all__ = ["run_experiment", "RunSummary"]
 
@@ -53,6 +55,8 @@ _RUN_FILES = (
     "tokenizer.json",
     "decoderlm_tokenizer.json",
     "metrics.jsonl",
+    "metrics.csv",
+    "tensorboard",
     "loss.png",
     "attention.png",
     "samples.txt",
@@ -132,6 +136,7 @@ def run_experiment(
     resume: str | Path | None = None,
     init_from: str | Path | None = None,
     merge: bool = False,
+    threads: int | str | None = None,
 ) -> RunSummary:
     """Train a DecoderLM end to end (the seed experiment by default), then sample and plot.
 
@@ -163,6 +168,8 @@ def run_experiment(
             preset defaults to "finetune"; config.json records the source in "init_from".
         merge: after training a run with LoRA adapters, also write the merged model to
             <out>/merged/ (an ordinary model directory).
+        threads: CPU threads: None (torch's default), N, or "auto" (timed, see
+            `decoderlm.training.threads.set_threads`).
 
     Raises:
         ValueError / FileNotFoundError: bad settings, data or checkpoints (messages say what
@@ -179,6 +186,9 @@ def run_experiment(
         _prepare_run_dir(plan.out_dir, plan.resumed_step, log)
     barrier(info)
     model = _build_model(plan, info, device)
+    set_threads(
+        threads, model, plan.train_cfg, plan.train_ids, autocast_for(plan.train_cfg, device), log
+    )
     _log_start(plan, model, info, device, log)
     files = {"extra": plan.extra, "tokenizer": plan.tokenizer}
     result = train(
@@ -192,6 +202,7 @@ def run_experiment(
         resume=plan.resume_state,
         checkpoint_files=files,
         log=log,
+        val_bytes_per_token=bytes_per_token(plan.tokenizer, plan.val_ids),
     )
     if info.is_main and not result.interrupted:
         _save_run(model, result, plan, info, device, log)
@@ -382,12 +393,12 @@ def _resumed_data_spec(saved: dict, config_path: Path, data, given: dict) -> dic
 
 
 def _note_schedule_change(saved_train: dict, train_cfg: TrainConfig, log) -> None:
-    """Say so when a resumed cosine schedule now decays over another number of steps."""
+    """Say so when a resumed cosine or wsd schedule now decays over another number of steps."""
     old_decay = saved_train.get("decay_steps") or saved_train["max_steps"]
     new_decay = train_cfg.decay_steps or train_cfg.max_steps
-    if train_cfg.schedule == "cosine" and new_decay != old_decay:
+    if train_cfg.schedule in ("cosine", "wsd") and new_decay != old_decay:
         log(
-            f"note: the cosine schedule now decays over {new_decay} steps instead of "
+            f"note: the {train_cfg.schedule} schedule now decays over {new_decay} steps instead of "
             f"{old_decay}; pass --decay-steps {old_decay} to keep the original schedule"
         )
 
@@ -452,6 +463,7 @@ def _check_plan(plan: RunPlan, info: DistInfo, overwrite: bool) -> None:
         )
     check_split("train", plan.train_ids, plan.model_cfg.block_size)
     check_split("validation", plan.val_ids, plan.model_cfg.block_size)
+    check_sinks(plan.train_cfg)
     _check_run_dir(plan.out_dir, overwrite, plan.checkpoint)
     with torch.device("meta"):  # LoRA targets and --freeze items, checked on a shell model
         prepare_trainable(DecoderLM(plan.model_cfg), plan.train_cfg)

@@ -1,0 +1,137 @@
+"""decoderlm against nanoGPT on nanoGPT's own CPU recipe, as whole processes, alternated.
+
+A: ../shared/peers/nanogpt/run_recipe.sh (nanoGPT's Shakespeare-character CPU recipe: 4 layers,
+4 heads, 128 wide, context 64, batch 12, --steps iterations). B: `decoderlm train` on the same
+characters (prepared once by `decoderlm prepare --tokenizer char`, the same 90/10 split) with
+the same shape, batch, context, schedule and steps (benchmarks/train_speed.py's RECIPE), plus
+--train-flags (any option of ours, e.g. --train-flags="--dtype bfloat16 --pos-encoding rope").
+They alternate A B A B ... Both final models are scored by the same code: nanoGPT's checkpoint
+is loaded into a DecoderLM (its layout is GPT-2's with Linear layers) and both go through
+`decoderlm.evaluate.evaluate` over every non-overlapping 64-token window of the validation
+split, in float32.
+
+    python benchmarks/vs_nanogpt.py [--steps 2000] [--repeats 2] [--train-flags="..."]
+
+--steps must be a multiple of 250: nanoGPT's recipe saves its checkpoint at its evaluations.
+
+Prints each run and a Markdown table: wall seconds (nanoGPT: its training process as
+run_recipe.sh times it; decoderlm: the whole `decoderlm train` process), the ratio, and the
+whole-split validation loss of each (nats/char). The goal: decoderlm >= 2.5x faster at a lower
+loss.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from common import SHARED, TRAIN_FLAGS, arguments, decoderlm_train, require_file, run_main, timed
+from train_speed import RECIPE, SHAKESPEARE
+
+RUN_RECIPE = SHARED / "peers" / "nanogpt" / "run_recipe.sh"
+_NAMES = {"attn.c_attn": "attn.qkv", "attn.c_proj": "attn.proj", "mlp.c_fc": "mlp.fc"}
+_NAMES["mlp.c_proj"] = "mlp.proj"
+
+
+def nanogpt_as_decoderlm(checkpoint: Path):
+    """nanoGPT's ckpt.pt as a DecoderLM (same weights: wte/wpe/h.i/ln_f renamed)."""
+    from decoderlm import DecoderLM, ModelConfig
+
+    ck = torch.load(checkpoint, map_location="cpu", weights_only=False)  # our own run's file
+    args = ck["model_args"]
+    config = ModelConfig(
+        vocab_size=args["vocab_size"],
+        block_size=args["block_size"],
+        n_layers=args["n_layer"],
+        n_heads=args["n_head"],
+        d_model=args["n_embd"],
+        bias=args["bias"],
+        dropout=0.0,
+    )
+    state = {}
+    for key, value in ck["model"].items():
+        key = key.removeprefix("_orig_mod.").removeprefix("transformer.")
+        key = (
+            key.replace("wte.", "tok_emb.").replace("wpe.", "pos_emb.").replace("h.", "blocks.", 1)
+        )
+        for old, new in _NAMES.items():
+            key = key.replace(old, new)
+        state[key] = value
+    model = DecoderLM(config)
+    model.load_state_dict(state, strict=True)
+    return model.eval()
+
+
+def score(model, val_ids: np.ndarray) -> float:
+    """Whole-split validation loss (nats/token), float32, decoderlm's evaluate."""
+    from decoderlm.evaluate import evaluate
+
+    return evaluate(model.float(), torch.from_numpy(val_ids.astype(np.int64)), None, 64)
+
+
+def run_nanogpt(work: Path, steps: int) -> dict:
+    wall, stdout = timed(["bash", RUN_RECIPE], {"WORK": str(work), "MAX_ITERS": str(steps)})
+    fields = dict(re.findall(r"^(\w+)=(\S+)", stdout, re.M))
+    val = np.fromfile(work / "data" / "shakespeare_char" / "val.bin", dtype=np.uint16)
+    model = nanogpt_as_decoderlm(work / "out-shakespeare-char" / "ckpt.pt")
+    own = float(fields["val_loss_full_split"])
+    return {
+        "wall_s": float(fields["wall_s"]),
+        "script_s": wall,
+        "val": score(model, val),
+        "own": own,
+    }
+
+
+def run_decoderlm(work: Path, tokens: Path, steps: int, flags: list) -> dict:
+    from decoderlm import DecoderLM
+
+    run = decoderlm_train(work, ["--data", tokens, *RECIPE, "--max-steps", steps, *flags])
+    val = np.fromfile(tokens / "val.bin", dtype=np.uint16)
+    return {"wall_s": run["wall_s"], "val": score(DecoderLM.from_pretrained(work), val)}
+
+
+def main() -> None:
+    parser = arguments(__doc__)
+    parser.add_argument("--steps", type=int, default=2000)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--train-flags", **TRAIN_FLAGS)
+    args = parser.parse_args()
+    flags = args.train_flags
+    if args.steps < 1 or args.steps % 250 or args.repeats < 1:
+        raise SystemExit(
+            "error: --steps must be a positive multiple of 250 (nanoGPT's recipe evaluates and "
+            "saves its checkpoint every 250 iterations) and --repeats positive"
+        )
+    require_file(RUN_RECIPE, "nanoGPT's recipe script is in ../shared/peers/nanogpt/")
+    require_file(SHAKESPEARE, "Tiny Shakespeare is ../shared/data/tinyshakespeare/input.txt")
+    nano, ours = [], []
+    with tempfile.TemporaryDirectory() as work:
+        work = Path(work)
+        tokens = work / "tokens"
+        prepare = ["prepare", "--data", SHAKESPEARE, "--tokenizer", "char", "--out", tokens]
+        timed([sys.executable, "-m", "decoderlm", *prepare])
+        for i in range(args.repeats):  # A B A B ...
+            nano.append(run_nanogpt(work / f"nanogpt-{i}", args.steps))
+            print(f"round {i + 1} nanoGPT: {nano[-1]}")
+            ours.append(run_decoderlm(work / f"decoderlm-{i}", tokens, args.steps, flags))
+            print(f"round {i + 1} decoderlm: {ours[-1]}")
+    a = statistics.median(r["wall_s"] for r in nano)
+    b = statistics.median(r["wall_s"] for r in ours)
+    print(f"\n{args.steps} steps; decoderlm flags: {' '.join(flags) or '(none)'}")
+    print("| | wall s (median) | whole-split val loss (nats/char) |")
+    print("| --- | --- | --- |")
+    for name, wall, runs in (("nanoGPT", a, nano), ("decoderlm", b, ours)):
+        losses = ", ".join(f"{r['val']:.4f}" for r in runs)
+        print(f"| {name} | {wall:.1f} | {losses} |")
+    print(f"\ndecoderlm is {a / b:.2f}x faster (median wall time ratio)")
+
+
+if __name__ == "__main__":
+    run_main(main)
