@@ -299,6 +299,8 @@ def test_bad_input_is_one_line_and_writes_nothing(base, lora_run, new_text, tmp_
         (["--init-from", str(base), "--freeze", "blocks:1-5"], "has 2 blocks"),
         (["--init-from", str(base), "--freeze", "everything"], "is not a group"),
         (["--lora-rank", "2"], "give --init-from"),
+        (["--init-from", str(base), "--lora-alpha", "4"], "--lora-alpha set LoRA adapters"),
+        (["--init-from", str(base), "--lora-dropout", "0.1"], "give --lora-rank R"),
         (["--init-from", str(base), "--resume", str(lora_run)], "drop --init-from"),
     ]
     for flags, fragment in cases:

@@ -247,6 +247,12 @@ def _new_plan(
             "LoRA adapters and the 'finetune' preset adapt an existing model; give "
             "--init-from SRC (a run directory or a Hugging Face GPT-2 directory)"
         )
+    lora_only = [k for k in ("lora_alpha", "lora_targets", "lora_dropout") if k in train_overrides]
+    if lora_only and train_cfg.lora_rank is None:
+        flags = ", ".join("--" + k.replace("_", "-") for k in lora_only)
+        raise ValueError(
+            f"{flags} set LoRA adapters, which this run has none of; give --lora-rank R"
+        )
     spec = data_spec(data, dataset, max_chars, train_cfg.val_fraction)
     if spec["token_dir"] and (max_chars or "val_fraction" in train_overrides):
         raise ValueError(
