@@ -308,6 +308,8 @@ def test_bad_input_is_one_line_and_writes_nothing(base, lora_run, new_text, tmp_
         one_line_error(capsys, argv, fragment)
         assert not out.exists()
     one_line_error(capsys, ["merge", "--run", str(base), "--out", str(out)], "no LoRA adapters")
+    missing = ["merge", "--run", str(tmp_path / "nope"), "--out", str(out)]
+    one_line_error(capsys, missing, "is not a run directory")
     assert not out.exists()
     # a pytorch_model.bin whose unpickling would run code is refused, never executed
     unsafe, marker = tmp_path / "unsafe", tmp_path / "marker"
