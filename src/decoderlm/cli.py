@@ -98,10 +98,10 @@ def train(
             checkpoint, as it stops one process. Under a torchrun of your own, leave it out.
         model: ModelConfig fields to change (the flags of the model settings).
         train: TrainConfig fields to change (the flags of the training settings).
-        threads: CPU threads: N, or auto (time a few training steps at 1, 2, ... threads on
-            this machine as it is loaded now and keep the fastest); default torch's (the
-            usable cores). OMP_WAIT_POLICY=PASSIVE in the environment makes idle threads
-            sleep instead of spinning.
+        threads: CPU threads: N (at most the machine's CPUs), or auto (time a few training
+            steps at 1, 2, ... threads on this machine as it is loaded now and keep the
+            fastest); default torch's (the usable cores). OMP_WAIT_POLICY=PASSIVE in the
+            environment makes idle threads sleep instead of spinning.
     """
     from .training.run import run_experiment
     from .training.threads import parse_threads
