@@ -495,7 +495,14 @@ def inspect(
     from .report import build_report, write_report
 
     _one_of(text=text, text_file=text_file)
+    if Path(out).is_dir() or out.endswith("/") or Path(out).suffix == ".json":
+        raise ValueError(
+            f"--out {out} must name the HTML file (its data go beside it as .json), "
+            f"e.g. --out {Path(out).with_suffix('') / 'report.html'}"
+        )
     if text_file is not None:
+        if Path(text_file).is_dir():
+            raise ValueError(f"--text-file {text_file} is a directory; give a text file")
         try:
             text = Path(text_file).read_text(encoding="utf-8-sig")
         except UnicodeDecodeError:
