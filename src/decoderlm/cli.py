@@ -167,7 +167,8 @@ def prepare(
             has it always).
         endoftext: what the text's own <|endoftext|> strings are: text (ordinary
             characters, the default), special (the end-of-text token: document separators)
-            or error (refused, tiktoken's default).
+            or error (refused, tiktoken's default); special and error need an end-of-text
+            token (gpt2, or --eot).
     """
     from .prepare import prepare as prepare_tokens
 
