@@ -502,12 +502,7 @@ def inspect(
             f"e.g. --out {Path(out).with_suffix('') / 'report.html'}"
         )
     if text_file is not None:
-        if Path(text_file).is_dir():
-            raise ValueError(f"--text-file {text_file} is a directory; give a text file")
-        try:
-            text = Path(text_file).read_text(encoding="utf-8-sig")
-        except UnicodeDecodeError:
-            raise ValueError(f"{text_file} is not UTF-8 text") from None
+        text = _read_text(text_file, "--text-file")
     model, tokenizer = _model_and_tokenizer(run, hf, device)
     n = min(max_tokens, model.config.max_positions)
     ids = tokenizer.encode(text, allowed_special="all")[:n]  # as a prompt
@@ -685,12 +680,21 @@ def _model_and_tokenizer(run: str | None, hf: str | None, device: str):
     return model, tokenizer
 
 
-def _read_prompts(path: str) -> list[str]:
-    """The prompts of a UTF-8 file, one per line; no line may be empty."""
+def _read_text(path: str, flag: str) -> str:
+    """The text of the UTF-8 file given to `flag`; ValueError naming the flag otherwise."""
+    if Path(path).is_dir():
+        raise ValueError(f"{flag} {path} is a directory; give a text file")
+    if not Path(path).exists():
+        raise ValueError(f"{flag} {path} not found")
     try:
-        lines = Path(path).read_text(encoding="utf-8-sig").splitlines()
+        return Path(path).read_text(encoding="utf-8-sig")
     except UnicodeDecodeError:
         raise ValueError(f"{path} is not UTF-8 text") from None
+
+
+def _read_prompts(path: str) -> list[str]:
+    """The prompts of a UTF-8 file, one per line; no line may be empty."""
+    lines = _read_text(path, "--prompt-file").splitlines()
     if not lines:
         raise ValueError(f"{path} holds no prompts")
     blank = [i + 1 for i, line in enumerate(lines) if not line]
