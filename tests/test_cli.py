@@ -374,3 +374,13 @@ def test_model_config_reads_yaml_json_and_toml(tmp_path, capsys):
     one_line_error(
         capsys, ["params", "--model-config", str(tmp_path / "bad.toml")], "does not parse"
     )
+
+
+def test_a_prompt_file_or_text_file_that_is_missing_or_a_directory_is_named_with_its_flag(
+    tmp_path, capsys
+):
+    run = byte_run(tmp_path / "run")
+    for command, flag in (("sample", "--prompt-file"), ("inspect", "--text-file")):
+        argv = [command, "--run", str(run), flag]
+        one_line_error(capsys, [*argv, str(tmp_path / "no.txt")], f"{flag} {tmp_path / 'no.txt'}")
+        one_line_error(capsys, [*argv, str(tmp_path)], f"{flag} {tmp_path} is a directory")

@@ -142,6 +142,10 @@ def test_eval_errors_are_clear(crop_runs, tmp_path, capsys):
     (run / "config.json").write_text(json.dumps(config))
     one_line_error(capsys, ["eval", "--run", str(run)], "no 'data_spec'", "--data PATH")
     one_line_error(capsys, ["eval", "--run", str(tmp_path / "nowhere")], "not found")
+    not_utf8 = tmp_path / "latin1.txt"
+    not_utf8.write_bytes("caf\u00e9 au lait, the cat sat on the mat all day".encode("latin-1"))
+    err = one_line_error(capsys, ["eval", "--run", str(run), "--data", str(not_utf8)], "not UTF-8")
+    assert err.count(str(not_utf8)) == 1, err
 
 
 def test_eval_a_byte_model_on_a_prepared_token_directory(tmp_path, capsys):

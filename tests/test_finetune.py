@@ -299,6 +299,8 @@ def test_bad_input_is_one_line_and_writes_nothing(base, lora_run, new_text, tmp_
         (["--init-from", str(base), "--freeze", "blocks:1-5"], "has 2 blocks"),
         (["--init-from", str(base), "--freeze", "everything"], "is not a group"),
         (["--lora-rank", "2"], "give --init-from"),
+        (["--init-from", str(base), "--lora-alpha", "4"], "--lora-alpha set LoRA adapters"),
+        (["--init-from", str(base), "--lora-dropout", "0.1"], "give --lora-rank R"),
         (["--init-from", str(base), "--resume", str(lora_run)], "drop --init-from"),
     ]
     for flags, fragment in cases:
@@ -306,6 +308,8 @@ def test_bad_input_is_one_line_and_writes_nothing(base, lora_run, new_text, tmp_
         one_line_error(capsys, argv, fragment)
         assert not out.exists()
     one_line_error(capsys, ["merge", "--run", str(base), "--out", str(out)], "no LoRA adapters")
+    missing = ["merge", "--run", str(tmp_path / "nope"), "--out", str(out)]
+    one_line_error(capsys, missing, "is not a run directory")
     assert not out.exists()
     # a pytorch_model.bin whose unpickling would run code is refused, never executed
     unsafe, marker = tmp_path / "unsafe", tmp_path / "marker"

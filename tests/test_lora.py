@@ -117,6 +117,7 @@ def test_targets_by_the_end_of_the_module_name():
     "rank, targets, fragment",
     [
         (0, "qkv", "lora_rank must be a positive integer"),
+        (65, "qkv", r"lora_rank 65 is above min\(d_out, d_in\) = 64 of blocks.0.attn.qkv"),
         (4, "nope", "'nope' matches no linear layer"),
         (4, "lm_head", "shares its weight with the token embedding"),
         (4, ",", "names no layer"),

@@ -462,3 +462,10 @@ def test_endoftext_in_the_text_is_text_special_or_refused_in_one_line(tmp_path, 
         "--endoftext special",
     )
     assert not (tmp_path / "x").exists()
+    one_line_error(  # a char vocabulary without --eot has no such token: no error could come
+        capsys,
+        ["prepare", "--data", str(tmp_path / "c.txt"), "--out", str(tmp_path / "x")]
+        + ["--tokenizer", "char", "--endoftext", "error"],
+        "--endoftext error: a char vocabulary has no end-of-text token; add --eot",
+    )
+    assert not (tmp_path / "x").exists()

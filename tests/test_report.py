@@ -119,6 +119,18 @@ def test_decoderlm_inspect_refuses_bad_input_in_one_line(tmp_path, capsys, extra
     assert not (tmp_path / "r.html").exists()
 
 
+def test_decoderlm_inspect_refuses_an_out_or_text_file_it_cannot_write_or_read(tmp_path, capsys):
+    cases = [
+        (["--text", "abc", "--out", str(tmp_path)], "must name the HTML file"),
+        (["--text", "abc", "--out", f"{tmp_path / 'r'}/"], "must name the HTML file"),
+        (["--text", "abc", "--out", str(tmp_path / "r.json")], "must name the HTML file"),
+        (["--text-file", str(tmp_path), "--out", str(tmp_path / "r.html")], "is a directory"),
+    ]
+    for extra, message in cases:
+        one_line_error(capsys, ["inspect", "--run", str(RUN), *extra], message)
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize(
     "combo",
     [

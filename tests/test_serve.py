@@ -255,6 +255,18 @@ def test_no_op_values_of_unsupported_fields_and_user_are_accepted(server):
     assert r.json()["choices"] == plain["choices"]
 
 
+def test_null_fields_mean_their_defaults_as_in_openais_api(server):
+    url, _, _ = server
+    body = {"prompt": "abc", "seed": 3}
+    nulls = dict.fromkeys(("max_tokens", "temperature", "top_p", "n", "stream", "echo"))
+    plain = httpx.post(f"{url}/v1/completions", json=body, timeout=30).json()
+    r = httpx.post(f"{url}/v1/completions", json={**body, **nulls}, timeout=30)
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"] == plain["choices"] and plain["usage"]["completion_tokens"] == 16
+    missing = httpx.post(f"{url}/v1/completions", json={"prompt": None}, timeout=30)
+    assert missing.status_code == 400 and missing.json()["error"]["param"] == "prompt"
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_client_that_disconnects_leaves_the_batch(stream):
     from decoderlm.serve import ServeLimits, create_app

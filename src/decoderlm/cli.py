@@ -98,10 +98,10 @@ def train(
             checkpoint, as it stops one process. Under a torchrun of your own, leave it out.
         model: ModelConfig fields to change (the flags of the model settings).
         train: TrainConfig fields to change (the flags of the training settings).
-        threads: CPU threads: N, or auto (time a few training steps at 1, 2, ... threads on
-            this machine as it is loaded now and keep the fastest); default torch's (the
-            usable cores). OMP_WAIT_POLICY=PASSIVE in the environment makes idle threads
-            sleep instead of spinning.
+        threads: CPU threads: N (at most the machine's CPUs), or auto (time a few training
+            steps at 1, 2, ... threads on this machine as it is loaded now and keep the
+            fastest); default torch's (the usable cores). OMP_WAIT_POLICY=PASSIVE in the
+            environment makes idle threads sleep instead of spinning.
     """
     from .training.run import run_experiment
     from .training.threads import parse_threads
@@ -167,7 +167,8 @@ def prepare(
             has it always).
         endoftext: what the text's own <|endoftext|> strings are: text (ordinary
             characters, the default), special (the end-of-text token: document separators)
-            or error (refused, tiktoken's default).
+            or error (refused, tiktoken's default); special and error need an end-of-text
+            token (gpt2, or --eot).
     """
     from .prepare import prepare as prepare_tokens
 
@@ -495,11 +496,13 @@ def inspect(
     from .report import build_report, write_report
 
     _one_of(text=text, text_file=text_file)
+    if Path(out).is_dir() or out.endswith("/") or Path(out).suffix == ".json":
+        raise ValueError(
+            f"--out {out} must name the HTML file (its data go beside it as .json), "
+            f"e.g. --out {Path(out).with_suffix('') / 'report.html'}"
+        )
     if text_file is not None:
-        try:
-            text = Path(text_file).read_text(encoding="utf-8-sig")
-        except UnicodeDecodeError:
-            raise ValueError(f"{text_file} is not UTF-8 text") from None
+        text = _read_text(text_file, "--text-file")
     model, tokenizer = _model_and_tokenizer(run, hf, device)
     n = min(max_tokens, model.config.max_positions)
     ids = tokenizer.encode(text, allowed_special="all")[:n]  # as a prompt
@@ -677,12 +680,21 @@ def _model_and_tokenizer(run: str | None, hf: str | None, device: str):
     return model, tokenizer
 
 
-def _read_prompts(path: str) -> list[str]:
-    """The prompts of a UTF-8 file, one per line; no line may be empty."""
+def _read_text(path: str, flag: str) -> str:
+    """The text of the UTF-8 file given to `flag`; ValueError naming the flag otherwise."""
+    if Path(path).is_dir():
+        raise ValueError(f"{flag} {path} is a directory; give a text file")
+    if not Path(path).exists():
+        raise ValueError(f"{flag} {path} not found")
     try:
-        lines = Path(path).read_text(encoding="utf-8-sig").splitlines()
+        return Path(path).read_text(encoding="utf-8-sig")
     except UnicodeDecodeError:
         raise ValueError(f"{path} is not UTF-8 text") from None
+
+
+def _read_prompts(path: str) -> list[str]:
+    """The prompts of a UTF-8 file, one per line; no line may be empty."""
+    lines = _read_text(path, "--prompt-file").splitlines()
     if not lines:
         raise ValueError(f"{path} holds no prompts")
     blank = [i + 1 for i, line in enumerate(lines) if not line]

@@ -158,8 +158,8 @@ def _encode_text_files(tokenizer: Tokenizer, data: Path) -> tuple[np.ndarray, in
     for path in source_files([data]):
         try:
             ids, n = encode_source(tokenizer, path, unknown="unk")
-        except ValueError as e:
-            raise ValueError(f"{path}: {e}") from None
+        except ValueError as e:  # named once: the message may hold the path already
+            raise ValueError(str(e) if str(path) in str(e) else f"{path}: {e}") from None
         parts.append(ids)
         n_unknown += n
     return np.concatenate(parts), n_unknown

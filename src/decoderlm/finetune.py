@@ -337,6 +337,8 @@ def merge_run(run: str | Path, out: str | Path) -> Path:
             loaded (nothing is written then).
     """
     run, out = Path(run), Path(out)
+    if not (run / ADAPTER_NAME).is_file() and not (run / WEIGHTS_NAME).is_file():
+        raise ValueError(f"{run} is not a run directory (no {ADAPTER_NAME}); give a LoRA run")
     if not (run / ADAPTER_NAME).is_file():
         raise ValueError(
             f"{run} has no LoRA adapters (no {ADAPTER_NAME}); it is already an ordinary model "

@@ -141,8 +141,9 @@ def apply_lora(
         The adapted layers' module names, in model order.
 
     Raises:
-        ValueError: rank < 1, alpha <= 0, a target matches no linear layer (the message lists
-            the layer names), or a target is a layer already adapted or tied to the embedding.
+        ValueError: rank < 1 or above a target's min(d_out, d_in), alpha <= 0, a target matches
+            no linear layer (the message lists the layer names), or a target is a layer already
+            adapted or tied to the embedding.
     """
     if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
         raise ValueError(f"lora_rank must be a positive integer, got {rank!r}")
@@ -152,6 +153,12 @@ def apply_lora(
     already = [n for n, m in chosen.items() if isinstance(m, LoRALinear)]
     if already:
         raise ValueError(f"{already[0]} already has LoRA adapters")
+    name, layer = min(chosen.items(), key=lambda item: min(item[1].weight.shape))
+    if rank > min(layer.weight.shape):
+        raise ValueError(
+            f"lora_rank {rank} is above min(d_out, d_in) = {min(layer.weight.shape)} of {name}, "
+            f"the highest rank its update B A can have; give at most {min(layer.weight.shape)}"
+        )
     for p in model.parameters():
         p.requires_grad_(False)
     for name, layer in chosen.items():

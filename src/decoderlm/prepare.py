@@ -388,8 +388,8 @@ def prepare(
         FileNotFoundError / ValueError: a missing or empty file, a file that is not UTF-8
             (the byte offset; char and gpt2), a bad tokenizer or val_fraction, `out` a file or
             already there without `overwrite`, a corpus too short for a train split,
-            endoftext "special" with a tokenizer without an end-of-text token, endoftext
-            "error" and a file holding one.
+            endoftext "special" or "error" with a tokenizer without an end-of-text token,
+            endoftext "error" and a file holding one.
         RuntimeError: `dataset` without the `datasets` package.
     """
     if tokenizer not in TOKENIZER_KINDS:
@@ -400,9 +400,9 @@ def prepare(
         raise ValueError("give data paths or a dataset name (one of the two)")
     if endoftext not in _SPECIAL_MODES:
         raise ValueError(f"endoftext must be one of {list(_SPECIAL_MODES)}, got {endoftext!r}")
-    if endoftext == "special" and tokenizer != "gpt2" and not eot:
+    if endoftext != "text" and tokenizer != "gpt2" and not eot:  # nothing to make or refuse
         raise ValueError(
-            f"--endoftext special: a {tokenizer} vocabulary has no end-of-text token; add --eot"
+            f"--endoftext {endoftext}: a {tokenizer} vocabulary has no end-of-text token; add --eot"
         )
     out = Path(out)
     _check_out(out, overwrite)

@@ -136,11 +136,19 @@ def end_of_text(tokenizer) -> tuple[str | None, int | None]:
 
 def _schemas():
     """The pydantic models of the request bodies."""
-    from pydantic import BaseModel, ConfigDict, Field
+    from pydantic import BaseModel, ConfigDict, Field, field_validator
 
     class Strict(BaseModel):
         # strict: no "yes" for true, no true for 1; extra fields are kept to be checked
         model_config = ConfigDict(strict=True, extra="allow")
+
+        @field_validator("*", mode="before")
+        @classmethod
+        def _null_is_the_default(cls, value, info):
+            """null means the default, as OpenAI's API reference has it for every field
+            ("integer or null, defaults to 16", ...); a required field stays required."""
+            field = cls.model_fields[info.field_name]
+            return field.default if value is None and not field.is_required() else value
 
     class StreamOptions(BaseModel):  # other options (include_obfuscation, ...) change nothing
         model_config = ConfigDict(strict=True, extra="ignore")

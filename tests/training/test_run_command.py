@@ -307,3 +307,11 @@ def test_prompt_file_with_bom_empty_file_and_blank_line(tmp_path, capsys):
     (tmp_path / "blank.txt").write_text("The \n\nPack\n")
     assert main(base + ["--prompt-file", str(tmp_path / "blank.txt")]) == 2
     assert "line 2 is empty" in capsys.readouterr().err
+
+
+def test_the_wrote_line_lists_the_files_the_run_wrote(tmp_path, capsys):
+    _, out = train_small(tmp_path, "--log", "csv")
+    wrote = [line for line in capsys.readouterr().out.splitlines() if line.startswith("wrote ")]
+    listed = wrote[0].split(": ", 1)[1].split()
+    on_disk = [p.name + "/" if p.is_dir() else p.name for p in out.iterdir()]
+    assert "metrics.csv" in listed and sorted(listed) == sorted(on_disk)

@@ -18,11 +18,14 @@ def restore_threads():
     torch.set_num_threads(threads)
 
 
-def test_parse_threads_takes_auto_and_positive_integers_only():
+def test_parse_threads_takes_auto_and_positive_integers_only(monkeypatch):
+    monkeypatch.setattr("os.cpu_count", lambda: 4)
     assert [parse_threads(v) for v in (None, "auto", "2", 3)] == [None, "auto", 2, 3]
     for bad in ("0", "-1", "two", True, 1.5):
         with pytest.raises(ValueError, match="--threads must be auto or a positive integer"):
             parse_threads(bad)
+    with pytest.raises(ValueError, match="--threads 5 is more than this machine's 4 CPUs"):
+        parse_threads("5")
 
 
 def test_a_fixed_count_is_set():

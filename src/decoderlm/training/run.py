@@ -39,7 +39,7 @@ from ..plots import plot_attention, plot_loss
 from ..presets import get_preset
 from ..report import build_report, write_report
 from ..tokenizers import CharTokenizer, Tokenizer, load_tokenizer
-from ..weights import list_checkpoints
+from ..weights import ADAPTER_NAME, list_checkpoints
 from .checkpoints import latest_checkpoint, load_trainer_state
 from .launch import resume_command
 from .loop import TrainResult, autocast_for, train
@@ -246,6 +246,12 @@ def _new_plan(
         raise ValueError(
             "LoRA adapters and the 'finetune' preset adapt an existing model; give "
             "--init-from SRC (a run directory or a Hugging Face GPT-2 directory)"
+        )
+    lora_only = [k for k in ("lora_alpha", "lora_targets", "lora_dropout") if k in train_overrides]
+    if lora_only and train_cfg.lora_rank is None:
+        flags = ", ".join("--" + k.replace("_", "-") for k in lora_only)
+        raise ValueError(
+            f"{flags} set LoRA adapters, which this run has none of; give --lora-rank R"
         )
     spec = data_spec(data, dataset, max_chars, train_cfg.val_fraction)
     if spec["token_dir"] and (max_chars or "val_fraction" in train_overrides):
@@ -615,16 +621,17 @@ def _summarize(plan: RunPlan, result: TrainResult, log) -> RunSummary:
         f"bits/{unit} (whole validation split), {result.elapsed_s:.1f} s of training at "
         f"{result.tokens_per_s:,.0f} tokens/s"
     )
-    weights = (
-        f"adapter.safetensors (LoRA adapters over {plan.init_from['path']})"
-        if plan.lora
-        else "model.safetensors"
-    )
-    log(
-        f"wrote {plan.out_dir}/: {weights} config.json tokenizer.json "
-        f"decoderlm_tokenizer.json metrics.jsonl loss.png attention.png samples.txt "
-        f"report.html checkpoints/"
-    )
+    written = [
+        f"{name}/" if (plan.out_dir / name).is_dir() else name
+        for name in _RUN_FILES
+        if (plan.out_dir / name).exists()
+    ]
+    if plan.lora:
+        written = [
+            f"{n} (LoRA adapters over {plan.init_from['path']})" if n == ADAPTER_NAME else n
+            for n in written
+        ]
+    log(f"wrote {plan.out_dir}/: {' '.join(written)}")
     return summary
 
 

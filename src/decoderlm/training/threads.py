@@ -11,6 +11,7 @@ command.
 
 from __future__ import annotations
 
+import os
 import time
 
 import torch
@@ -23,12 +24,18 @@ __all__ = ["set_threads", "parse_threads", "thread_candidates"]
 
 
 def parse_threads(threads: int | str | None) -> int | str | None:
-    """None, "auto" or a positive integer (also given as text); ValueError otherwise."""
+    """None, "auto" or a positive integer (also given as text) up to os.cpu_count() (more
+    threads than CPUs only wait for each other); ValueError otherwise."""
     if threads is None or threads == "auto":
         return threads
     n = int(threads) if str(threads).isdigit() and not isinstance(threads, bool) else 0
     if n < 1:
         raise ValueError(f"--threads must be auto or a positive integer, got {threads!r}")
+    cpus = os.cpu_count() or 1
+    if n > cpus:
+        raise ValueError(
+            f"--threads {n} is more than this machine's {cpus} CPUs; give at most {cpus}, or auto"
+        )
     return n
 
 
@@ -66,7 +73,8 @@ def set_threads(
         log: where "auto" reports its timings.
 
     Raises:
-        ValueError: threads is neither None, "auto" nor a positive integer.
+        ValueError: threads is neither None, "auto" nor a positive integer up to
+            os.cpu_count().
     """
     threads = parse_threads(threads)
     if threads is None:
