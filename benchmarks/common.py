@@ -72,6 +72,13 @@ def run_main(main) -> None:
         raise SystemExit(str(e)) from None
 
 
+def prepare_chars(text: Path, out: Path) -> Path:
+    """`decoderlm prepare --tokenizer char` of `text` into the token directory `out`."""
+    command = ["prepare", "--data", str(text), "--tokenizer", "char", "--out", str(out)]
+    subprocess.run([sys.executable, "-m", "decoderlm", *command], check=True, capture_output=True)
+    return out
+
+
 def timed(command: list, env: dict | None = None, cwd=None) -> tuple[float, str]:
     """(wall seconds, stdout) of `command` as a fresh process; Failed if it fails."""
     command = [str(c) for c in command]

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from common import arguments, require_file
+from common import arguments, prepare_chars, require_file
 from train_speed import RECIPE, SHAKESPEARE
 
 
@@ -32,23 +32,7 @@ def main() -> None:
     from decoderlm.evaluate import evaluate_run
 
     with tempfile.TemporaryDirectory() as work:
-        tokens = Path(work) / "shakespeare_char"
-        subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "decoderlm",
-                "prepare",
-                "--data",
-                str(data),
-                "--tokenizer",
-                "char",
-                "--out",
-                str(tokens),
-            ],
-            check=True,
-            capture_output=True,
-        )
+        tokens = prepare_chars(data, Path(work) / "shakespeare_char")
         for seed in (1337, 1, 2, 3):
             out = Path(work) / f"seed-{seed}"
             subprocess.run(

@@ -34,7 +34,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import require_file
+from common import prepare_chars, require_file
 
 ROOT = Path(__file__).resolve().parents[1]
 SHAKESPEARE = ROOT.parent / "shared" / "data" / "tinyshakespeare" / "input.txt"
@@ -83,23 +83,7 @@ VARIANTS = [("float32", "false"), ("bfloat16", "false"), ("float32", "true"), ("
 
 
 def recipe(data: Path, work: Path) -> None:
-    tokens = work / "shakespeare_char"
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "decoderlm",
-            "prepare",
-            "--data",
-            str(data),
-            "--tokenizer",
-            "char",
-            "--out",
-            str(tokens),
-        ],
-        check=True,
-        capture_output=True,
-    )
+    tokens = prepare_chars(data, work / "shakespeare_char")
     print("nanoGPT CPU recipe, Tiny Shakespeare characters, 2,000 steps of 768 tokens")
     print(
         f"{'dtype':<10} {'compile':<8} {'tokens/s':>9} {'ms/step':>8} {'wall s':>7} {'val loss':>9}"

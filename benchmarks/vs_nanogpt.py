@@ -24,14 +24,22 @@ from __future__ import annotations
 
 import re
 import statistics
-import sys
 import tempfile
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from common import SHARED, TRAIN_FLAGS, arguments, decoderlm_train, require_file, run_main, timed
+from common import (
+    SHARED,
+    TRAIN_FLAGS,
+    arguments,
+    decoderlm_train,
+    prepare_chars,
+    require_file,
+    run_main,
+    timed,
+)
 from train_speed import RECIPE, SHAKESPEARE
 
 RUN_RECIPE = SHARED / "peers" / "nanogpt" / "run_recipe.sh"
@@ -114,9 +122,7 @@ def main() -> None:
     nano, ours = [], []
     with tempfile.TemporaryDirectory() as work:
         work = Path(work)
-        tokens = work / "tokens"
-        prepare = ["prepare", "--data", SHAKESPEARE, "--tokenizer", "char", "--out", tokens]
-        timed([sys.executable, "-m", "decoderlm", *prepare])
+        tokens = prepare_chars(SHAKESPEARE, work / "tokens")
         for i in range(args.repeats):  # A B A B ...
             nano.append(run_nanogpt(work / f"nanogpt-{i}", args.steps))
             print(f"round {i + 1} nanoGPT: {nano[-1]}")
