@@ -1,4 +1,5 @@
-"""One-row products on this CPU, the core of decoding one token: F.linear (MKL's or oneDNN's
+"""One-row products on this CPU, the core of decoding one token (--rows N: N-row products,
+decoding N sequences together as `decoderlm serve` does): F.linear (MKL's or oneDNN's
 matrix-vector product), `decoderlm.model.rowwise_linear` (a 2-way batched matmul) and
 `decoderlm.model.reduction_linear` under torch.compile (one fused multiply-and-sum kernel),
 against torch.sum over the same weights (a pure read), for the unembeddings and block matrices
@@ -8,7 +9,7 @@ Each shape cycles through enough copies of its weight (>= 256 MiB) that every pr
 it from memory, not from the 32 MiB L3, as decoding a real model does. Prints milliseconds
 per product (best of 5 passes, after a warm-up) and the weight bytes read per second.
 
-    python benchmarks/gemv.py
+    python benchmarks/gemv.py [--rows 1]
 """
 
 import time
@@ -33,7 +34,11 @@ def best_ms(fn, n=30) -> float:
 
 
 def main() -> None:
-    arguments(__doc__).parse_args()
+    parser = arguments(__doc__)
+    parser.add_argument("--rows", type=int, default=1, help="rows of x: sequences decoded at once")
+    args = parser.parse_args()
+    if args.rows < 1:
+        raise SystemExit("error: --rows must be >= 1")
     torch.manual_seed(0)
     compiled = torch.compile(reduction_linear, dynamic=True)
     contenders = {
@@ -48,7 +53,7 @@ def main() -> None:
     )
     for dtype in (torch.float32, torch.bfloat16):
         for out, inp in SHAPES:
-            x = torch.randn(1, inp, dtype=dtype)
+            x = torch.randn(args.rows, inp, dtype=dtype)
             nbytes = out * inp * torch.finfo(dtype).bits // 8
             weights = [torch.randn(out, inp, dtype=dtype) for _ in range(-(-(2**28) // nbytes))]
             row = f"{str(dtype)[6:]:>9} {str([out, inp]):>16}"

@@ -4,7 +4,9 @@ import pytest
 import torch
 
 
-@pytest.mark.parametrize("out,batch,bias", [(65, 1, False), (50257, 2, False), (2305, 4, True)])
+@pytest.mark.parametrize(
+    "out,batch,bias", [(65, 1, False), (50257, 2, False), (2305, 4, True), (2**19 + 1, 16, True)]
+)
 def test_rowwise_linear_is_the_same_product(out, batch, bias):
     import torch.nn.functional as F
 

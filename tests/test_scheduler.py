@@ -37,16 +37,25 @@ def _sequences(prompts, max_new_tokens, **settings):
     return seqs, queues
 
 
-@pytest.mark.parametrize("pos_encoding", ["learned", "rope"])
-def test_batched_greedy_tokens_equal_generate_alone_even_past_the_context(pos_encoding):
+# of one length: they are prefilled together, and slide past the context at the same steps
+SAME_LENGTH = [[i, 2 * i, 3 * i] for i in range(1, 9)]
+
+
+@pytest.mark.parametrize(
+    "pos_encoding,prompts,max_batch_size",
+    [("learned", PROMPTS, 3), ("rope", PROMPTS, 3), ("learned", SAME_LENGTH, 8)],
+)
+def test_batched_greedy_tokens_equal_generate_alone_even_past_the_context(
+    pos_encoding, prompts, max_batch_size
+):
     model = tiny_model(seed=1, pos_encoding=pos_encoding)
-    scheduler = Scheduler(model, 65, max_batch_size=3)  # 8 prompts: most of them queue
+    scheduler = Scheduler(model, 65, max_batch_size=max_batch_size)  # 3: most prompts queue
     try:
-        seqs, queues = _sequences(PROMPTS, 40, temperature=0.0)
+        seqs, queues = _sequences(prompts, 40, temperature=0.0)
         got = _run(scheduler, seqs, queues)
     finally:
         scheduler.close()
-    for prompt, tokens in zip(PROMPTS, got, strict=True):
+    for prompt, tokens in zip(prompts, got, strict=True):
         alone = generate(model, torch.tensor([prompt]), 40, do_sample=False)[0, len(prompt) :]
         assert [t.id for t in tokens] == alone.tolist()
 

@@ -23,6 +23,9 @@ import torch.nn as nn
 __all__ = ["rowwise_linear", "reduction_linear", "DecodeLinear", "install"]
 
 ROWWISE_MIN_WEIGHT = 2**19  # elements; smaller weights gain nothing from the split
+ROWWISE_MAX_ROWS = 4  # rows of x up to which the split wins for every such weight
+ROWWISE_WIDE_WEIGHT = 2**24  # elements: vocabulary-sized weights (unembeddings) ...
+ROWWISE_WIDE_MAX_ROWS = 16  # ... win up to this many rows (continuous batching's steps)
 
 
 def rowwise_linear(
@@ -60,20 +63,24 @@ def reduction_linear(
 
 class DecodeLinear(nn.Linear):
     """nn.Linear with the decoding products on the CPU without autograd: float32 with a weight
-    of 2^19 elements or more and at most 4 rows runs as `rowwise_linear`; any other one-row
-    product under torch.compile runs as `reduction_linear`. Everything else is nn.Linear."""
+    of 2^19 elements or more and at most 4 rows, or of 2^24 elements or more (an unembedding)
+    and at most 16 rows, runs as `rowwise_linear` (`benchmarks/gemv.py --rows N` measures
+    where it wins); any other one-row product under torch.compile runs as `reduction_linear`.
+    Everything else is nn.Linear."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.device.type == "cpu" and not torch.is_grad_enabled():
-            if (
-                x.dtype == torch.float32
-                and self.weight.numel() >= ROWWISE_MIN_WEIGHT
-                and x.numel() <= 4 * x.size(-1)
-            ):
+            if x.dtype == torch.float32 and self._rowwise_wins(x.numel() // x.size(-1)):
                 return rowwise_linear(x, self.weight, self.bias)
             if x.numel() == x.size(-1) and torch.compiler.is_compiling():
                 return reduction_linear(x, self.weight, self.bias)
         return super().forward(x)
+
+    def _rowwise_wins(self, rows: int) -> bool:
+        size = self.weight.numel()
+        if size >= ROWWISE_WIDE_WEIGHT:
+            return rows <= ROWWISE_WIDE_MAX_ROWS
+        return size >= ROWWISE_MIN_WEIGHT and rows <= ROWWISE_MAX_ROWS
 
 
 def install(model: nn.Module) -> nn.Module:

@@ -112,9 +112,8 @@ class SlotKVCache:
                 else:
                     buffers.append(new)
 
-    def put(self, cache: KVCache) -> int:
-        """Add the one sequence of `cache` (a KVCache of batch size 1) as the last row;
-        returns its row.
+    def put(self, cache: KVCache, index: int = 0) -> int:
+        """Add sequence `index` of `cache` (a KVCache) as the last row; returns its row.
 
         Raises:
             ValueError: max_rows sequences are active already.
@@ -124,16 +123,16 @@ class SlotKVCache:
             raise ValueError(f"the batch is full ({self.max_rows} sequences)")
         if row >= self.k[0].size(0):
             self._grow(min(self.max_rows, 2 * self.k[0].size(0)))
-        self.replace(row, cache)
+        self.replace(row, cache, index)
         return row
 
-    def replace(self, row: int, cache: KVCache) -> None:
-        """Row `row` (an active row, or the next free one) takes the keys and values of the
-        one sequence of `cache` (a KVCache of batch size 1)."""
+    def replace(self, row: int, cache: KVCache, index: int = 0) -> None:
+        """Row `row` (an active row, or the next free one) takes the keys and values of
+        sequence `index` of `cache` (a KVCache)."""
         n = cache.length
         for layer in range(self.config.n_layers):
-            self.k[layer][row, :, :n] = cache.k[layer][0, :, :n]
-            self.v[layer][row, :, :n] = cache.v[layer][0, :, :n]
+            self.k[layer][row, :, :n] = cache.k[layer][index, :, :n]
+            self.v[layer][row, :, :n] = cache.v[layer][index, :, :n]
         if row == self.rows:
             self.lengths = torch.cat([self.lengths, self.lengths.new_tensor([n])])
         else:

@@ -3,13 +3,13 @@
 A `Scheduler` owns the model's decoding. Requests `submit` a `Sequence` (prompt ids, sampling
 settings, seed, how many tokens); between forward passes the scheduler admits waiting
 sequences (up to max_batch_size at once; the rest queue in arrival order) and drops finished
-or cancelled ones. Each admitted sequence is prefilled on its own (one forward pass over its
-prompt, into a batch-of-one `KVCache`) and then joins the `SlotKVCache`; each step is one
+or cancelled ones. Admitted sequences are prefilled (one forward pass over the prompts of each
+length, into a `KVCache`) and then join the `SlotKVCache`; each step is one
 forward pass of one new token for every active sequence, each at its own position, and each
 sequence then samples with its own temperature, top-k, top-p and torch.Generator. A greedy
 sequence therefore gets the tokens it would get alone (up to float rounding of the batched
 products). Past max_positions the context slides as in `generate`: the sequence's cache is
-rebuilt from its last max_positions tokens.
+rebuilt from its last max_positions tokens (the rows sliding at one step in one forward pass).
 
 Tokens go back through each sequence's `emit` callback as `Token`s, then None at the end (or
 the exception that ended it). Stop texts are the caller's business: it calls `cancel` and
@@ -134,8 +134,7 @@ class Scheduler:
                     while self._waiting and len(self._active) + len(joining) < self.max_batch_size:
                         joining.append(self._waiting.popleft())
                 try:
-                    for seq in joining:
-                        self._guarded(seq, self._admit)
+                    self._admit(joining)
                     self._drop_finished()
                     if self._active:
                         self._decode_step()
@@ -159,23 +158,36 @@ class Scheduler:
             seq.cancelled = True
             seq.emit(e)
 
-    def _prefill(self, ids: list[int]) -> tuple[KVCache, torch.Tensor]:
-        """A batch-of-one cache of ids (at most max_positions of them) and the logits [V'] of
-        the token after them."""
+    def _prefill(self, windows: list[list[int]]) -> tuple[KVCache, torch.Tensor]:
+        """One forward pass over windows of ids of one length (at most max_positions): their
+        cache, batch len(windows), and the logits [len(windows), V'] of the token after each."""
         dtype = self.model.lm_head.weight.dtype
-        cache = KVCache(self.model.config, 1, self.model.device, dtype)
-        idx = torch.tensor([ids], dtype=torch.long, device=self.model.device)
-        positions = torch.arange(len(ids), device=idx.device)[None]
+        cache = KVCache(self.model.config, len(windows), self.model.device, dtype)
+        idx = torch.tensor(windows, dtype=torch.long, device=self.model.device)
+        positions = torch.arange(idx.size(1), device=idx.device)[None].expand_as(idx)
         logits = self.model.forward_cached(idx, cache, positions, last_only=True)
-        return cache, logits[0, -1]
+        return cache, logits[:, -1]
 
-    def _admit(self, seq: Sequence) -> None:
-        if seq.cancelled:
-            return
-        cache, logits = self._prefill(seq.ids[-self.model.config.max_positions :])
-        self._cache.put(cache)
-        self._active.append(seq)
-        self._take(seq, logits)
+    def _admit(self, joining: list[Sequence]) -> None:
+        """Prefill the joining sequences, those of one prompt length together, and add them to
+        the batch with their first token. A failed prefill fails the sequences in it only."""
+        limit = self.model.config.max_positions
+        groups: dict[int, list[Sequence]] = {}
+        for seq in joining:
+            if not seq.cancelled:
+                groups.setdefault(len(seq.ids[-limit:]), []).append(seq)
+        for group in groups.values():
+            try:
+                cache, logits = self._prefill([seq.ids[-limit:] for seq in group])
+            except Exception as e:  # the requests fail; the server and the others go on
+                for seq in group:
+                    seq.cancelled = True
+                    seq.emit(e)
+                continue
+            for i, seq in enumerate(group):
+                self._cache.put(cache, i)
+                self._active.append(seq)
+                self._guarded(seq, lambda s, i=i: self._take(s, logits[i]))
 
     def _take(self, seq: Sequence, logits: torch.Tensor) -> None:
         """Sample seq's next token from its logits [>= V] and hand it over."""
@@ -200,10 +212,11 @@ class Scheduler:
         from the max_positions - 1 ids before its newest, which the step then adds (so the
         newest token sees the last max_positions ids)."""
         limit = self.model.config.max_positions
-        for row, seq in enumerate(self._active):
-            if int(self._cache.lengths[row]) >= limit:
-                cache, _ = self._prefill(seq.ids[-limit:-1])
-                self._cache.replace(row, cache)
+        full = (self._cache.lengths >= limit).nonzero().flatten().tolist()
+        if full:  # every full row slides in one forward pass (their windows are one length)
+            cache, _ = self._prefill([self._active[row].ids[-limit:-1] for row in full])
+            for i, row in enumerate(full):
+                self._cache.replace(row, cache, i)
         device = self.model.device
         last = torch.tensor([[s.ids[-1]] for s in self._active], dtype=torch.long, device=device)
         positions = self._cache.lengths[:, None].clone()
