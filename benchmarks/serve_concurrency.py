@@ -3,13 +3,16 @@
 For each model shape, a randomly initialised model is saved as a run directory and served by
 `decoderlm serve` in its own process (continuous batching, --max-batch-size); then for each
 concurrency c, c client threads each stream one completion at the same time (a 16-token id
-prompt, max_tokens new tokens, greedy, so every stream runs to max_tokens). Reported per c:
+prompt, max_tokens new tokens, greedy, so every stream runs to max_tokens). max_tokens is
+capped so that prompt and continuation fit the model's context, as OpenAI-style servers
+require; --past-context lifts the cap (each step then re-reads the last block_size tokens of
+every full sequence: the exact sliding window of learned positions). Reported per c:
 aggregate tokens/s (all streams' tokens / wall time of the round), its ratio to c = 1, and
 the median and worst time to first token (request sent -> first text chunk). A warm-up round
 runs first.
 
     python benchmarks/serve_concurrency.py [--shapes seed gpt2-small] [--concurrency 1 2 4 8]
-        [--max-tokens 128] [--max-batch-size 8] [--threads N]
+        [--max-tokens 128] [--past-context] [--max-batch-size 8] [--threads N]
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+PROMPT_TOKENS = 16
 SHAPES = {  # the seed model's shape (preset "default") and GPT-2 small's
     "seed": dict(vocab_size=139, block_size=96, n_layers=3, n_heads=4, d_model=128),
     "gpt2-small": dict(vocab_size=50257, block_size=1024, n_layers=12, n_heads=12, d_model=768),
@@ -80,7 +84,7 @@ def stream_one(client, url: str, prompt: list[int], max_tokens: int) -> tuple[fl
 def run_round(url: str, c: int, max_tokens: int, vocab_size: int) -> dict:
     import httpx
 
-    prompts = [[(7 * i + j) % vocab_size for j in range(16)] for i in range(c)]
+    prompts = [[(7 * i + j) % vocab_size for j in range(PROMPT_TOKENS)] for i in range(c)]
     limits = httpx.Limits(max_connections=c, max_keepalive_connections=c)
     with httpx.Client(limits=limits) as client, ThreadPoolExecutor(c) as pool:
         start = time.perf_counter()
@@ -121,10 +125,14 @@ def bench_shape(shape: str, args) -> None:
         try:
             wait_ready(url, server)
             V = SHAPES[shape]["vocab_size"]
+            max_tokens = args.max_tokens
+            if not args.past_context:
+                max_tokens = min(max_tokens, SHAPES[shape]["block_size"] - PROMPT_TOKENS)
+            print(f"{shape:>10}  {max_tokens} new tokens per stream", flush=True)
             run_round(url, 2, 8, V)  # warm-up
             base = None
             for c in args.concurrency:
-                r = run_round(url, c, args.max_tokens, V)
+                r = run_round(url, c, max_tokens, V)
                 base = base or r["tokens_per_s"]
                 print(
                     f"{shape:>10}  c={c:<2}  {r['tokens_per_s']:8.1f} tokens/s  "
@@ -142,6 +150,7 @@ def main() -> None:
     parser.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
     parser.add_argument("--concurrency", nargs="+", type=int, default=[1, 2, 4, 8])
     parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--past-context", action="store_true", help="no cap at the context")
     parser.add_argument("--max-batch-size", type=int, default=8)
     parser.add_argument("--threads", type=int, default=0, help="OMP_NUM_THREADS of the server")
     args = parser.parse_args()
