@@ -7,7 +7,11 @@ those steps), with --seeds seeds. Variants and seeds alternate (A B C ... A B C 
 score is the final validation loss over the whole validation split (nats/char).
 
     python benchmarks/ablation.py [--seconds 120] [--seeds 1337 1 2] [--variants ...]
-                                  [--train-flags="--dtype float32"]
+                                  [--parallel 1] [--train-flags="--dtype float32"]
+
+--parallel N runs N trainings at once (calibrations included), each on one thread
+(--threads 1): N cores in use, every run beside N - 1 others alike, so equal wall time means
+equal wall time under that load.
 
 --train-flags go to every run. Prints a Markdown table: variant, its
 flags, steps, mean ± half-range of the validation loss over the seeds, and the difference
@@ -19,11 +23,13 @@ from __future__ import annotations
 import statistics
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from common import TRAIN_FLAGS, arguments, decoderlm_train, run_main, spread, steady_tokens_per_s
 
 OPTIONS = {
+    "rope": ["--pos-encoding", "rope"],
     "muon": ["--optimizer", "muon"],
     "qk-norm": ["--qk-norm"],
     "relu2": ["--mlp", "relu2"],
@@ -43,9 +49,19 @@ VARIANTS = {
 def steps_for(name: str, seconds: float, flags: list, work: Path, calibration: int) -> int:
     """Optimizer steps of `name` that fit in `seconds` of training, from a short run."""
     probe = ["--max-steps", calibration, "--log-interval", 5, "--eval-interval", calibration]
-    run = decoderlm_train(work / f"calibrate-{name}", [*probe, *VARIANTS[name], *flags])
+    run = train(work / f"calibrate-{name}", [*probe, *VARIANTS[name], *flags])
     tokens_per_step = run["records"][0]["tokens"] / run["records"][0]["step"]
     return max(1, int(seconds * steady_tokens_per_s(run["records"]) / tokens_per_step))
+
+
+def train(out: Path, flags: list) -> dict:
+    """decoderlm_train, on one thread when runs go in parallel."""
+    if PARALLEL[0] == 1:
+        return decoderlm_train(out, flags)
+    return decoderlm_train(out, [*flags, "--threads", 1], env={"OMP_NUM_THREADS": "1"})
+
+
+PARALLEL = [1]  # how many trainings run at once (--parallel)
 
 
 def main() -> None:
@@ -54,22 +70,35 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[1337, 1, 2])
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     parser.add_argument("--calibration-steps", type=int, default=30)
+    parser.add_argument("--parallel", type=int, default=1, help="trainings at once, 1 thread each")
     parser.add_argument("--train-flags", **TRAIN_FLAGS)
     args = parser.parse_args()
     flags = args.train_flags
-    if args.seconds <= 0 or args.calibration_steps < 15:
-        raise SystemExit("error: --seconds must be positive and --calibration-steps >= 15")
+    if args.seconds <= 0 or args.calibration_steps < 15 or args.parallel < 1:
+        raise SystemExit(
+            "error: --seconds must be positive, --calibration-steps >= 15, --parallel >= 1"
+        )
+    PARALLEL[0] = args.parallel
     losses = {name: [] for name in args.variants}
-    with tempfile.TemporaryDirectory() as work:
+    with tempfile.TemporaryDirectory() as work, ThreadPoolExecutor(args.parallel) as pool:
         work = Path(work)
-        steps = {n: steps_for(n, args.seconds, flags, work, args.calibration_steps) for n in losses}
+
+        def calibrate(name: str) -> int:
+            return steps_for(name, args.seconds, flags, work, args.calibration_steps)
+
+        steps = dict(zip(losses, pool.map(calibrate, losses), strict=True))
         print("steps in", args.seconds, "s:", steps, file=sys.stderr)
-        for seed in args.seeds:
-            for name in args.variants:
-                run_flags = ["--max-steps", steps[name], "--seed", seed, *VARIANTS[name], *flags]
-                run = decoderlm_train(work / "run", run_flags)
-                losses[name].append(run["val_loss"])
-                print(f"seed {seed} {name}: {run['val_loss']:.4f}", file=sys.stderr)
+
+        def one(job: tuple[int, str]) -> tuple[str, float]:
+            seed, name = job
+            run_flags = ["--max-steps", steps[name], "--seed", seed, *VARIANTS[name], *flags]
+            run = train(work / f"run-{name}-{seed}", run_flags)
+            print(f"seed {seed} {name}: {run['val_loss']:.4f}", file=sys.stderr, flush=True)
+            return name, run["val_loss"]
+
+        jobs = [(seed, name) for seed in args.seeds for name in args.variants]
+        for name, loss in pool.map(one, jobs):
+            losses[name].append(loss)
     base = statistics.fmean(losses["base"]) if "base" in losses else None
     print(f"\n| variant | flags | steps in {args.seconds:g} s | val loss (nats/char) | vs base |")
     print("| --- | --- | --- | --- | --- |")

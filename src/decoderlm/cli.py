@@ -100,7 +100,8 @@ def train(
         train: TrainConfig fields to change (the flags of the training settings).
         threads: CPU threads: N (at most the machine's CPUs), or auto (time a few training
             steps at 1, 2, ... threads on this machine as it is loaded now and keep the
-            fastest); default torch's (the usable cores). OMP_WAIT_POLICY=PASSIVE in the
+            fastest; while training, re-time them when steps slow down or every 300 steps
+            and move to the fastest); default torch's (the usable cores). OMP_WAIT_POLICY=PASSIVE in the
             environment makes idle threads sleep instead of spinning.
     """
     from .training.run import run_experiment

@@ -55,3 +55,28 @@ def test_bad_threads_flag_is_one_line_before_anything_is_written(capsys, tmp_pat
         capsys, ["train", "--out", str(tmp_path / "run"), "--threads", "many"], "--threads"
     )
     assert not (tmp_path / "run").exists()
+
+
+def test_tuner_moves_to_one_thread_when_a_core_gets_busy_and_back_when_it_is_free(monkeypatch):
+    from decoderlm.training import threads as threads_module
+
+    count = {"n": 2}
+    monkeypatch.setattr(threads_module, "thread_candidates", lambda: [1, 2])
+    monkeypatch.setattr(torch, "get_num_threads", lambda: count["n"])
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: count.update(n=n))
+    messages = []
+    tuner = threads_module.ThreadTuner(messages.append, window=10, probe_steps=5, every=100)
+    quiet, busy = {1: 0.015, 2: 0.010}, {1: 0.020, 2: 0.040}  # step seconds by threads
+
+    def run(steps, times):
+        for _ in range(steps):
+            tuner.step_done(times[count["n"]])
+
+    run(50, quiet)
+    assert count["n"] == 2 and not messages  # no slowdown: no probe yet
+    run(30, busy)  # the slowdown is seen within a window, 1 thread is probed and kept
+    assert count["n"] == 1 and "from 2 to 1" in messages[-1]
+    run(60, busy)
+    assert count["n"] == 1 and len(messages) == 1
+    run(130, quiet)  # the periodic probe finds 2 threads faster again
+    assert count["n"] == 2 and "from 1 to 2" in messages[-1]

@@ -25,7 +25,8 @@ import json
 import math
 import signal
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -297,6 +298,7 @@ def train(
     checkpoint_files: dict | None = None,
     log=print,
     val_bytes_per_token: float | None = None,
+    on_step: Callable[[float], None] | None = None,
 ) -> TrainResult:
     """Train `model` in place: AdamW, warm-up + cosine schedule, clipping, mixed precision,
     gradient accumulation, checkpoints, and DDP / FSDP2 under torchrun (see the module
@@ -316,6 +318,8 @@ def train(
             {"extra": config.json entries, "tokenizer": a tokenizer}.
         log: print function for messages (rank 0).
         val_bytes_per_token: UTF-8 bytes per validation token, for val_bpb (None: left out).
+        on_step: called after each optimizer step with its wall time in seconds (e.g.
+            `ThreadTuner.step_done`).
 
     SIGINT / SIGTERM: the current step finishes, a checkpoint is saved, interrupted=True.
 
@@ -348,10 +352,13 @@ def train(
         with stop_requests() as stop:
             for step in range(first_step, cfg.max_steps):
                 lr = set_lr(state.optimizer, lr_at(step, cfg))
+                started = time.perf_counter()
                 batches = micro_batches(train_ids, state.generator, cfg, info, T)
                 loss = train_step(par, state.optimizer, state.scaler, batches, cfg, autocast, norms)
                 agree_across_ranks(loss, stop, info)
                 value = _check_finite(loss.item(), step, lr, run_dir)
+                if on_step is not None:
+                    on_step(time.perf_counter() - started)
                 state.add_loss(value)
                 metrics.log_step(state, lr, value, validate, norms.pop())
                 if stop:

@@ -45,7 +45,7 @@ from .launch import resume_command
 from .loop import TrainResult, autocast_for, train
 from .metrics import bytes_per_token, check_sinks
 from .parallel import DistInfo, barrier, init_distributed
-from .threads import set_threads
+from .threads import ThreadTuner, set_threads
 
 __all__ = ["run_experiment", "RunSummary"]
 
@@ -168,8 +168,9 @@ def run_experiment(
             preset defaults to "finetune"; config.json records the source in "init_from".
         merge: after training a run with LoRA adapters, also write the merged model to
             <out>/merged/ (an ordinary model directory).
-        threads: CPU threads: None (torch's default), N, or "auto" (timed, see
-            `decoderlm.training.threads.set_threads`).
+        threads: CPU threads: None (torch's default), N, or "auto" (timed at the start, see
+            `decoderlm.training.threads.set_threads`, and followed while training, see
+            `ThreadTuner`).
 
     Raises:
         ValueError / FileNotFoundError: bad settings, data or checkpoints (messages say what
@@ -189,6 +190,7 @@ def run_experiment(
     set_threads(
         threads, model, plan.train_cfg, plan.train_ids, autocast_for(plan.train_cfg, device), log
     )
+    tuner = ThreadTuner(log) if threads == "auto" and model.device.type == "cpu" else None
     _log_start(plan, model, info, device, log)
     files = {"extra": plan.extra, "tokenizer": plan.tokenizer}
     result = train(
@@ -203,6 +205,7 @@ def run_experiment(
         checkpoint_files=files,
         log=log,
         val_bytes_per_token=bytes_per_token(plan.tokenizer, plan.val_ids),
+        on_step=tuner.step_done if tuner else None,
     )
     if info.is_main and not result.interrupted:
         _save_run(model, result, plan, info, device, log)

@@ -4,7 +4,9 @@ torch's intra-op threads (OpenMP) wait for each other at the end of every parall
 A narrow model gains little from a second thread, and when another program keeps a core busy
 every operator waits for the thread whose core was taken. "auto" therefore times a few real
 training steps at each candidate thread count, on this machine as it is loaded now, and keeps
-the fastest. The OpenMP wait policy (the OMP_WAIT_POLICY environment variable, PASSIVE or
+the fastest, and during training `ThreadTuner` keeps checking: when steps slow down (another
+program took a core) or every few hundred steps, it times a few real training steps at each
+other candidate and moves to the fastest. The OpenMP wait policy (the OMP_WAIT_POLICY environment variable, PASSIVE or
 ACTIVE) is read once when torch loads, so it can only be set in the environment of the
 command.
 """
@@ -12,7 +14,9 @@ command.
 from __future__ import annotations
 
 import os
+import statistics
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -20,7 +24,7 @@ from ..config import TrainConfig
 from ..data import windows
 from ..model import DecoderLM
 
-__all__ = ["set_threads", "parse_threads", "thread_candidates"]
+__all__ = ["set_threads", "parse_threads", "thread_candidates", "ThreadTuner"]
 
 
 def parse_threads(threads: int | str | None) -> int | str | None:
@@ -98,3 +102,73 @@ def set_threads(
     rates = ", ".join(f"{n}: {cfg.batch_size * T / s:,.0f}" for n, s in timings.items())
     log(f"threads: auto chose {best} (forward + backward tokens/s by threads: {rates})")
     return best
+
+
+class ThreadTuner:
+    """`--threads auto` while training: follows the machine's load by moving torch's thread
+    count to whichever candidate (`thread_candidates()`) runs the current steps fastest.
+
+    The training loop calls `step_done(seconds)` after each optimizer step. The tuner keeps
+    the median of the last `window` step times at the current count. It probes when that
+    median is `slowdown` times the one it chose the count on (the load changed), and anyway
+    every `every` steps (the load may have gone): it runs the next `probe_steps` real steps
+    at each other candidate, then keeps the count with the lowest median step time. Probes
+    are training steps, so nothing is wasted but the slower steps of a worse count.
+
+    Different thread counts may round float sums differently, so a run whose count moved is
+    not bitwise the run of a fixed count; give --threads N for that.
+    """
+
+    def __init__(
+        self,
+        log: Callable[[str], None] = print,
+        window: int = 10,
+        probe_steps: int = 5,
+        every: int = 300,
+        slowdown: float = 1.3,
+    ):
+        self.log, self.window, self.probe_steps = log, window, probe_steps
+        self.every, self.slowdown = every, slowdown
+        self.candidates = thread_candidates()
+        self.current = torch.get_num_threads()
+        self.recent: list[float] = []  # step seconds at the current count
+        self.chosen_on: float | None = None  # the median the current count was chosen on
+        self.since_probe = 0
+        self.probing: list[int] = []  # candidates still to time, the one running first
+        self.trials: dict[int, list[float]] = {}
+
+    def step_done(self, seconds: float) -> None:
+        """Record one optimizer step's wall time; may change torch's thread count."""
+        if self.probing:
+            self._probe_step(seconds)
+            return
+        self.recent = [*self.recent[-(self.window - 1) :], seconds]
+        self.since_probe += 1
+        if len(self.recent) < self.window:
+            return
+        median = statistics.median(self.recent)
+        if self.chosen_on is None:
+            self.chosen_on = median
+        slower = median > self.slowdown * self.chosen_on
+        if (slower or self.since_probe >= self.every) and len(self.candidates) > 1:
+            self.trials = {self.current: self.recent[-self.probe_steps :]}
+            self.probing = [n for n in self.candidates if n != self.current]
+            torch.set_num_threads(self.probing[0])
+
+    def _probe_step(self, seconds: float) -> None:
+        n = self.probing[0]
+        self.trials.setdefault(n, []).append(seconds)
+        if len(self.trials[n]) < self.probe_steps:
+            return
+        self.probing.pop(0)
+        if self.probing:
+            torch.set_num_threads(self.probing[0])
+            return
+        medians = {n: statistics.median(t) for n, t in self.trials.items()}
+        best = min(medians, key=medians.get)
+        if best != self.current:
+            rates = ", ".join(f"{n}: {s * 1000:.0f} ms" for n, s in medians.items())
+            self.log(f"threads: auto moved from {self.current} to {best} (step time by threads: {rates})")
+        torch.set_num_threads(best)
+        self.current, self.chosen_on = best, medians[best]
+        self.recent, self.since_probe = [], 0
