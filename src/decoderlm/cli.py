@@ -101,8 +101,9 @@ def train(
         threads: CPU threads: N (at most the machine's CPUs), or auto (time a few training
             steps at 1, 2, ... threads on this machine as it is loaded now and keep the
             fastest; while training, re-time them when steps slow down or every 300 steps
-            and move to the fastest); default torch's (the usable cores). OMP_WAIT_POLICY=PASSIVE in the
-            environment makes idle threads sleep instead of spinning.
+            and move to the fastest); default torch's (the usable cores).
+            OMP_WAIT_POLICY=PASSIVE in the environment makes idle threads sleep instead of
+            spinning.
     """
     from .training.run import run_experiment
     from .training.threads import parse_threads

@@ -6,9 +6,9 @@ every operator waits for the thread whose core was taken. "auto" therefore times
 training steps at each candidate thread count, on this machine as it is loaded now, and keeps
 the fastest, and during training `ThreadTuner` keeps checking: when steps slow down (another
 program took a core) or every few hundred steps, it times a few real training steps at each
-other candidate and moves to the fastest. The OpenMP wait policy (the OMP_WAIT_POLICY environment variable, PASSIVE or
-ACTIVE) is read once when torch loads, so it can only be set in the environment of the
-command.
+other candidate and moves to the fastest. The OpenMP wait policy (the OMP_WAIT_POLICY
+environment variable, PASSIVE or ACTIVE) is read once when torch loads, so it can only be set
+in the environment of the command.
 """
 
 from __future__ import annotations
@@ -168,7 +168,7 @@ class ThreadTuner:
         best = min(medians, key=medians.get)
         if best != self.current:
             rates = ", ".join(f"{n}: {s * 1000:.0f} ms" for n, s in medians.items())
-            self.log(f"threads: auto moved from {self.current} to {best} (step time by threads: {rates})")
+            self.log(f"threads: auto moved from {self.current} to {best} (step time: {rates})")
         torch.set_num_threads(best)
         self.current, self.chosen_on = best, medians[best]
         self.recent, self.since_probe = [], 0
