@@ -182,10 +182,10 @@ def run_experiment(
     request.update(model_overrides=model_overrides, train_overrides=train_overrides)
     plan = _make_plan(request, resume, init_from, merge, info, log)
     _check_plan(plan, info, overwrite)  # on every rank: all fail alike
+    model = _build_model(plan, info, device)  # refuses LoRA targets / --freeze items too
     if info.is_main:
         _prepare_run_dir(plan.out_dir, plan.resumed_step, log)
     barrier(info)
-    model = _build_model(plan, info, device)
     set_threads(
         threads, model, plan.train_cfg, plan.train_ids, autocast_for(plan.train_cfg, device), log
     )
@@ -460,7 +460,8 @@ def _free_run_dir(name: str, root: Path = Path("runs")) -> Path:
 
 def _check_plan(plan: RunPlan, info: DistInfo, overwrite: bool) -> None:
     """Refuse what cannot train: fsdp in one process, splits shorter than one window, a run
-    directory that cannot be used, LoRA targets or --freeze items that name nothing."""
+    directory that cannot be used (LoRA targets or --freeze items that name nothing are
+    refused by `_build_model`, also before the run directory is touched)."""
     if plan.train_cfg.fsdp and info.world_size == 1:
         raise ValueError(
             "fsdp needs several processes: run under torchrun (`torchrun "
@@ -471,8 +472,6 @@ def _check_plan(plan: RunPlan, info: DistInfo, overwrite: bool) -> None:
     check_split("validation", plan.val_ids, plan.model_cfg.block_size)
     check_sinks(plan.train_cfg)
     _check_run_dir(plan.out_dir, overwrite, plan.checkpoint)
-    with torch.device("meta"):  # LoRA targets and --freeze items, checked on a shell model
-        prepare_trainable(DecoderLM(plan.model_cfg), plan.train_cfg)
 
 
 def _check_run_dir(out_dir: Path, overwrite: bool, checkpoint: Path | None) -> None:
