@@ -681,5 +681,8 @@ def _write_artifacts(
             f"samples.txt starts from the first validation token instead"
         )
     idx = torch.tensor([prompt or window[0, :1].tolist()], dtype=torch.long)
-    out = generate(model, idx.to(model.device), cfg.sample_chars, seed=cfg.seed)
+    # past a full context the window slides by half of it at a time: one forward pass over
+    # the window per max_positions // 2 new tokens instead of one per token
+    slide_by = max(1, model.config.max_positions // 2)
+    out = generate(model, idx.to(model.device), cfg.sample_chars, seed=cfg.seed, slide_by=slide_by)
     (out_dir / "samples.txt").write_text(tokenizer.decode(out[0]), encoding="utf-8")
