@@ -1,13 +1,23 @@
-"""Plots of a run: loss curves and attention maps (matplotlib, Agg backend, PNG files)."""
+"""Plots of a run: loss curves and attention maps (matplotlib, Agg backend, PNG files).
+
+`plot_run` draws both in a child Python process (this file run as a script, which imports
+NumPy and matplotlib but not torch or the rest of the package), so that a caller can go on
+with other work on another core meanwhile.
+"""
 
 from __future__ import annotations
 
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
 import warnings
 from pathlib import Path
 
 import numpy as np
 
-__all__ = ["plot_loss", "plot_attention"]
+__all__ = ["plot_loss", "plot_attention", "plot_run", "PlotJob"]
 
 
 def _pyplot():
@@ -50,6 +60,14 @@ def plot_loss(metrics: list[dict], path: str | Path) -> None:
     plt.close(fig)
 
 
+def _checked_maps(att) -> np.ndarray:
+    """att as an array; ValueError unless it is [n_layers, n_heads, T, T]."""
+    att = np.asarray(att)
+    if att.ndim != 4 or att.shape[-1] != att.shape[-2]:
+        raise ValueError(f"att must be [n_layers, n_heads, T, T], got shape {att.shape}")
+    return att
+
+
 def plot_attention(att: np.ndarray, path: str | Path, title: str = ""):
     """Draw every layer's and head's attention map in one grid (rows: layers, columns: heads).
 
@@ -65,9 +83,7 @@ def plot_attention(att: np.ndarray, path: str | Path, title: str = ""):
     Raises:
         ValueError: att is not 4-D with square maps.
     """
-    att = np.asarray(att)
-    if att.ndim != 4 or att.shape[-1] != att.shape[-2]:
-        raise ValueError(f"att must be [n_layers, n_heads, T, T], got shape {att.shape}")
+    att = _checked_maps(att)
     n_layers, n_heads = att.shape[:2]
     plt = _pyplot()
     fig, axes = plt.subplots(
@@ -102,3 +118,62 @@ def plot_attention(att: np.ndarray, path: str | Path, title: str = ""):
         fig.savefig(path, dpi=90)
     plt.close(fig)
     return fig
+
+
+class PlotJob:
+    """The child process of `plot_run`; `wait()` returns once both PNG files are written."""
+
+    def __init__(self, process: subprocess.Popen, work: str):
+        self.process, self.work = process, work
+
+    def wait(self) -> None:
+        """Wait for the plots.
+
+        Raises:
+            RuntimeError: the child process failed (the message ends with its last line
+                of error output).
+        """
+        try:
+            _, err = self.process.communicate()
+        finally:
+            shutil.rmtree(self.work, ignore_errors=True)
+        if self.process.returncode != 0:
+            last = (err.decode(errors="replace").strip().splitlines() or ["no error output"])[-1]
+            raise RuntimeError(f"drawing the plots failed: {last}")
+
+
+def plot_run(
+    metrics: list[dict], loss_path: str | Path, att: np.ndarray, att_path: str | Path, title=""
+) -> PlotJob:
+    """Start drawing `plot_loss(metrics, loss_path)` and `plot_attention(att, att_path,
+    title)` in a child Python process (same interpreter; `python -P` so that this file's
+    directory does not shadow other packages) and return at once; call `wait()` on the
+    returned PlotJob before using the files. Arguments as for those two functions; att is
+    checked here.
+
+    Raises:
+        ValueError: att is not [n_layers, n_heads, T, T].
+    """
+    att = _checked_maps(att)
+    work = tempfile.mkdtemp(prefix="decoderlm-plots-")
+    np.save(Path(work) / "att.npy", att)
+    job = {"metrics": metrics, "loss": str(loss_path), "att": str(att_path), "title": title}
+    (Path(work) / "job.json").write_text(json.dumps(job), encoding="utf-8")
+    process = subprocess.Popen(
+        [sys.executable, "-P", __file__, work],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    return PlotJob(process, work)
+
+
+def _main(work: str) -> None:
+    """The child process of `plot_run`: draw the job in the directory `work`."""
+    job = json.loads((Path(work) / "job.json").read_text(encoding="utf-8"))
+    plot_loss(job["metrics"], job["loss"])
+    plot_attention(np.load(Path(work) / "att.npy"), job["att"], title=job["title"])
+
+
+if __name__ == "__main__":
+    _main(sys.argv[1])

@@ -35,7 +35,7 @@ from ..finetune import (
 from ..generate import generate
 from ..hooks import run_with_cache
 from ..model import DecoderLM
-from ..plots import plot_attention, plot_loss
+from ..plots import plot_run
 from ..presets import get_preset
 from ..report import build_report, write_report
 from ..tokenizers import CharTokenizer, Tokenizer, load_tokenizer
@@ -663,15 +663,28 @@ def _write_artifacts(
     """loss.png, attention.png (every layer and head on the first 64 validation tokens),
     report.html / report.json (the lens report on the first 128 validation tokens) and
     samples.txt (sample_chars tokens from sample_prompt) in out_dir."""
-    plot_loss(metrics, out_dir / "loss.png")
     n = min(64, model.config.block_size, len(val_ids))
     window = torch.tensor(np.asarray(val_ids[:n], dtype=np.int64))[None, :]
-    plot_attention(
+    plots = plot_run(  # drawn by a child process while the report and the sample are made
+        metrics,
+        out_dir / "loss.png",
         attention_maps(model, window).numpy(),
         out_dir / "attention.png",
         title=f"attention on validation tokens 0-{n - 1}: {tokenizer.decode(window[0])!r}",
     )
-    _write_report(model, tokenizer, val_ids, out_dir)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(max(1, threads - 1))  # a core for the plots: no waits at barriers
+    try:
+        _write_report(model, tokenizer, val_ids, out_dir)
+        _write_sample(model, tokenizer, cfg, window, out_dir, log)
+    finally:
+        torch.set_num_threads(threads)
+        plots.wait()
+
+
+def _write_sample(model: DecoderLM, tokenizer, cfg: TrainConfig, window, out_dir: Path, log):
+    """samples.txt: cfg.sample_chars tokens sampled from cfg.sample_prompt (from the first
+    validation token when the prompt has characters outside the vocabulary)."""
     try:
         prompt = tokenizer.encode(cfg.sample_prompt, allowed_special="all")
     except ValueError:  # the prompt has characters outside a character vocabulary
