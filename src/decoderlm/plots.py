@@ -1,6 +1,6 @@
 """Plots of a run: loss curves and attention maps (matplotlib, Agg backend, PNG files).
 
-`plot_run` draws both in a child Python process (this file run as a script, which imports
+A `Plotter` draws both in a child Python process (this file run as a script, which imports
 NumPy and matplotlib but not torch or the rest of the package), so that a caller can go on
 with other work on another core meanwhile.
 """
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["plot_loss", "plot_attention", "plot_run", "PlotJob"]
+__all__ = ["plot_loss", "plot_attention", "Plotter"]
 
 
 def _pyplot():
@@ -120,14 +120,41 @@ def plot_attention(att: np.ndarray, path: str | Path, title: str = ""):
     return fig
 
 
-class PlotJob:
-    """The child process of `plot_run`; `wait()` returns once both PNG files are written."""
+class Plotter:
+    """A child Python process that imports matplotlib now and draws a run's two plots when
+    given them: `draw(...)` sends them and returns at once, `wait()` returns once both PNG
+    files are written, `close()` ends it (drawn or not; also when the parent dies, as its
+    input then ends). The child runs this file as a script (`python -P`, so that this
+    file's directory does not shadow other packages): NumPy and matplotlib only, no torch.
+    It ignores SIGINT: a Ctrl-C is the parent's to handle.
+    """
 
-    def __init__(self, process: subprocess.Popen, work: str):
-        self.process, self.work = process, work
+    def __init__(self):
+        self.work = tempfile.mkdtemp(prefix="decoderlm-plots-")
+        self.process = subprocess.Popen(
+            [sys.executable, "-P", __file__],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+
+    def draw(
+        self, metrics: list[dict], loss_path: str | Path, att, att_path: str | Path, title=""
+    ) -> None:
+        """Start `plot_loss(metrics, loss_path)` and `plot_attention(att, att_path, title)`
+        in the child (arguments as for those; att is checked here).
+
+        Raises:
+            ValueError: att is not [n_layers, n_heads, T, T].
+        """
+        np.save(Path(self.work) / "att.npy", _checked_maps(att))
+        job = {"metrics": metrics, "loss": str(loss_path), "att": str(att_path), "title": title}
+        job["work"] = self.work
+        self.process.stdin.write(json.dumps(job).encode() + b"\n")
+        self.process.stdin.flush()
 
     def wait(self) -> None:
-        """Wait for the plots.
+        """Wait for the plots (or for the child to end, when nothing was drawn).
 
         Raises:
             RuntimeError: the child process failed (the message ends with its last line
@@ -141,39 +168,28 @@ class PlotJob:
             last = (err.decode(errors="replace").strip().splitlines() or ["no error output"])[-1]
             raise RuntimeError(f"drawing the plots failed: {last}")
 
-
-def plot_run(
-    metrics: list[dict], loss_path: str | Path, att: np.ndarray, att_path: str | Path, title=""
-) -> PlotJob:
-    """Start drawing `plot_loss(metrics, loss_path)` and `plot_attention(att, att_path,
-    title)` in a child Python process (same interpreter; `python -P` so that this file's
-    directory does not shadow other packages) and return at once; call `wait()` on the
-    returned PlotJob before using the files. Arguments as for those two functions; att is
-    checked here.
-
-    Raises:
-        ValueError: att is not [n_layers, n_heads, T, T].
-    """
-    att = _checked_maps(att)
-    work = tempfile.mkdtemp(prefix="decoderlm-plots-")
-    np.save(Path(work) / "att.npy", att)
-    job = {"metrics": metrics, "loss": str(loss_path), "att": str(att_path), "title": title}
-    (Path(work) / "job.json").write_text(json.dumps(job), encoding="utf-8")
-    process = subprocess.Popen(
-        [sys.executable, "-P", __file__, work],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
-    return PlotJob(process, work)
+    def close(self) -> None:
+        """End the child whatever it was doing (a no-op once it has ended)."""
+        if self.process.returncode is None:
+            self.process.kill()
+            self.process.communicate()
+        shutil.rmtree(self.work, ignore_errors=True)
 
 
-def _main(work: str) -> None:
-    """The child process of `plot_run`: draw the job in the directory `work`."""
-    job = json.loads((Path(work) / "job.json").read_text(encoding="utf-8"))
-    plot_loss(job["metrics"], job["loss"])
-    plot_attention(np.load(Path(work) / "att.npy"), job["att"], title=job["title"])
+def _serve() -> None:
+    """The child process of `Plotter`: import matplotlib, then draw the job read from stdin
+    (none when stdin ends first)."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _pyplot()
+    line = sys.stdin.readline()
+    if line:
+        job = json.loads(line)
+        plot_loss(job["metrics"], job["loss"])
+        att = np.load(Path(job["work"]) / "att.npy")
+        plot_attention(att, job["att"], title=job["title"])
 
 
 if __name__ == "__main__":
-    _main(sys.argv[1])
+    _serve()

@@ -35,7 +35,7 @@ from ..finetune import (
 from ..generate import generate
 from ..hooks import run_with_cache
 from ..model import DecoderLM
-from ..plots import plot_run
+from ..plots import Plotter
 from ..presets import get_preset
 from ..report import build_report, write_report
 from ..tokenizers import CharTokenizer, Tokenizer, load_tokenizer
@@ -191,23 +191,29 @@ def run_experiment(
     )
     _log_start(plan, model, info, device, log)
     files = {"extra": plan.extra, "tokenizer": plan.tokenizer}
-    result = train(
-        model,
-        plan.train_cfg,
-        plan.train_ids,
-        plan.val_ids,
-        plan.out_dir,
-        progress,
-        info,
-        resume=plan.resume_state,
-        checkpoint_files=files,
-        log=log,
-        val_bytes_per_token=bytes_per_token(plan.tokenizer, plan.val_ids),
-    )
-    if info.is_main and not result.interrupted:
-        _save_run(model, result, plan, info, device, log)
-        if merge:
-            log(f"merged model: {merge_run(plan.out_dir, plan.out_dir / 'merged')}")
+    # the plots' process imports matplotlib now, on a core left idle while torch starts up
+    plotter = Plotter() if info.is_main else None
+    try:
+        result = train(
+            model,
+            plan.train_cfg,
+            plan.train_ids,
+            plan.val_ids,
+            plan.out_dir,
+            progress,
+            info,
+            resume=plan.resume_state,
+            checkpoint_files=files,
+            log=log,
+            val_bytes_per_token=bytes_per_token(plan.tokenizer, plan.val_ids),
+        )
+        if info.is_main and not result.interrupted:
+            _save_run(model, result, plan, info, device, log, plotter)
+            if merge:
+                log(f"merged model: {merge_run(plan.out_dir, plan.out_dir / 'merged')}")
+    finally:
+        if plotter is not None:
+            plotter.close()
     return _summarize(plan, result, log)
 
 
@@ -571,7 +577,13 @@ def _log_start(plan: RunPlan, model: DecoderLM, info: DistInfo, device: torch.de
 
 
 def _save_run(
-    model: DecoderLM, result: TrainResult, plan: RunPlan, info: DistInfo, device: torch.device, log
+    model: DecoderLM,
+    result: TrainResult,
+    plan: RunPlan,
+    info: DistInfo,
+    device: torch.device,
+    log,
+    plotter: Plotter,
 ) -> None:
     """Write the trained model, its tokenizer and the artifacts into the run directory (rank
     0). Under torchrun the full weights are read back from the last checkpoint."""
@@ -587,7 +599,7 @@ def _save_run(
         for line in (plan.out_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
     ]
     _write_artifacts(
-        final, plan.tokenizer, plan.train_cfg, metrics, plan.val_ids, plan.out_dir, log
+        final, plan.tokenizer, plan.train_cfg, metrics, plan.val_ids, plan.out_dir, log, plotter
     )
 
 
@@ -658,14 +670,16 @@ def _write_artifacts(
     metrics: list[dict],
     val_ids,
     out_dir: Path,
-    log=print,
+    log,
+    plotter: Plotter,
 ) -> None:
     """loss.png, attention.png (every layer and head on the first 64 validation tokens),
     report.html / report.json (the lens report on the first 128 validation tokens) and
-    samples.txt (sample_chars tokens from sample_prompt) in out_dir."""
+    samples.txt (sample_chars tokens from sample_prompt) in out_dir. The plots are drawn by
+    `plotter`'s process while the report and the sample are made here."""
     n = min(64, model.config.block_size, len(val_ids))
     window = torch.tensor(np.asarray(val_ids[:n], dtype=np.int64))[None, :]
-    plots = plot_run(  # drawn by a child process while the report and the sample are made
+    plotter.draw(
         metrics,
         out_dir / "loss.png",
         attention_maps(model, window).numpy(),
@@ -679,7 +693,7 @@ def _write_artifacts(
         _write_sample(model, tokenizer, cfg, window, out_dir, log)
     finally:
         torch.set_num_threads(threads)
-        plots.wait()
+        plotter.wait()
 
 
 def _write_sample(model: DecoderLM, tokenizer, cfg: TrainConfig, window, out_dir: Path, log):
