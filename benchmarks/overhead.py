@@ -29,7 +29,7 @@ PHASES = {
     "plots.py:.*plot_run": "loss.png + attention.png: starting the child process",
     "plots.py:.*\\(wait\\)": "loss.png + attention.png: waiting for the child process",
     "generate.py:.*\\(generate\\)": "samples.txt (generation)",
-    "training/optim.py:.*configure_optimizer": "the optimizer (its first use imports torch._dynamo)",
+    "training/optim.py:.*configure_optimizer": "building the optimizer (imports torch._dynamo)",
     "training/run.py:.*_write_report": "report.html / report.json (the lens report)",
     "training/run.py:.*_save_run": "everything after training (model, plots, sample, report)",
     "training/metrics.py:.*peak_flops": "mfu peak (CPU matmul measured once)",
