@@ -50,3 +50,8 @@ def test_the_plotter_draws_the_same_files_in_a_child_process(tmp_path):
     unused = Plotter()
     unused.close()  # ended without drawing
     assert unused.process.returncode is not None and not (tmp_path / "a3.png").exists()
+    crashed = Plotter()
+    crashed.process.kill()
+    crashed.process.wait()
+    with pytest.raises(RuntimeError, match="drawing the plots failed"):
+        crashed.draw(metrics, tmp_path / "l4.png", att, tmp_path / "a4.png")

@@ -130,7 +130,7 @@ class Plotter:
     """
 
     def __init__(self):
-        self.work = tempfile.mkdtemp(prefix="decoderlm-plots-")
+        self.work = None  # the directory that hands over the attention maps, made by draw()
         self.process = subprocess.Popen(
             [sys.executable, "-P", __file__],
             stdin=subprocess.PIPE,
@@ -146,12 +146,19 @@ class Plotter:
 
         Raises:
             ValueError: att is not [n_layers, n_heads, T, T].
+            RuntimeError: the child process has failed already (see `wait`).
         """
-        np.save(Path(self.work) / "att.npy", _checked_maps(att))
+        att = _checked_maps(att)
+        self.work = tempfile.mkdtemp(prefix="decoderlm-plots-")
+        np.save(Path(self.work) / "att.npy", att)
         job = {"metrics": metrics, "loss": str(loss_path), "att": str(att_path), "title": title}
         job["work"] = self.work
-        self.process.stdin.write(json.dumps(job).encode() + b"\n")
-        self.process.stdin.flush()
+        try:
+            self.process.stdin.write(json.dumps(job).encode() + b"\n")
+            self.process.stdin.flush()
+        except BrokenPipeError:  # the child has ended already: wait() says why
+            self.wait()
+            raise RuntimeError("drawing the plots failed: the plots' process ended early") from None
 
     def wait(self) -> None:
         """Wait for the plots (or for the child to end, when nothing was drawn).
@@ -163,7 +170,7 @@ class Plotter:
         try:
             _, err = self.process.communicate()
         finally:
-            shutil.rmtree(self.work, ignore_errors=True)
+            self._clean()
         if self.process.returncode != 0:
             last = (err.decode(errors="replace").strip().splitlines() or ["no error output"])[-1]
             raise RuntimeError(f"drawing the plots failed: {last}")
@@ -173,7 +180,11 @@ class Plotter:
         if self.process.returncode is None:
             self.process.kill()
             self.process.communicate()
-        shutil.rmtree(self.work, ignore_errors=True)
+        self._clean()
+
+    def _clean(self) -> None:
+        if self.work is not None:
+            shutil.rmtree(self.work, ignore_errors=True)
 
 
 def _serve() -> None:
