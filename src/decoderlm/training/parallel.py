@@ -140,7 +140,7 @@ def parallelize(
     if cfg.fsdp:
         if info.world_size == 1 and not dist.is_initialized():
             raise ValueError("fsdp needs several processes: run under torchrun, or set fsdp false")
-        from torch.distributed.fsdp import fully_shard  # imported here: DTensor takes a second
+        from torch.distributed.fsdp import fully_shard  # imported here: DTensor is slow to import
 
         for block in model.blocks:
             fully_shard(block)

@@ -53,7 +53,7 @@ def named_state_dicts(model: torch.nn.Module, optimizer: torch.optim.Optimizer):
     torch.distributed.checkpoint's `get_state_dict(full_state_dict=True, cpu_offload=True)`:
     the optimizer's per-parameter state and param_groups' "params" keyed by parameter name
     (the state dict key) instead of index. Written out so that a one-process run does not
-    import torch.distributed.checkpoint (and with it DTensor and FSDP, about a second).
+    import torch.distributed.checkpoint (and with it DTensor and FSDP, slow to import).
 
     Raises:
         ValueError: the optimizer has no state yet (get_state_dict would initialise it with a
