@@ -6,7 +6,8 @@
 Prints the median wall time of each and their ratio (the goal is a 10-step run within 3x the
 bare torch import). --breakdown adds one run under `python -X importtime` (the slowest
 top-level imports) and one under cProfile (cumulative seconds of the phases: imports, the
-training loop, evaluation, checkpoints, plots, the sample).
+training loop, evaluation, checkpoints, plots, the sample). The plots are drawn by a child
+process while the report and the sample are made; cProfile sees the wait for it.
 """
 
 from __future__ import annotations
@@ -25,9 +26,10 @@ PHASES = {
     "training/loop.py:.*train_step": "train_step (forward, backward, optimizer)",
     "evaluate.py:.*\\(evaluate\\)": "evaluate (estimates and the final whole split)",
     "training/state.py:.*\\(save\\)": "checkpoint writes",
-    "plots.py:.*plot_loss": "loss.png",
-    "plots.py:.*plot_attention": "attention.png",
+    "plots.py:.*plot_run": "loss.png + attention.png: starting the child process",
+    "plots.py:.*\\(wait\\)": "loss.png + attention.png: waiting for the child process",
     "generate.py:.*\\(generate\\)": "samples.txt (generation)",
+    "training/optim.py:.*configure_optimizer": "building the optimizer (imports torch._dynamo)",
     "training/run.py:.*_write_report": "report.html / report.json (the lens report)",
     "training/run.py:.*_save_run": "everything after training (model, plots, sample, report)",
     "training/metrics.py:.*peak_flops": "mfu peak (CPU matmul measured once)",

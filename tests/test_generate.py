@@ -3,7 +3,7 @@ import torch
 
 from decoderlm.generate import filter_logits, generate, sample_next, stream_generate
 
-from conftest import tiny_model
+from conftest import randomize, tiny_model
 
 FOUR = torch.tensor([[0.1, 3.0, 0.2, 2.9]])  # softmax ~ [0.027, 0.495, 0.030, 0.448]
 
@@ -18,6 +18,26 @@ def test_generation_past_block_size_crops_the_context(pos_prompt, new):
     out = generate(model, torch.zeros(1, pos_prompt, dtype=torch.long), new, seed=0)
     assert out.shape == (1, pos_prompt + new)
     assert len(seen) == new and max(seen) <= 16 and max(positions) == 15
+
+
+@pytest.mark.parametrize("slide_by", [1, 5, 16])
+def test_slide_by_drops_that_many_tokens_when_the_context_is_full(slide_by):
+    """Greedy tokens with slide_by=k are those of rerunning the whole model on a window that
+    keeps growing to block_size tokens and then restarts from the last block_size + 1 - k."""
+    model = randomize(tiny_model(block_size=16)).double()  # tokens that depend on the context
+    prompt = torch.randint(0, 65, (1, 3), generator=torch.Generator().manual_seed(0))
+    out = generate(model, prompt, 40, do_sample=False, slide_by=slide_by)
+    ids, start = prompt[0].tolist(), 0
+    with torch.no_grad():
+        while len(ids) < 43:
+            if len(ids) - start > 16:
+                start = len(ids) - (17 - slide_by)
+            logits, _ = model(torch.tensor([ids[start:]]))
+            ids.append(int(logits[0, -1].argmax()))
+    assert out[0].tolist() == ids
+    for bad in (0, 17, 1.5):
+        with pytest.raises(ValueError, match="slide_by must be an integer in"):
+            generate(model, prompt, 2, slide_by=bad)
 
 
 @pytest.mark.parametrize("top_p", [0.0, 1e-9, 0.3])

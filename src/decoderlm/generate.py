@@ -143,11 +143,13 @@ def _decode_step(compile: bool):
     return _compiled_one_token
 
 
-def _check_generate_args(idx, max_new_tokens, attention_mask):
+def _check_generate_args(idx, max_new_tokens, attention_mask, slide_by=1, limit=1):
     if idx.dim() != 2 or idx.size(1) == 0:
         raise ValueError(f"idx must be [B, T] with T >= 1, got shape {tuple(idx.shape)}")
     if max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    if isinstance(slide_by, bool) or not isinstance(slide_by, int) or not 1 <= slide_by <= limit:
+        raise ValueError(f"slide_by must be an integer in [1, {limit}], got {slide_by!r}")
     if attention_mask is not None:
         if attention_mask.shape != idx.shape:
             raise ValueError(
@@ -160,11 +162,11 @@ def _check_generate_args(idx, max_new_tokens, attention_mask):
             )
 
 
-def _prefill(model, ids: torch.Tensor, n: int, mask: torch.Tensor | None, dtype):
-    """A new KVCache filled from the last max_positions of ids[:, :n]: (cache, positions
-    [B, T] of those tokens, logits [B, 1, vocab_size] of the last one). Positions count real
-    tokens only when `mask` marks padding."""
-    B, lo = ids.size(0), max(0, n - model.config.max_positions)
+def _prefill(model, ids: torch.Tensor, n: int, mask: torch.Tensor | None, dtype, keep: int):
+    """A new KVCache filled from the last `keep` (<= max_positions) of ids[:, :n]: (cache,
+    positions [B, T] of those tokens, logits [B, 1, vocab_size] of the last one). Positions
+    count real tokens only when `mask` marks padding."""
+    B, lo = ids.size(0), max(0, n - keep)
     window_mask = None if mask is None else mask[:, lo:n]
     if window_mask is None:
         positions = torch.arange(n - lo, device=ids.device).expand(B, -1)
@@ -214,16 +216,17 @@ def stream_generate(
     stop=None,
     pad_token_id: int = -1,
     compile: bool = False,
+    slide_by: int = 1,
 ):
     """Yield the next token of every row, [B] int64, up to max_new_tokens times; see
     `generate`. Rows that have stopped yield pad_token_id; the loop ends when all have."""
+    limit = model.config.max_positions
     _check_controls(temperature, top_k, top_p)
-    _check_generate_args(idx, max_new_tokens, attention_mask)
+    _check_generate_args(idx, max_new_tokens, attention_mask, slide_by, limit)
     if not do_sample:
         temperature = 0.0
     if seed is not None:
         generator = torch.Generator(device=idx.device).manual_seed(seed)
-    limit = model.config.max_positions
     (B, T0), n = idx.shape, idx.size(1)  # n: tokens so far
     ids = idx.new_empty(B, T0 + max_new_tokens)  # filled as we go: no concatenation per token
     ids[:, :T0] = idx
@@ -245,8 +248,9 @@ def stream_generate(
                 positions = positions[:, -1:] + 1
                 key_mask = None if mask is None else mask[:, n - cache.length - 1 : n]
                 logits = one_token(model, ids[:, n - 1 : n], cache, positions, key_mask)
-            else:  # prefill: the prompt, or a rebuild of the last max_positions tokens
-                cache, positions, logits = _prefill(model, ids, n, mask, dtype)
+            else:  # prefill: the prompt, or a rebuild of the last tokens (see slide_by)
+                keep = limit if cache is None else limit + 1 - slide_by
+                cache, positions, logits = _prefill(model, ids, n, mask, dtype, keep)
                 if not use_cache:
                     cache = None
             nxt = _sample_checked(logits[:, -1, :], step, temperature, top_k, top_p, generator)
@@ -287,6 +291,13 @@ def generate(model, idx: torch.Tensor, max_new_tokens: int, **options) -> torch.
         stop: a token id, or a list of ids and/or id sequences: a row ends once its new
             tokens end with one of them (the stop tokens are kept in the output).
         pad_token_id: what a row that has stopped gets while others go on.
+        slide_by: once the context is full, how many of its oldest tokens to drop at once.
+            1 rebuilds the cache from the last max_positions tokens at every new token (the
+            tokens of rerunning the model on them, as above); k > 1 rebuilds it from the last
+            max_positions + 1 - k tokens and then extends it one token at a time until it is
+            full again, so only every k-th token past max_positions costs a forward pass over
+            the window (llama.cpp's "context shift"); the model then sees between
+            max_positions + 1 - k and max_positions tokens. Ignored with use_cache=False.
         compile: run each one-token step under torch.compile (needs a C++ compiler on the
             CPU). The first call compiles; later ones decode faster (the README gives
             figures). The tokens are those of compile=False up to float rounding (the

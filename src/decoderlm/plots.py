@@ -1,13 +1,23 @@
-"""Plots of a run: loss curves and attention maps (matplotlib, Agg backend, PNG files)."""
+"""Plots of a run: loss curves and attention maps (matplotlib, Agg backend, PNG files).
+
+A `Plotter` draws both in a child Python process (this file run as a script, which imports
+NumPy and matplotlib but not torch or the rest of the package), so that a caller can go on
+with other work on another core meanwhile.
+"""
 
 from __future__ import annotations
 
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
 import warnings
 from pathlib import Path
 
 import numpy as np
 
-__all__ = ["plot_loss", "plot_attention"]
+__all__ = ["plot_loss", "plot_attention", "Plotter"]
 
 
 def _pyplot():
@@ -50,6 +60,14 @@ def plot_loss(metrics: list[dict], path: str | Path) -> None:
     plt.close(fig)
 
 
+def _checked_maps(att) -> np.ndarray:
+    """att as an array; ValueError unless it is [n_layers, n_heads, T, T]."""
+    att = np.asarray(att)
+    if att.ndim != 4 or att.shape[-1] != att.shape[-2]:
+        raise ValueError(f"att must be [n_layers, n_heads, T, T], got shape {att.shape}")
+    return att
+
+
 def plot_attention(att: np.ndarray, path: str | Path, title: str = ""):
     """Draw every layer's and head's attention map in one grid (rows: layers, columns: heads).
 
@@ -65,9 +83,7 @@ def plot_attention(att: np.ndarray, path: str | Path, title: str = ""):
     Raises:
         ValueError: att is not 4-D with square maps.
     """
-    att = np.asarray(att)
-    if att.ndim != 4 or att.shape[-1] != att.shape[-2]:
-        raise ValueError(f"att must be [n_layers, n_heads, T, T], got shape {att.shape}")
+    att = _checked_maps(att)
     n_layers, n_heads = att.shape[:2]
     plt = _pyplot()
     fig, axes = plt.subplots(
@@ -102,3 +118,89 @@ def plot_attention(att: np.ndarray, path: str | Path, title: str = ""):
         fig.savefig(path, dpi=90)
     plt.close(fig)
     return fig
+
+
+class Plotter:
+    """A child Python process that imports matplotlib now and draws a run's two plots when
+    given them: `draw(...)` sends them and returns at once, `wait()` returns once both PNG
+    files are written, `close()` ends it (drawn or not; also when the parent dies, as its
+    input then ends). The child runs this file as a script (`python -P`, so that this
+    file's directory does not shadow other packages): NumPy and matplotlib only, no torch.
+    It ignores SIGINT: a Ctrl-C is the parent's to handle.
+    """
+
+    def __init__(self):
+        self.work = None  # the directory that hands over the attention maps, made by draw()
+        self.process = subprocess.Popen(
+            [sys.executable, "-P", __file__],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+
+    def draw(
+        self, metrics: list[dict], loss_path: str | Path, att, att_path: str | Path, title=""
+    ) -> None:
+        """Start `plot_loss(metrics, loss_path)` and `plot_attention(att, att_path, title)`
+        in the child (arguments as for those; att is checked here).
+
+        Raises:
+            ValueError: att is not [n_layers, n_heads, T, T].
+            RuntimeError: the child process has failed already (see `wait`).
+        """
+        att = _checked_maps(att)
+        self.work = tempfile.mkdtemp(prefix="decoderlm-plots-")
+        np.save(Path(self.work) / "att.npy", att)
+        job = {"metrics": metrics, "loss": str(loss_path), "att": str(att_path), "title": title}
+        job["work"] = self.work
+        try:
+            self.process.stdin.write(json.dumps(job).encode() + b"\n")
+            self.process.stdin.flush()
+        except BrokenPipeError:  # the child has ended already: wait() says why
+            self.wait()
+            raise RuntimeError("drawing the plots failed: the plots' process ended early") from None
+
+    def wait(self) -> None:
+        """Wait for the plots (or for the child to end, when nothing was drawn).
+
+        Raises:
+            RuntimeError: the child process failed (the message ends with its last line
+                of error output).
+        """
+        try:
+            _, err = self.process.communicate()
+        finally:
+            self._clean()
+        if self.process.returncode != 0:
+            last = (err.decode(errors="replace").strip().splitlines() or ["no error output"])[-1]
+            raise RuntimeError(f"drawing the plots failed: {last}")
+
+    def close(self) -> None:
+        """End the child whatever it was doing (a no-op once it has ended)."""
+        if self.process.returncode is None:
+            self.process.kill()
+            self.process.communicate()
+        self._clean()
+
+    def _clean(self) -> None:
+        if self.work is not None:
+            shutil.rmtree(self.work, ignore_errors=True)
+
+
+def _serve() -> None:
+    """The child process of `Plotter`: import matplotlib, then draw the job read from stdin
+    (none when stdin ends first)."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _pyplot()
+    line = sys.stdin.readline()
+    if line:
+        job = json.loads(line)
+        plot_loss(job["metrics"], job["loss"])
+        att = np.load(Path(job["work"]) / "att.npy")
+        plot_attention(att, job["att"], title=job["title"])
+
+
+if __name__ == "__main__":
+    _serve()

@@ -65,3 +65,19 @@ def test_progress_false_prints_nothing(capsys):
         if not progress:
             assert out == "" and err == ""
     assert "val " in out + err  # the evaluation lines, shown with progress
+
+
+@pytest.mark.parametrize("n_val,calls", [(600, 1), (3000, 2)])
+def test_the_whole_split_is_evaluated_once_at_the_end(monkeypatch, n_val, calls):
+    """When the last step's estimate already covers every validation window (18 windows of
+    32 <= one batch of 32), it is the final loss; with 93 windows the whole split is
+    evaluated after it. Either way the final loss is that of the whole split."""
+    from decoderlm.evaluate import evaluate
+    from decoderlm.training import loop
+
+    counted = []
+    monkeypatch.setattr(loop, "evaluate", lambda *a, **k: counted.append(1) or evaluate(*a, **k))
+    data = torch.randint(0, 65, (5000,), generator=torch.Generator().manual_seed(4))
+    result, model = trained(data[:2000], data[2000 : 2000 + n_val], 32, 1, 2, 10)
+    assert len(counted) == calls
+    assert result.val_loss == evaluate(model, data[2000 : 2000 + n_val], None, 32)

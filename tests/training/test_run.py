@@ -68,3 +68,31 @@ def test_a_larger_vocab_size_pads_and_a_smaller_one_is_refused(tmp_path):
     idx = torch.randint(0, 50257, (1, 16))
     with torch.no_grad():
         assert (ref(idx).logits - model(idx)[0]).abs().max() < 1e-4
+
+
+def test_a_one_process_run_imports_neither_distributed_checkpoint_nor_matplotlib(tmp_path):
+    """The start-up cost of a short run: torch.distributed.checkpoint is for torchrun runs,
+    matplotlib is the plots' child process's (checked in a fresh process: these tests' own
+    imports would hide them). FSDP is not checked: torch._dynamo imports it, and every
+    torch.optim optimizer imports torch._dynamo."""
+    import subprocess
+    import sys
+
+    source = tmp_path / "text.txt"
+    source.write_text(TEXT, encoding="utf-8")
+    script = (
+        "import sys\n"
+        "from decoderlm.training.run import run_experiment\n"
+        f"run_experiment(data={str(source)!r}, out={str(tmp_path / 'run')!r}, device='cpu',\n"
+        f"    model_overrides={SMALL!r}, train_overrides={FAST!r}, progress=False,\n"
+        "    log=lambda *a: None)\n"
+        "watched = ('torch.distributed.checkpoint', 'matplotlib')\n"
+        "print(sorted(m for m in watched if m in sys.modules))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
+    assert (tmp_path / "run" / "attention.png").stat().st_size > 0
+    assert (tmp_path / "run" / "checkpoints").is_dir()

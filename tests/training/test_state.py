@@ -26,7 +26,7 @@ from decoderlm.training.checkpoints import load_trainer_state
 from decoderlm.training.loop import micro_batches, train_step
 from decoderlm.training.optim import configure_optimizer, lr_at
 from decoderlm.training.parallel import DistInfo, Parallelized
-from decoderlm.training.state import TrainState
+from decoderlm.training.state import TrainState, named_state_dicts
 from decoderlm.weights import list_checkpoints
 
 from conftest import tiny_config
@@ -389,3 +389,57 @@ def test_train_state_round_trip_continues_exactly():
     assert b.step == 2 and steps(b, 2) == expected
     for name, value in a.model.state_dict().items():
         assert torch.equal(b.model.state_dict()[name], value), name
+
+
+def _same_nested(a, b, where="") -> None:
+    """a and b have the same structure, keys and values (tensors equal, same dtype)."""
+    assert type(a) is type(b), where
+    if isinstance(a, dict):
+        assert list(a) == list(b), where
+        for key in a:
+            _same_nested(a[key], b[key], f"{where}/{key}")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            _same_nested(x, y, f"{where}[{i}]")
+    elif isinstance(a, torch.Tensor):
+        assert a.dtype == b.dtype and torch.equal(a, b), where
+    else:
+        assert a == b, where
+
+
+@pytest.mark.parametrize(
+    "optimizer,checkpointing,freeze",
+    [("adamw", False, None), ("muon", True, None), ("adamw", False, "embeddings")],
+)
+def test_one_process_state_dicts_are_those_of_torch_distributed_checkpoint(
+    optimizer, checkpointing, freeze
+):
+    """The one-process checkpoint format written without torch.distributed.checkpoint is
+    exactly what its get_state_dict(full_state_dict=True, cpu_offload=True) returns (tied
+    unembedding, activation-checkpoint wrappers, Muon + AdamW groups, frozen weights)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+    from decoderlm.finetune import prepare_trainable
+    from decoderlm.training.parallel import apply_activation_checkpointing
+
+    cfg = TrainConfig(batch_size=2, lr=1e-3, dtype="float32", optimizer=optimizer, freeze=freeze)
+    torch.manual_seed(0)
+    model = DecoderLM(tiny_config()).train()
+    prepare_trainable(model, cfg)
+    if checkpointing:
+        apply_activation_checkpointing(model)
+    opt = configure_optimizer(model, cfg)
+    data = torch.randint(0, 65, (500,), generator=torch.Generator().manual_seed(0))
+    par = Parallelized(model, model.device, model)
+    for _ in range(2):
+        batches = micro_batches(data, torch.Generator().manual_seed(1), cfg, DistInfo(), 32)
+        train_step(par, opt, torch.amp.GradScaler("cpu", enabled=False), batches, cfg)
+    ours = named_state_dicts(model, opt)
+    theirs = get_state_dict(
+        model, opt, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+    )
+    _same_nested(ours[0], theirs[0], "model")
+    _same_nested(ours[1], theirs[1], "optimizer")
+    with pytest.raises(ValueError, match="no state yet"):
+        named_state_dicts(model, configure_optimizer(model, cfg))

@@ -286,6 +286,16 @@ def _checkpoint_due(step: int, cfg: TrainConfig, run_dir: Path | None) -> bool:
     )
 
 
+def _whole_split_loss(records: list[dict], step: int, eval_windows: int, n_ids: int, T: int):
+    """The last record's val_loss when it was logged after `step` and its estimate covered
+    every validation window (eval_windows at least the split's (n_ids - 1) // T windows: the
+    very computation of the final whole-split evaluation), else None."""
+    last = records[-1] if records else {}
+    if last.get("step") == step and "val_loss" in last and eval_windows >= (n_ids - 1) // T:
+        return last["val_loss"]
+    return None
+
+
 def train(
     model: DecoderLM,
     cfg: TrainConfig,
@@ -374,7 +384,11 @@ def train(
     if interrupted:
         saved = f"; checkpoint saved to {checkpoint}" if checkpoint else ""
         log(f"stopped by signal after step {state.step}{saved}")
-    val_loss = None if interrupted else evaluate(model, val_ids, None, cfg.batch_size, autocast)
+    val_loss = None
+    if not interrupted:  # the whole split, evaluated once
+        val_loss = _whole_split_loss(metrics.records, state.step, eval_windows, len(val_ids), T)
+        if val_loss is None:
+            val_loss = evaluate(model, val_ids, None, cfg.batch_size, autocast)
     elapsed = state.elapsed()
     return TrainResult(
         val_loss, metrics.records, elapsed, rate, state.step, interrupted, checkpoint

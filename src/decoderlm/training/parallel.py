@@ -18,8 +18,6 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
-from torch.distributed.fsdp import fully_shard
 
 from ..config import TrainConfig
 from ..model import DecoderLM
@@ -99,6 +97,8 @@ def apply_activation_checkpointing(model: DecoderLM) -> None:
     """Wrap every block so that only its input is kept in the forward pass and its activations
     are recomputed in the backward pass (less memory, about one more forward pass of compute).
     The state dict keys do not change."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
     for i, block in enumerate(model.blocks):
         model.blocks[i] = checkpoint_wrapper(block)
 
@@ -140,6 +140,8 @@ def parallelize(
     if cfg.fsdp:
         if info.world_size == 1 and not dist.is_initialized():
             raise ValueError("fsdp needs several processes: run under torchrun, or set fsdp false")
+        from torch.distributed.fsdp import fully_shard  # imported here: DTensor is slow to import
+
         for block in model.blocks:
             fully_shard(block)
         fully_shard(model)

@@ -35,7 +35,7 @@ from ..finetune import (
 from ..generate import generate
 from ..hooks import run_with_cache
 from ..model import DecoderLM
-from ..plots import plot_attention, plot_loss
+from ..plots import Plotter
 from ..presets import get_preset
 from ..report import build_report, write_report
 from ..tokenizers import CharTokenizer, Tokenizer, load_tokenizer
@@ -183,34 +183,40 @@ def run_experiment(
     request.update(model_overrides=model_overrides, train_overrides=train_overrides)
     plan = _make_plan(request, resume, init_from, merge, info, log)
     _check_plan(plan, info, overwrite)  # on every rank: all fail alike
+    model = _build_model(plan, info, device)  # refuses LoRA targets / --freeze items too
     if info.is_main:
         _prepare_run_dir(plan.out_dir, plan.resumed_step, log)
     barrier(info)
-    model = _build_model(plan, info, device)
     set_threads(
         threads, model, plan.train_cfg, plan.train_ids, autocast_for(plan.train_cfg, device), log
     )
     tuner = ThreadTuner(log) if threads == "auto" and model.device.type == "cpu" else None
     _log_start(plan, model, info, device, log)
     files = {"extra": plan.extra, "tokenizer": plan.tokenizer}
-    result = train(
-        model,
-        plan.train_cfg,
-        plan.train_ids,
-        plan.val_ids,
-        plan.out_dir,
-        progress,
-        info,
-        resume=plan.resume_state,
-        checkpoint_files=files,
-        log=log,
-        val_bytes_per_token=bytes_per_token(plan.tokenizer, plan.val_ids),
-        on_step=tuner.step_done if tuner else None,
-    )
-    if info.is_main and not result.interrupted:
-        _save_run(model, result, plan, info, device, log)
-        if merge:
-            log(f"merged model: {merge_run(plan.out_dir, plan.out_dir / 'merged')}")
+    # the plots' process imports matplotlib now, on a core left idle while torch starts up
+    plotter = Plotter() if info.is_main else None
+    try:
+        result = train(
+            model,
+            plan.train_cfg,
+            plan.train_ids,
+            plan.val_ids,
+            plan.out_dir,
+            progress,
+            info,
+            resume=plan.resume_state,
+            checkpoint_files=files,
+            log=log,
+            val_bytes_per_token=bytes_per_token(plan.tokenizer, plan.val_ids),
+            on_step=tuner.step_done if tuner else None,
+        )
+        if info.is_main and not result.interrupted:
+            _save_run(model, result, plan, info, device, log, plotter)
+            if merge:
+                log(f"merged model: {merge_run(plan.out_dir, plan.out_dir / 'merged')}")
+    finally:
+        if plotter is not None:
+            plotter.close()
     return _summarize(plan, result, log)
 
 
@@ -463,7 +469,8 @@ def _free_run_dir(name: str, root: Path = Path("runs")) -> Path:
 
 def _check_plan(plan: RunPlan, info: DistInfo, overwrite: bool) -> None:
     """Refuse what cannot train: fsdp in one process, splits shorter than one window, a run
-    directory that cannot be used, LoRA targets or --freeze items that name nothing."""
+    directory that cannot be used (LoRA targets or --freeze items that name nothing are
+    refused by `_build_model`, also before the run directory is touched)."""
     if plan.train_cfg.fsdp and info.world_size == 1:
         raise ValueError(
             "fsdp needs several processes: run under torchrun (`torchrun "
@@ -474,8 +481,6 @@ def _check_plan(plan: RunPlan, info: DistInfo, overwrite: bool) -> None:
     check_split("validation", plan.val_ids, plan.model_cfg.block_size)
     check_sinks(plan.train_cfg)
     _check_run_dir(plan.out_dir, overwrite, plan.checkpoint)
-    with torch.device("meta"):  # LoRA targets and --freeze items, checked on a shell model
-        prepare_trainable(DecoderLM(plan.model_cfg), plan.train_cfg)
 
 
 def _check_run_dir(out_dir: Path, overwrite: bool, checkpoint: Path | None) -> None:
@@ -575,7 +580,13 @@ def _log_start(plan: RunPlan, model: DecoderLM, info: DistInfo, device: torch.de
 
 
 def _save_run(
-    model: DecoderLM, result: TrainResult, plan: RunPlan, info: DistInfo, device: torch.device, log
+    model: DecoderLM,
+    result: TrainResult,
+    plan: RunPlan,
+    info: DistInfo,
+    device: torch.device,
+    log,
+    plotter: Plotter,
 ) -> None:
     """Write the trained model, its tokenizer and the artifacts into the run directory (rank
     0). Under torchrun the full weights are read back from the last checkpoint."""
@@ -591,7 +602,7 @@ def _save_run(
         for line in (plan.out_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
     ]
     _write_artifacts(
-        final, plan.tokenizer, plan.train_cfg, metrics, plan.val_ids, plan.out_dir, log
+        final, plan.tokenizer, plan.train_cfg, metrics, plan.val_ids, plan.out_dir, log, plotter
     )
 
 
@@ -662,20 +673,35 @@ def _write_artifacts(
     metrics: list[dict],
     val_ids,
     out_dir: Path,
-    log=print,
+    log,
+    plotter: Plotter,
 ) -> None:
     """loss.png, attention.png (every layer and head on the first 64 validation tokens),
     report.html / report.json (the lens report on the first 128 validation tokens) and
-    samples.txt (sample_chars tokens from sample_prompt) in out_dir."""
-    plot_loss(metrics, out_dir / "loss.png")
+    samples.txt (sample_chars tokens from sample_prompt) in out_dir. The plots are drawn by
+    `plotter`'s process while the report and the sample are made here."""
     n = min(64, model.config.block_size, len(val_ids))
     window = torch.tensor(np.asarray(val_ids[:n], dtype=np.int64))[None, :]
-    plot_attention(
+    plotter.draw(
+        metrics,
+        out_dir / "loss.png",
         attention_maps(model, window).numpy(),
         out_dir / "attention.png",
         title=f"attention on validation tokens 0-{n - 1}: {tokenizer.decode(window[0])!r}",
     )
-    _write_report(model, tokenizer, val_ids, out_dir)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(max(1, threads - 1))  # a core for the plots: no waits at barriers
+    try:
+        _write_report(model, tokenizer, val_ids, out_dir)
+        _write_sample(model, tokenizer, cfg, window, out_dir, log)
+    finally:
+        torch.set_num_threads(threads)
+        plotter.wait()
+
+
+def _write_sample(model: DecoderLM, tokenizer, cfg: TrainConfig, window, out_dir: Path, log):
+    """samples.txt: cfg.sample_chars tokens sampled from cfg.sample_prompt (from the first
+    validation token when the prompt has characters outside the vocabulary)."""
     try:
         prompt = tokenizer.encode(cfg.sample_prompt, allowed_special="all")
     except ValueError:  # the prompt has characters outside a character vocabulary
@@ -685,5 +711,8 @@ def _write_artifacts(
             f"samples.txt starts from the first validation token instead"
         )
     idx = torch.tensor([prompt or window[0, :1].tolist()], dtype=torch.long)
-    out = generate(model, idx.to(model.device), cfg.sample_chars, seed=cfg.seed)
+    # past a full context the window slides by half of it at a time: one forward pass over
+    # the window per max_positions // 2 new tokens instead of one per token
+    slide_by = max(1, model.config.max_positions // 2)
+    out = generate(model, idx.to(model.device), cfg.sample_chars, seed=cfg.seed, slide_by=slide_by)
     (out_dir / "samples.txt").write_text(tokenizer.decode(out[0]), encoding="utf-8")

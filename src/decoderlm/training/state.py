@@ -18,12 +18,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_state_dict,
-    set_model_state_dict,
-    set_optimizer_state_dict,
-)
 
 from ..config import TrainConfig
 from ..model import DecoderLM
@@ -31,9 +25,10 @@ from ..weights import list_checkpoints
 from .checkpoints import save_checkpoint
 from .parallel import DistInfo, barrier, gather_across_ranks
 
-__all__ = ["TrainState", "rng_state", "set_rng_state"]
+__all__ = ["TrainState", "rng_state", "set_rng_state", "named_state_dicts"]
 
-_FULL = StateDictOptions(full_state_dict=True)
+# path segments that wrappers put into parameter names but not into state dict keys
+_WRAPPER_SEGMENTS = ("_checkpoint_wrapped_module", "_orig_mod")
 
 
 def rng_state() -> dict:
@@ -51,6 +46,48 @@ def rng_state() -> dict:
         "torch": torch.get_rng_state(),
         "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
     }
+
+
+def named_state_dicts(model: torch.nn.Module, optimizer: torch.optim.Optimizer):
+    """(model state dict, optimizer state dict) of one process, on the CPU, in the format of
+    torch.distributed.checkpoint's `get_state_dict(full_state_dict=True, cpu_offload=True)`:
+    the optimizer's per-parameter state and param_groups' "params" keyed by parameter name
+    (the state dict key) instead of index. Written out so that a one-process run does not
+    import torch.distributed.checkpoint (and with it DTensor and FSDP, slow to import).
+
+    Raises:
+        ValueError: the optimizer has no state yet (get_state_dict would initialise it with a
+            zero step; `TrainState.state_dict` leaves that case to get_state_dict).
+    """
+    if not optimizer.state:
+        raise ValueError("the optimizer has no state yet")
+    order = [p for group in optimizer.param_groups for p in group["params"]]
+    index = {id(p): i for i, p in enumerate(order)}
+    names = {}
+    for name, param in model.named_parameters():
+        if id(param) in index:
+            names[index[id(param)]] = ".".join(
+                part for part in name.split(".") if part not in _WRAPPER_SEGMENTS
+            )
+    saved = optimizer.state_dict()
+    optim_state = {
+        "state": {names[i]: _to_cpu(s) for i, s in saved["state"].items()},
+        "param_groups": [
+            {**g, "params": [names[i] for i in g["params"]]} for g in saved["param_groups"]
+        ],
+    }
+    return _to_cpu(model.state_dict()), optim_state
+
+
+def _to_cpu(value):
+    """value with every tensor inside its dicts and lists on the CPU."""
+    if isinstance(value, torch.Tensor):
+        return value.cpu()
+    if isinstance(value, dict):
+        return {k: _to_cpu(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_to_cpu(v) for v in value]
+    return value
 
 
 def set_rng_state(state: dict) -> None:
@@ -134,11 +171,16 @@ class TrainState:
         """The whole state: the trainer state (see the module docstring) and, under "model",
         the model's full state dict on the CPU. Every rank must call it (it gathers FSDP's
         shards and every rank's RNG state)."""
-        model_state, optim_state = get_state_dict(
-            self.model,
-            self.optimizer,
-            options=StateDictOptions(full_state_dict=True, cpu_offload=True),
-        )
+        if self.info.world_size == 1 and self.optimizer.state:
+            model_state, optim_state = named_state_dicts(self.model, self.optimizer)
+        else:  # DDP / FSDP2 (gathers the shards), or an optimizer without state yet
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+            model_state, optim_state = get_state_dict(
+                self.model,
+                self.optimizer,
+                options=StateDictOptions(full_state_dict=True, cpu_offload=True),
+            )
         return {
             "step": self.step,
             "tokens": self.tokens,
@@ -159,11 +201,18 @@ class TrainState:
         model weights are then already in the model). A checkpoint written by another number
         of processes resumes too, with a warning: this rank takes the RNG state of rank
         (rank mod their count), so dropout draws differ from an uninterrupted run."""
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            set_model_state_dict,
+            set_optimizer_state_dict,
+        )
+
+        full = StateDictOptions(full_state_dict=True)
         if "model" in state:
-            set_model_state_dict(self.model, state["model"], options=_FULL)
+            set_model_state_dict(self.model, state["model"], options=full)
         self.step, self._elapsed_before = state["step"], state["elapsed_s"]
         self.loss_sum, self.loss_n = state["loss_sum"], state["loss_n"]
-        set_optimizer_state_dict(self.model, self.optimizer, state["optimizer"], options=_FULL)
+        set_optimizer_state_dict(self.model, self.optimizer, state["optimizer"], options=full)
         self.generator.set_state(state["data_sampler"])
         if state["scaler"]:
             self.scaler.load_state_dict(state["scaler"])
