@@ -44,6 +44,7 @@ VARIANTS = {
     **OPTIONS,
     "all": [f for name, flags in OPTIONS.items() if "dropout" not in name for f in flags],
 }
+VARIANTS["all+dropout-0.1"] = [*VARIANTS["all"], *OPTIONS["dropout-0.1"]]
 
 
 def steps_for(name: str, seconds: float, flags: list, work: Path, calibration: int) -> int:
