@@ -8,11 +8,11 @@ capped so that prompt and continuation fit the model's context, as OpenAI-style 
 require; --past-context lifts the cap (each step then re-reads the last block_size tokens of
 every full sequence: the exact sliding window of learned positions). Reported per c:
 aggregate tokens/s (all streams' tokens / wall time of the round), its ratio to c = 1, and
-the median and worst time to first token (request sent -> first text chunk). A warm-up round
-runs first.
+the median and worst time to first token (request sent -> first text chunk), each the median
+over --repeats rounds (the concurrencies alternate between rounds). A warm-up round runs first.
 
     python benchmarks/serve_concurrency.py [--shapes seed gpt2-small] [--concurrency 1 2 4 8]
-        [--max-tokens 128] [--past-context] [--max-batch-size 8] [--threads N]
+        [--max-tokens 128] [--past-context] [--repeats 3] [--max-batch-size 8] [--threads N]
 """
 
 from __future__ import annotations
@@ -130,14 +130,20 @@ def bench_shape(shape: str, args) -> None:
                 max_tokens = min(max_tokens, SHAPES[shape]["block_size"] - PROMPT_TOKENS)
             print(f"{shape:>10}  {max_tokens} new tokens per stream", flush=True)
             run_round(url, 2, 8, V)  # warm-up
+            rounds = {c: [] for c in args.concurrency}
+            for _ in range(args.repeats):  # the concurrencies alternate: 1 2 4 8 1 2 4 8 ...
+                for c in args.concurrency:
+                    rounds[c].append(run_round(url, c, max_tokens, V))
             base = None
-            for c in args.concurrency:
-                r = run_round(url, c, max_tokens, V)
+            for c, results in rounds.items():
+                r = {k: statistics.median(x[k] for x in results) for k in results[0]}
                 base = base or r["tokens_per_s"]
+                each = "/".join(f"{x['tokens_per_s']:.0f}" for x in results)
                 print(
                     f"{shape:>10}  c={c:<2}  {r['tokens_per_s']:8.1f} tokens/s  "
                     f"x{r['tokens_per_s'] / base:4.2f}  time to first token: median "
-                    f"{r['ttft_median_s'] * 1000:7.1f} ms, worst {r['ttft_max_s'] * 1000:7.1f} ms",
+                    f"{r['ttft_median_s'] * 1000:7.1f} ms, worst {r['ttft_max_s'] * 1000:7.1f} ms"
+                    f"  (rounds: {each})",
                     flush=True,
                 )
         finally:
@@ -151,11 +157,12 @@ def main() -> None:
     parser.add_argument("--concurrency", nargs="+", type=int, default=[1, 2, 4, 8])
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--past-context", action="store_true", help="no cap at the context")
+    parser.add_argument("--repeats", type=int, default=3, help="rounds per concurrency (median)")
     parser.add_argument("--max-batch-size", type=int, default=8)
     parser.add_argument("--threads", type=int, default=0, help="OMP_NUM_THREADS of the server")
     args = parser.parse_args()
-    if min(args.concurrency) < 1 or args.max_tokens < 1:
-        sys.exit("serve_concurrency: --concurrency and --max-tokens must be >= 1")
+    if min(args.concurrency) < 1 or args.max_tokens < 1 or args.repeats < 1:
+        sys.exit("serve_concurrency: --concurrency, --max-tokens and --repeats must be >= 1")
     for shape in args.shapes:
         bench_shape(shape, args)
 
