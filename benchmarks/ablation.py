@@ -45,6 +45,8 @@ VARIANTS = {
     "all": [f for name, flags in OPTIONS.items() if "dropout" not in name for f in flags],
 }
 VARIANTS["all+dropout-0.1"] = [*VARIANTS["all"], *OPTIONS["dropout-0.1"]]
+# the options that each beat the base alone in the README's table
+VARIANTS["rope+muon+relu2+wsd"] = [f for n in ("rope", "muon", "relu2", "wsd") for f in OPTIONS[n]]
 
 
 def steps_for(name: str, seconds: float, flags: list, work: Path, calibration: int) -> int:
