@@ -32,7 +32,19 @@ from decoderlm.weights import list_checkpoints
 from conftest import tiny_config
 
 SYMBOLS = [chr(c) for c in range(33, 33 + 64)] + ["\n"]  # 65 distinct characters
-TINY = [
+TINY = [  # AdamW and the previous default's architecture: these tests read AdamW's state
+    "--optimizer",
+    "adamw",
+    "--pos-encoding",
+    "learned",
+    "--mlp",
+    "gelu",
+    "--qk-norm",
+    "false",
+    "--zero-init-proj",
+    "false",
+    "--logit-softcap",
+    "null",
     "--n-layers",
     "2",
     "--n-heads",

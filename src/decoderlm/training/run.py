@@ -250,12 +250,13 @@ def _new_plan(
     """A new run: the preset's settings plus the overrides, on a freshly read corpus."""
     preset = preset or ("finetune" if init_from is not None else "default")
     preset_spec = get_preset(preset)
-    train_cfg = TrainConfig.from_dict({**preset_spec.train, **train_overrides})
-    if init_from is None and (train_cfg.lora_rank is not None or not preset_spec.model):
+    settings = {**preset_spec.train, **train_overrides}
+    if init_from is None and (settings.get("lora_rank") is not None or not preset_spec.model):
         raise ValueError(
             "LoRA adapters and the 'finetune' preset adapt an existing model; give "
             "--init-from SRC (a run directory or a Hugging Face GPT-2 directory)"
         )
+    train_cfg = TrainConfig.from_dict(settings)
     lora_only = [k for k in ("lora_alpha", "lora_targets", "lora_dropout") if k in train_overrides]
     if lora_only and train_cfg.lora_rank is None:
         flags = ", ".join("--" + k.replace("_", "-") for k in lora_only)
