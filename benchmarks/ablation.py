@@ -1,10 +1,12 @@
 """The training options of modern recipes, each alone and together, at equal wall time.
 
-On the shipped WikiText-2 crop (the default data) with the default preset as the base: for
-each variant a short calibration run measures its steady training rate on this machine, then
-the variant trains for as many steps as fit in --seconds of training (its schedule spans
-those steps), with --seeds seeds. Variants and seeds alternate (A B C ... A B C ...). The
-score is the final validation loss over the whole validation split (nats/char).
+On the shipped WikiText-2 crop (the default data), with the previous default recipe as the
+base (the default preset with every option below off: learned positions, GELU, AdamW, cosine
+schedule; BASE), for each variant a short calibration run measures its steady training rate
+on this machine, then the variant trains for as many steps as fit in --seconds of training
+(its schedule spans those steps), with --seeds seeds. Variants and seeds alternate
+(A B C ... A B C ...). The score is the final validation loss over the whole validation
+split (nats/char).
 
     python benchmarks/ablation.py [--seconds 120] [--seeds 1337 1 2] [--variants ...]
                                   [--parallel 1] [--train-flags="--dtype float32"]
@@ -28,6 +30,9 @@ from pathlib import Path
 
 from common import TRAIN_FLAGS, arguments, decoderlm_train, run_main, spread, steady_tokens_per_s
 
+BASE = ["--pos-encoding", "learned", "--mlp", "gelu", "--qk-norm", "false"]
+BASE += ["--zero-init-proj", "false", "--logit-softcap", "null", "--optimizer", "adamw"]
+BASE += ["--schedule", "cosine"]
 OPTIONS = {
     "rope": ["--pos-encoding", "rope"],
     "muon": ["--optimizer", "muon"],
@@ -52,7 +57,7 @@ VARIANTS["rope+muon+relu2+wsd"] = [f for n in ("rope", "muon", "relu2", "wsd") f
 def steps_for(name: str, seconds: float, flags: list, work: Path, calibration: int) -> int:
     """Optimizer steps of `name` that fit in `seconds` of training, from a short run."""
     probe = ["--max-steps", calibration, "--log-interval", 5, "--eval-interval", calibration]
-    run = train(work / f"calibrate-{name}", [*probe, *VARIANTS[name], *flags])
+    run = train(work / f"calibrate-{name}", [*probe, *BASE, *VARIANTS[name], *flags])
     tokens_per_step = run["records"][0]["tokens"] / run["records"][0]["step"]
     return max(1, int(seconds * steady_tokens_per_s(run["records"]) / tokens_per_step))
 
@@ -94,7 +99,8 @@ def main() -> None:
 
         def one(job: tuple[int, str]) -> tuple[str, float]:
             seed, name = job
-            run_flags = ["--max-steps", steps[name], "--seed", seed, *VARIANTS[name], *flags]
+            run_flags = ["--max-steps", steps[name], "--seed", seed, *BASE, *VARIANTS[name]]
+            run_flags += flags
             run = train(work / f"run-{name}-{seed}", run_flags)
             print(f"seed {seed} {name}: {run['val_loss']:.4f}", file=sys.stderr, flush=True)
             return name, run["val_loss"]
@@ -107,7 +113,7 @@ def main() -> None:
     print("| --- | --- | --- | --- | --- |")
     for name, values in losses.items():
         delta = "" if base is None else f"{statistics.fmean(values) - base:+.4f}"
-        flag_text = " ".join(VARIANTS[name]) or "(default preset)"
+        flag_text = " ".join(VARIANTS[name]) or "(the previous default)"
         print(f"| {name} | `{flag_text}` | {steps[name]} | {spread(values)} | {delta} |")
 
 
