@@ -1,8 +1,8 @@
 """The training options of modern recipes, each alone and together, at equal wall time.
 
 On the shipped WikiText-2 crop (the default data), with the previous default recipe as the
-base (the default preset with every option below off: learned positions, GELU, AdamW, cosine
-schedule; BASE), for each variant a short calibration run measures its steady training rate
+base (the 'classic' preset: the default's model with every option below off, learned
+positions, GELU, AdamW, cosine schedule), for each variant a short calibration run measures its steady training rate
 on this machine, then the variant trains for as many steps as fit in --seconds of training
 (its schedule spans those steps), with --seeds seeds. Variants and seeds alternate
 (A B C ... A B C ...). The score is the final validation loss over the whole validation
@@ -30,9 +30,7 @@ from pathlib import Path
 
 from common import TRAIN_FLAGS, arguments, decoderlm_train, run_main, spread, steady_tokens_per_s
 
-BASE = ["--pos-encoding", "learned", "--mlp", "gelu", "--qk-norm", "false"]
-BASE += ["--zero-init-proj", "false", "--logit-softcap", "null", "--optimizer", "adamw"]
-BASE += ["--schedule", "cosine"]
+BASE = ["--preset", "classic"]
 OPTIONS = {
     "rope": ["--pos-encoding", "rope"],
     "muon": ["--optimizer", "muon"],

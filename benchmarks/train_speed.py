@@ -38,19 +38,9 @@ from common import prepare_chars, require_file
 
 ROOT = Path(__file__).resolve().parents[1]
 SHAKESPEARE = ROOT.parent / "shared" / "data" / "tinyshakespeare" / "input.txt"
-RECIPE = [  # nanoGPT's architecture and optimizer: learned positions, GELU, AdamW
-    "--pos-encoding",
-    "learned",
-    "--mlp",
-    "gelu",
-    "--qk-norm",
-    "false",
-    "--zero-init-proj",
-    "false",
-    "--logit-softcap",
-    "null",
-    "--optimizer",
-    "adamw",
+RECIPE = [  # nanoGPT's architecture and optimizer (learned positions, GELU, AdamW)
+    "--preset",
+    "classic",
     "--n-layers",
     "4",
     "--n-heads",

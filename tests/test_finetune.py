@@ -23,10 +23,9 @@ from conftest import one_line_error, tiny_model
 
 SYMBOLS = "abcdefghijklmnopqrstuvwxyz .,;!?\n"
 SMALL = ["--n-layers", "2", "--d-model", "32", "--n-heads", "2", "--block-size", "16"]
-# GPT-2's architecture (learned positions, GELU, no QK-norm or soft-cap), so the base and its
-# fine-tunings export to the GPT-2 format and have a position table to crop
-SMALL += ["--pos-encoding", "learned", "--mlp", "gelu", "--qk-norm", "false"]
-SMALL += ["--logit-softcap", "null", "--optimizer", "adamw"]
+# the 'classic' preset has GPT-2's architecture: the base and its fine-tunings export to the
+# GPT-2 format and have a position table to crop
+SMALL += ["--preset", "classic"]
 QUICK = [
     "--batch-size",
     "4",

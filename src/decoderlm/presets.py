@@ -78,6 +78,27 @@ PRESETS: dict[str, Preset] = {
             eval_interval=250,
         ),
     ),
+    "classic": Preset(
+        description="the default before the options of modern recipes won the ablation: the "
+        "same model with learned positions and a GELU MLP, trained 1,800 steps of AdamW "
+        "with warm-up + cosine decay from lr 3e-3 to 3e-4, weight decay 0.1, beta2 0.99, "
+        "clipping at 1.0, bfloat16 autocast (the ablation's base; GPT-2's architecture, so "
+        "its runs export to the GPT-2 format)",
+        model=dict(vocab_size=139, block_size=96, n_layers=3, n_heads=4, d_model=128, dropout=0.05),
+        train=dict(
+            batch_size=32,
+            max_steps=1800,
+            lr=3e-3,
+            min_lr=3e-4,
+            warmup_steps=100,
+            schedule="cosine",
+            weight_decay=0.1,
+            beta2=0.99,
+            grad_clip=1.0,
+            dtype="bfloat16",
+            eval_interval=300,
+        ),
+    ),
     **{
         name: Preset(
             description=f"GPT-2 {size} (Radford et al. 2019; OpenAI's released hparams.json: "

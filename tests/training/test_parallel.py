@@ -36,8 +36,8 @@ from conftest import tiny_config
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 TEXT = "".join(chr(33 + (i * 7919) % 60) for i in range(3000))
 SMALL = [  # AdamW: FSDP shards the matrices Muon orthogonalises whole
-    "--optimizer",
-    "adamw",
+    "--preset",
+    "classic",
     "--n-layers",
     "2",
     "--n-heads",

@@ -48,8 +48,8 @@ def test_a_larger_vocab_size_pads_and_a_smaller_one_is_refused(tmp_path):
     source.write_text(TEXT * 3, encoding="utf-8")
     prepare([source], "gpt2", tmp_path / "tokens", log=quiet)
     common = dict(data=tmp_path / "tokens", train_overrides=FAST, device="cpu", log=quiet)
-    gpt2 = dict(pos_encoding="learned", mlp="gelu", qk_norm=False, logit_softcap=None)
-    small = {**SMALL, **gpt2, "activation": "gelu_tanh"}  # exportable to the GPT-2 format
+    common["preset"] = "classic"  # GPT-2's architecture: the run exports to the GPT-2 format
+    small = {**SMALL, "activation": "gelu_tanh"}
     with pytest.raises(ValueError, match="smaller than the tokenizer's 50257 tokens"):
         run_experiment(
             out=tmp_path / "no", model_overrides={**small, "vocab_size": 50000}, **common

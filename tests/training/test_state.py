@@ -32,19 +32,9 @@ from decoderlm.weights import list_checkpoints
 from conftest import tiny_config
 
 SYMBOLS = [chr(c) for c in range(33, 33 + 64)] + ["\n"]  # 65 distinct characters
-TINY = [  # AdamW and the previous default's architecture: these tests read AdamW's state
-    "--optimizer",
-    "adamw",
-    "--pos-encoding",
-    "learned",
-    "--mlp",
-    "gelu",
-    "--qk-norm",
-    "false",
-    "--zero-init-proj",
-    "false",
-    "--logit-softcap",
-    "null",
+TINY = [  # AdamW (the 'classic' preset): these tests read AdamW's state
+    "--preset",
+    "classic",
     "--n-layers",
     "2",
     "--n-heads",
