@@ -2,11 +2,11 @@
 
 On the shipped WikiText-2 crop (the default data), with the previous default recipe as the
 base (the 'classic' preset: the default's model with every option below off, learned
-positions, GELU, AdamW, cosine schedule), for each variant a short calibration run measures its steady training rate
-on this machine, then the variant trains for as many steps as fit in --seconds of training
-(its schedule spans those steps), with --seeds seeds. Variants and seeds alternate
-(A B C ... A B C ...). The score is the final validation loss over the whole validation
-split (nats/char).
+positions, GELU, AdamW, cosine schedule), for each variant a short calibration run measures
+its steady training rate on this machine, then the variant trains for as many steps as fit
+in --seconds of training (its schedule spans those steps), with --seeds seeds. Variants and
+seeds alternate (A B C ... A B C ...). The score is the final validation loss over the whole
+validation split (nats/char).
 
     python benchmarks/ablation.py [--seconds 120] [--seeds 1337 1 2] [--variants ...]
                                   [--parallel 1] [--train-flags="--dtype float32"]
