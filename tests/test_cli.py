@@ -161,7 +161,9 @@ def test_bad_flags_and_values_are_one_line(tmp_path, capsys):
     one_line_error(
         capsys, ["params", "--config", str(tmp_path / "none.yaml")], "--config: File does not exist"
     )
-    one_line_error(capsys, ["params", "--preset", "gpt3"], "--preset: expected one of default")
+    one_line_error(
+        capsys, ["params", "--preset", "gpt3"], "--preset: expected one of classic, default"
+    )
     one_line_error(
         capsys,
         ["params", "--preset", "gpt2", "--run", "x"],
