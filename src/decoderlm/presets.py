@@ -22,13 +22,30 @@ class Preset:
     train: dict[str, Any] = field(default_factory=dict)
 
 
+# the seed experiment's model (vocab_size 139: the embedded corpus's 138 characters plus an
+# unknown-character id) and the previous default's training ('classic'), which 'default' builds on
+SEED_MODEL = dict(vocab_size=139, block_size=96, n_layers=3, n_heads=4, d_model=128)
+CLASSIC_TRAIN = dict(
+    batch_size=32,
+    max_steps=1800,
+    lr=3e-3,
+    min_lr=3e-4,
+    warmup_steps=100,
+    schedule="cosine",
+    weight_decay=0.1,
+    beta2=0.99,
+    grad_clip=1.0,
+    dtype="bfloat16",
+    eval_interval=300,
+)
+
 PRESETS: dict[str, Preset] = {
     "seed-notebook": Preset(
         description="the original seed experiment's run exactly: 3 layers x 128 wide, 4 heads, "
         "context 96, batch 32, 400 steps of AdamW at lr 2e-4, weight decay 1e-2, no schedule, "
         "no clipping (vocab_size 139: the embedded corpus's 138 characters plus an "
         "unknown-character id)",
-        model=dict(vocab_size=139, block_size=96, n_layers=3, n_heads=4, d_model=128),
+        model=SEED_MODEL,
         train=dict(
             batch_size=32,
             max_steps=400,
@@ -50,11 +67,7 @@ PRESETS: dict[str, Preset] = {
         "0.99) for the rest, 100 warm-up steps then constant until the last 40% decay to a "
         "tenth (WSD), clipping at 1.0, bfloat16 autocast",
         model=dict(
-            vocab_size=139,
-            block_size=96,
-            n_layers=3,
-            n_heads=4,
-            d_model=128,
+            **SEED_MODEL,
             dropout=0.05,
             pos_encoding="rope",
             qk_norm=True,
@@ -62,21 +75,14 @@ PRESETS: dict[str, Preset] = {
             zero_init_proj=True,
             logit_softcap=15.0,
         ),
-        train=dict(
-            batch_size=32,
-            max_steps=500,
-            lr=3e-3,
-            min_lr=3e-4,
-            warmup_steps=100,
-            schedule="wsd",
-            cooldown_fraction=0.4,
-            optimizer="muon",
-            weight_decay=0.1,
-            beta2=0.99,
-            grad_clip=1.0,
-            dtype="bfloat16",
-            eval_interval=250,
-        ),
+        train={
+            **CLASSIC_TRAIN,
+            "max_steps": 500,
+            "schedule": "wsd",
+            "cooldown_fraction": 0.4,
+            "optimizer": "muon",
+            "eval_interval": 250,
+        },
     ),
     "classic": Preset(
         description="the default before the options of modern recipes won the ablation: the "
@@ -84,20 +90,8 @@ PRESETS: dict[str, Preset] = {
         "with warm-up + cosine decay from lr 3e-3 to 3e-4, weight decay 0.1, beta2 0.99, "
         "clipping at 1.0, bfloat16 autocast (the ablation's base; GPT-2's architecture, so "
         "its runs export to the GPT-2 format)",
-        model=dict(vocab_size=139, block_size=96, n_layers=3, n_heads=4, d_model=128, dropout=0.05),
-        train=dict(
-            batch_size=32,
-            max_steps=1800,
-            lr=3e-3,
-            min_lr=3e-4,
-            warmup_steps=100,
-            schedule="cosine",
-            weight_decay=0.1,
-            beta2=0.99,
-            grad_clip=1.0,
-            dtype="bfloat16",
-            eval_interval=300,
-        ),
+        model=dict(**SEED_MODEL, dropout=0.05),
+        train=CLASSIC_TRAIN,
     ),
     **{
         name: Preset(
