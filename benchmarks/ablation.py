@@ -52,22 +52,21 @@ VARIANTS["all+dropout-0.1"] = [*VARIANTS["all"], *OPTIONS["dropout-0.1"]]
 VARIANTS["rope+muon+relu2+wsd"] = [f for n in ("rope", "muon", "relu2", "wsd") for f in OPTIONS[n]]
 
 
-def steps_for(name: str, seconds: float, flags: list, work: Path, calibration: int) -> int:
+def steps_for(
+    name: str, seconds: float, flags: list, work: Path, calibration: int, parallel: int
+) -> int:
     """Optimizer steps of `name` that fit in `seconds` of training, from a short run."""
     probe = ["--max-steps", calibration, "--log-interval", 5, "--eval-interval", calibration]
-    run = train(work / f"calibrate-{name}", [*probe, *BASE, *VARIANTS[name], *flags])
+    run = train(work / f"calibrate-{name}", [*probe, *BASE, *VARIANTS[name], *flags], parallel)
     tokens_per_step = run["records"][0]["tokens"] / run["records"][0]["step"]
     return max(1, int(seconds * steady_tokens_per_s(run["records"]) / tokens_per_step))
 
 
-def train(out: Path, flags: list) -> dict:
+def train(out: Path, flags: list, parallel: int) -> dict:
     """decoderlm_train, on one thread when runs go in parallel."""
-    if PARALLEL[0] == 1:
+    if parallel == 1:
         return decoderlm_train(out, flags)
     return decoderlm_train(out, [*flags, "--threads", 1], env={"OMP_NUM_THREADS": "1"})
-
-
-PARALLEL = [1]  # how many trainings run at once (--parallel)
 
 
 def main() -> None:
@@ -84,13 +83,12 @@ def main() -> None:
         raise SystemExit(
             "error: --seconds must be positive, --calibration-steps >= 15, --parallel >= 1"
         )
-    PARALLEL[0] = args.parallel
     losses = {name: [] for name in args.variants}
     with tempfile.TemporaryDirectory() as work, ThreadPoolExecutor(args.parallel) as pool:
         work = Path(work)
 
         def calibrate(name: str) -> int:
-            return steps_for(name, args.seconds, flags, work, args.calibration_steps)
+            return steps_for(name, args.seconds, flags, work, args.calibration_steps, args.parallel)
 
         steps = dict(zip(losses, pool.map(calibrate, losses), strict=True))
         print("steps in", args.seconds, "s:", steps, file=sys.stderr)
@@ -99,7 +97,7 @@ def main() -> None:
             seed, name = job
             run_flags = ["--max-steps", steps[name], "--seed", seed, *BASE, *VARIANTS[name]]
             run_flags += flags
-            run = train(work / f"run-{name}-{seed}", run_flags)
+            run = train(work / f"run-{name}-{seed}", run_flags, args.parallel)
             print(f"seed {seed} {name}: {run['val_loss']:.4f}", file=sys.stderr, flush=True)
             return name, run["val_loss"]
 

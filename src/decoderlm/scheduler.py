@@ -73,6 +73,11 @@ class Sequence:
         """Ask for no more tokens: the sequence leaves the batch before the next step."""
         self.cancelled = True
 
+    def fail(self, error: Exception) -> None:
+        """End the sequence with `error` (emitted in place of the next token)."""
+        self.cancelled = True
+        self.emit(error)
+
 
 class Scheduler:
     """The decoding thread of a model served to concurrent requests.
@@ -145,8 +150,7 @@ class Scheduler:
     def _fail_active(self, error: Exception) -> None:
         """End every active sequence with `error` and start from an empty batch."""
         for seq in self._active:
-            seq.cancelled = True
-            seq.emit(error)
+            seq.fail(error)
         self._active = []
         c = self._cache
         self._cache = SlotKVCache(self.model.config, self.max_batch_size, c.device, c.dtype)
@@ -155,8 +159,7 @@ class Scheduler:
         try:
             action(seq)
         except Exception as e:  # the request fails; the server and the other requests go on
-            seq.cancelled = True
-            seq.emit(e)
+            seq.fail(e)
 
     def _prefill(self, windows: list[list[int]]) -> tuple[KVCache, torch.Tensor]:
         """One forward pass over windows of ids of one length (at most max_positions): their
@@ -175,14 +178,13 @@ class Scheduler:
         groups: dict[int, list[Sequence]] = {}
         for seq in joining:
             if not seq.cancelled:
-                groups.setdefault(len(seq.ids[-limit:]), []).append(seq)
+                groups.setdefault(min(len(seq.ids), limit), []).append(seq)
         for group in groups.values():
             try:
                 cache, logits = self._prefill([seq.ids[-limit:] for seq in group])
             except Exception as e:  # the requests fail; the server and the others go on
                 for seq in group:
-                    seq.cancelled = True
-                    seq.emit(e)
+                    seq.fail(e)
                 continue
             for i, seq in enumerate(group):
                 self._cache.put(cache, i)
