@@ -1,6 +1,6 @@
 """Why bfloat16 CPU training with short contexts writes attention out: forward + backward of
 scaled_dot_product_attention (the fused flash kernel) against attention written out
-(`decoderlm.model.attention_pattern` @ v), float32 and bfloat16, at the nanoGPT recipe's shape
+(`decoderlm.model.model.attention_pattern` @ v), float32 and bfloat16, at the nanoGPT recipe's shape
 (B 12, 4 heads, T 64, head_dim 32). Prints milliseconds per forward + backward, best of 50.
 
     python benchmarks/attention_backward.py
@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from common import arguments
-from decoderlm.model import attention_pattern
+from decoderlm.model.model import attention_pattern
 from gemv import best_ms
 
 

@@ -16,7 +16,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from decoderlm import DecoderLM, ModelConfig
-from decoderlm.generate import generate
+from decoderlm.generation.generate import generate
 
 
 def main() -> None:

@@ -1,7 +1,7 @@
 """One-row products on this CPU, the core of decoding one token (--rows N: N-row products,
 decoding N sequences together as `decoderlm serve` does): F.linear (MKL's or oneDNN's
-matrix-vector product), `decoderlm.model.rowwise_linear` (a 2-way batched matmul) and
-`decoderlm.model.reduction_linear` under torch.compile (one fused multiply-and-sum kernel),
+matrix-vector product), `decoderlm.model.model.rowwise_linear` (a 2-way batched matmul) and
+`decoderlm.model.model.reduction_linear` under torch.compile (one fused multiply-and-sum kernel),
 against torch.sum over the same weights (a pure read), for the unembeddings and block matrices
 of the decoding benchmark, float32 and bfloat16.
 
@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from common import arguments
-from decoderlm.cpu_decode import reduction_linear, rowwise_linear
+from decoderlm.generation.cpu_decode import reduction_linear, rowwise_linear
 
 SHAPES = [(50257, 768), (50257, 256), (3072, 768), (768, 3072), (2304, 768)]  # [out, in]
 

@@ -41,8 +41,8 @@ def read_bandwidth() -> float:
 def main() -> None:
     import transformers
 
-    from decoderlm.generate import generate
-    from decoderlm.hf import load_gpt2
+    from decoderlm.generation.generate import generate
+    from decoderlm.io.hf import load_gpt2
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=2)

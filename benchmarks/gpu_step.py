@@ -9,11 +9,11 @@ train: GPT-2 small (124M; the `gpt2` preset, context 1024) through the trainer's
     `parallelize` (the attention choice, torch.compile unless --no-compile) and `train_step`
     with fused AdamW, random tokens; after 3 warm-up steps, tokens/s over --steps steps, MFU
     against the device's peak for the dtype (`decoderlm.training.metrics.peak_flops`), the
-    peak allocated memory beside `decoderlm.analysis.memory_bytes` (what `decoderlm params`
+    peak allocated memory beside `decoderlm.model.analysis.memory_bytes` (what `decoderlm params`
     prints), and for float16 the GradScaler's scale and the steps it skipped.
 generate: greedy decoding of a random GPT-2 small, batch 1, a 32-token prompt, decoderlm's
     `generate` (KV cache) against transformers' `generate` on the same weights (saved by
-    `decoderlm.hf.save_gpt2`), tokens/s of each after a warm-up, and whether the tokens agree.
+    `decoderlm.io.hf.save_gpt2`), tokens/s of each after a warm-up, and whether the tokens agree.
 fsdp: the train part's step with FSDP2 (fully_shard per block, then the root) in one process
     of a torchrun job.
 """
@@ -29,8 +29,8 @@ import torch
 
 from common import arguments
 from decoderlm import DecoderLM, ModelConfig, TrainConfig, get_preset
-from decoderlm.analysis import flops_per_token, memory_bytes
-from decoderlm.generate import generate
+from decoderlm.generation.generate import generate
+from decoderlm.model.analysis import flops_per_token, memory_bytes
 from decoderlm.training.loop import autocast_for, micro_batches, train_step
 from decoderlm.training.metrics import peak_flops
 from decoderlm.training.optim import configure_optimizer
@@ -104,7 +104,7 @@ def _adam_steps(optimizer) -> int:
 def generate_part(args) -> None:
     from transformers import GPT2LMHeadModel
 
-    from decoderlm.hf import save_gpt2
+    from decoderlm.io.hf import save_gpt2
 
     device, config = device_and_config(args)
     torch.manual_seed(0)

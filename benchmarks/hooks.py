@@ -11,7 +11,7 @@ vocabulary 50,257, 32-token prompt, 64 new tokens, float32) and of one training 
 measured time of each (median of 5).
 
 The lens part times (median of 3, after one warm-up) what training adds at each evaluation
-(`decoderlm.lens.probe_metrics` on the repeated probe) and at the end (`build_report` +
+(`decoderlm.lens.lens.probe_metrics` on the repeated probe) and at the end (`build_report` +
 `write_report` on the first validation tokens), for the default preset's model (3 x 128,
 vocabulary 139, context 96, 96 tokens), and the report of a randomly initialised model of
 GPT-2 small's shape (12 x 768, vocabulary 50,257, 128 tokens) without and with --corrupt.
@@ -28,10 +28,10 @@ from pathlib import Path
 import torch
 
 from decoderlm import CharTokenizer, DecoderLM, GPT2Tokenizer, ModelConfig
-from decoderlm.generate import generate
-from decoderlm.hooks import HookPoint
-from decoderlm.lens import default_probe, probe_metrics
-from decoderlm.report import build_report, write_report
+from decoderlm.generation.generate import generate
+from decoderlm.lens.lens import default_probe, probe_metrics
+from decoderlm.lens.report import build_report, write_report
+from decoderlm.model.hooks import HookPoint
 
 
 def call_ns() -> float:

@@ -1,4 +1,4 @@
-"""Peak memory of a CPU training step, measured, beside `decoderlm.analysis.memory_bytes`.
+"""Peak memory of a CPU training step, measured, beside `decoderlm.model.analysis.memory_bytes`.
 
 Each configuration runs in a fresh process: the peak resident set size (ru_maxrss) after a
 warm-up step of a tiny model is the baseline; the model is built, AdamW takes three float32 steps
@@ -75,7 +75,7 @@ print(json.dumps({"measured": peak - base}))
 def main() -> None:
     arguments(__doc__).parse_args()
     from decoderlm import ModelConfig
-    from decoderlm.analysis import memory_bytes
+    from decoderlm.model.analysis import memory_bytes
 
     mib = 2**20
     print(

@@ -28,7 +28,7 @@ def main() -> None:
     )
     data = require_file(parser.parse_args().data, "pass --data PATH/TO/tinyshakespeare/input.txt")
     from decoderlm import DecoderLM
-    from decoderlm.data import get_batch, load_token_dir
+    from decoderlm.data.corpus import get_batch, load_token_dir
     from decoderlm.evaluate import evaluate_run
 
     with tempfile.TemporaryDirectory() as work:

@@ -15,7 +15,7 @@ recipe: nanoGPT's Shakespeare-character CPU recipe (n_layers 4, n_heads 4, d_mod
     validation loss over the whole validation split (nats/char).
 mfu: n_layers 8, d_model 512, n_heads 8, block_size 256, batch 8, character vocabulary: tokens/s
     over 10 steps after 3 warm-up steps, and MFU = training FLOPs per token (Kaplan et al. 2020,
-    table 1: 6 N + 6 n_layers T d_model, `decoderlm.analysis.flops_per_token`) x tokens/s over
+    table 1: 6 N + 6 n_layers T d_model, `decoderlm.model.analysis.flops_per_token`) x tokens/s over
     the matmul peak this script measures (a 2048 x 2048 x 2048 torch.mm, best of 20).
 context: the recipe's model at 16,384 tokens per step, block_size 128 ... 4,096 (batch 128 ...
     4), float32, default attention path (scaled_dot_product_attention): tokens/s over 5 steps
@@ -178,7 +178,7 @@ def mfu_part() -> None:
     import torch
 
     from decoderlm import DecoderLM, ModelConfig
-    from decoderlm.analysis import flops_per_token
+    from decoderlm.model.analysis import flops_per_token
 
     cfg = ModelConfig(
         vocab_size=66, block_size=256, n_layers=8, n_heads=8, d_model=512, dropout=0.0

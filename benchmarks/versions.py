@@ -37,7 +37,7 @@ from common import require_file
 DECODE = """
 import time, torch
 from decoderlm import DecoderLM, ModelConfig
-from decoderlm.generate import generate
+from decoderlm.generation.generate import generate
 torch.manual_seed(0)
 model = DecoderLM(ModelConfig(vocab_size=50257, block_size=1024, n_layers={n_layers},
                               n_heads={n_heads}, d_model={d_model})).eval()

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from decoderlm import DecoderLM, ModelConfig
-from decoderlm.hooks import run_with_cache
+from decoderlm.model.hooks import run_with_cache
 
 
 def tiny_config(**overrides) -> ModelConfig:
@@ -58,7 +58,7 @@ def assert_matches_reference(model: DecoderLM, idx: torch.Tensor) -> torch.Tenso
     """The model's logits for idx equal the NumPy reference's to 1e-4; returns them."""
     import numpy as np
 
-    from decoderlm import reference
+    from decoderlm.model import reference
 
     logits, _ = model(idx)
     params = {k: v.numpy() for k, v in model.state_dict().items()}
@@ -76,7 +76,7 @@ def forward_with_attention(model: DecoderLM, idx: torch.Tensor):
 
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
     """Attention written out from the model's own pattern: (y, att), q, k, v [B, H, T, D]."""
-    from decoderlm.model import attention_pattern
+    from decoderlm.model.model import attention_pattern
 
     att = attention_pattern(q, k)
     return att.to(v.dtype) @ v, att
@@ -102,7 +102,7 @@ def one_line_error(capsys, argv, *fragments):
 
 @contextlib.contextmanager
 def running(app):
-    """A real uvicorn server for `app` (a decoderlm.serve app) on a free port of 127.0.0.1;
+    """A real uvicorn server for `app` (a decoderlm.serve.app app) on a free port of 127.0.0.1;
     yields its base URL."""
     import uvicorn
 

@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from decoderlm.cli import COMMANDS, _settings_file_first, build_parser, main
-from decoderlm.prepare import prepare
+from decoderlm.data.prepare import prepare
 
 from conftest import one_line_error, quiet, tiny_model
 

@@ -7,12 +7,12 @@ from pathlib import Path
 import pytest
 import torch
 
-import decoderlm.data as data_module
+import decoderlm.data.corpus as data_module
 from decoderlm import DecoderLM, load_tokenizer
 from decoderlm.cli import main
-from decoderlm.data import EMBEDDED_CORPUS, load_token_dir
+from decoderlm.data.corpus import EMBEDDED_CORPUS, load_token_dir
+from decoderlm.data.prepare import prepare
 from decoderlm.evaluate import evaluate, evaluate_run, score_window_starts, token_logprobs
-from decoderlm.prepare import prepare
 from decoderlm.tokenizers import DEFAULT_UNK_TOKEN
 from decoderlm.training.run import run_experiment
 

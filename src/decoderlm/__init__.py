@@ -1,7 +1,7 @@
 """decoderlm: decoder-only (GPT-style) transformer language models in PyTorch.
 
 from decoderlm import ModelConfig, DecoderLM
-from decoderlm.generate import generate
+from decoderlm.generation.generate import generate
 model = DecoderLM(ModelConfig(vocab_size=65, block_size=64, n_layers=2, n_heads=4,
                               d_model=64))
 logits, loss = model(idx, targets)        # idx, targets: [B, T] int64
@@ -9,8 +9,8 @@ out = generate(model, idx, max_new_tokens=20)
 """
 
 from .config import ModelConfig, TrainConfig
-from .hooks import run_with_cache
-from .model import DecoderLM
+from .model.hooks import run_with_cache
+from .model.model import DecoderLM
 from .presets import PRESETS, get_preset
 from .tokenizers import (
     ByteTokenizer,

@@ -148,7 +148,7 @@ def prepare(
 
     Stream text files through a tokenizer into DIR/train.bin (the first 1 - F of the token
     stream) and DIR/val.bin (the last F), np.uint16 or np.uint32, with DIR/meta.json; see
-    decoderlm.prepare. A directory with train/valid/test files (train.txt, valid.txt,
+    decoderlm.data.prepare. A directory with train/valid/test files (train.txt, valid.txt,
     test.txt or WikiText's wiki.train.raw, ...) keeps its splits: train.bin from train,
     val.bin from valid, test never read. Each file is a document: with several files, the
     end-of-text token (GPT-2's <|endoftext|>, or --eot) follows each one.
@@ -172,7 +172,7 @@ def prepare(
             or error (refused, tiktoken's default); special and error need an end-of-text
             token (gpt2, or --eot).
     """
-    from .prepare import prepare as prepare_tokens
+    from .data.prepare import prepare as prepare_tokens
 
     _one_of(data=data, dataset=dataset)
     prepare_tokens(
@@ -264,7 +264,7 @@ def sample(
         only_new: print only the continuation, not the prompt (the default prompt is never
             printed).
     """
-    from .generate import stream_text
+    from .generation.generate import stream_text
     from .tokenizers import CharTokenizer
 
     model, tokenizer = _model_and_tokenizer(run, hf, device)
@@ -346,8 +346,8 @@ def serve(
         compile: decode with torch.compile: faster per token after a one-time compile
             at start (needs a C++ compiler on the CPU).
     """
-    from .serve import ServeLimits
-    from .serve import serve as serve_http
+    from .serve.app import ServeLimits
+    from .serve.app import serve as serve_http
 
     if not 1 <= port < 65536:
         raise ValueError(f"--port must be in [1, 65536), got {port}")
@@ -366,7 +366,7 @@ def serve(
 
 def presets() -> int:
     """List the named presets."""
-    from .analysis import count_parameters
+    from .model.analysis import count_parameters
 
     for name, preset in PRESETS.items():
         if not preset.model:  # "finetune": the model comes from --init-from
@@ -416,8 +416,8 @@ def params(
     """
     import torch
 
-    from .analysis import count_parameters, flops_per_token, memory_bytes
-    from .model import DecoderLM
+    from .model.analysis import count_parameters, flops_per_token, memory_bytes
+    from .model.model import DecoderLM
     from .presets import get_preset
 
     _one_of(preset=preset, run=run, model_config=model_config)
@@ -479,7 +479,7 @@ def inspect(
     hovering a token: the text coloured by surprisal (bits) with the top guesses, the
     attention of every layer and head, previous-token / duplicate-token / induction head
     scores, the logit lens, the embedding map, and activation patching with --corrupt; the
-    same data as JSON beside it (same name, .json). See decoderlm.report.
+    same data as JSON beside it (same name, .json). See decoderlm.lens.report.
 
     Args:
         run: a run directory (give --run or --hf).
@@ -495,7 +495,7 @@ def inspect(
             run's).
         device: cpu, cuda, ...
     """
-    from .report import build_report, write_report
+    from .lens.report import build_report, write_report
 
     _one_of(text=text, text_file=text_file)
     if Path(out).is_dir() or out.endswith("/") or Path(out).suffix == ".json":
@@ -581,9 +581,9 @@ def _trainable_report(config: ModelConfig, given: dict, saved: dict | None) -> d
     parameter trains."""
     import torch
 
-    from .finetune import prepare_trainable, trainable_counts
-    from .lora import LoRALinear, lora_parameter_count
-    from .model import DecoderLM
+    from .finetune.trainable import prepare_trainable, trainable_counts
+    from .model.lora import LoRALinear, lora_parameter_count
+    from .model.model import DecoderLM
 
     saved = saved if isinstance(saved, dict) else {}
     settings = {k: v if v is not None else saved.get(k) for k, v in given.items()}
@@ -615,7 +615,7 @@ def merge(run: NotEmptyStr, out: NotEmptyStr) -> int:
             recorded it.
         out: the new model directory (must not exist, or be empty).
     """
-    from .finetune import merge_run
+    from .finetune.merge import merge_run
 
     print(
         f"wrote {merge_run(run, out)}/: model.safetensors config.json tokenizer.json "
@@ -666,13 +666,13 @@ def _checked_device(text: str | None) -> str | None:
 def _model_and_tokenizer(run: str | None, hf: str | None, device: str):
     """The model and tokenizer of --run DIR or --hf DIR, checked to belong together."""
     from .evaluate import check_vocab
-    from .finetune import load_model
+    from .finetune.sources import load_model
     from .tokenizers import GPT2Tokenizer, load_tokenizer
 
     _one_of(run=run, hf=hf)
     device = _checked_device(device)
     if hf:
-        from .hf import load_gpt2
+        from .io.hf import load_gpt2
 
         model, tokenizer = load_gpt2(hf, map_location=device), GPT2Tokenizer()
     else:

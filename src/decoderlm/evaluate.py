@@ -16,13 +16,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .data import check_split, is_token_dir, load_corpus, load_token_dir, windows
+from .data.corpus import check_split, is_token_dir, load_corpus, load_token_dir, windows
+from .data.prepare import encode_source, source_files
 from .files import read_json
-from .finetune import load_model
-from .model import DecoderLM
-from .prepare import encode_source, source_files
+from .finetune.sources import load_model
+from .model.model import DecoderLM
+from .model.weights import CONFIG_NAME
 from .tokenizers import CharTokenizer, Tokenizer, load_tokenizer
-from .weights import CONFIG_NAME
 
 __all__ = [
     "LN2",

@@ -7,8 +7,8 @@ import subprocess
 import sys
 import time
 
+from decoderlm.model.weights import list_checkpoints
 from decoderlm.training import launch
-from decoderlm.weights import list_checkpoints
 
 TEXT = "".join(chr(33 + (i * 7919) % 60) for i in range(3000))
 TINY = ["--n-layers", "1", "--n-heads", "2", "--d-model", "16", "--block-size", "16"]

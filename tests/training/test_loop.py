@@ -6,7 +6,7 @@ import torch
 
 from decoderlm import DecoderLM
 from decoderlm.config import TrainConfig
-from decoderlm.data import windows
+from decoderlm.data.corpus import windows
 from decoderlm.training.loop import train
 
 from conftest import tiny_config

@@ -11,6 +11,7 @@ import torch
 from test_state import assert_same_run, cli, train_argv
 
 from decoderlm.config import TrainConfig
+from decoderlm.model.weights import list_checkpoints
 from decoderlm.training.checkpoints import load_trainer_state
 from decoderlm.training.optim import (
     MuonWithAdamW,
@@ -19,7 +20,6 @@ from decoderlm.training.optim import (
     muon_parameters,
     set_lr,
 )
-from decoderlm.weights import list_checkpoints
 
 from conftest import one_line_error, tiny_model
 

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from decoderlm import DecoderLM
+from decoderlm.data.prepare import prepare
 from decoderlm.evaluate import evaluate_run
-from decoderlm.hf import save_gpt2
-from decoderlm.prepare import prepare
+from decoderlm.io.hf import save_gpt2
 from decoderlm.training.run import run_experiment
 
 from conftest import quiet

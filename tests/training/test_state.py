@@ -22,12 +22,12 @@ from safetensors.torch import load_file
 from decoderlm import DecoderLM
 from decoderlm.cli import main
 from decoderlm.config import TrainConfig
+from decoderlm.model.weights import list_checkpoints
 from decoderlm.training.checkpoints import load_trainer_state
 from decoderlm.training.loop import micro_batches, train_step
 from decoderlm.training.optim import configure_optimizer, lr_at
 from decoderlm.training.parallel import DistInfo, Parallelized
 from decoderlm.training.state import TrainState, named_state_dicts
-from decoderlm.weights import list_checkpoints
 
 from conftest import tiny_config
 
@@ -422,7 +422,7 @@ def test_one_process_state_dicts_are_those_of_torch_distributed_checkpoint(
     unembedding, activation-checkpoint wrappers, Muon + AdamW groups, frozen weights)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
-    from decoderlm.finetune import prepare_trainable
+    from decoderlm.finetune.trainable import prepare_trainable
     from decoderlm.training.parallel import apply_activation_checkpointing
 
     cfg = TrainConfig(batch_size=2, lr=1e-3, dtype="float32", optimizer=optimizer, freeze=freeze)

@@ -1,6 +1,6 @@
 """Resumable training checkpoints: <run>/checkpoints/step-NNNNNNNN/.
 
-A checkpoint is a model directory (see `decoderlm.weights`) plus the tokenizer files and
+A checkpoint is a model directory (see `decoderlm.model.weights`) plus the tokenizer files and
 trainer_state.pt (optimizer, step, RNG states, data sampler; only tensors and plain Python
 containers, read back with torch.load(weights_only=True), so loading it never runs pickled
 code). It is written into a hidden temporary directory, every file fsync-ed, then renamed into
@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from ..files import atomic_write, fsync_dir, make_temp_dir, torch_save
-from ..weights import _STEP_PREFIX, CHECKPOINTS_DIR, list_checkpoints, save_weights
+from ..model.weights import _STEP_PREFIX, CHECKPOINTS_DIR, list_checkpoints, save_weights
 
 __all__ = ["save_checkpoint", "latest_checkpoint", "load_trainer_state", "TRAINER_STATE_NAME"]
 

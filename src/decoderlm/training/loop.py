@@ -14,7 +14,7 @@ far, all ranks), elapsed_s, tokens_per_s, grad_norm (of the logged step, before 
 / ln 2, bits per token), val_bpb (bits per UTF-8 byte of the validation text; see
 `decoderlm.training.metrics`, which also writes the records to metrics.csv and TensorBoard,
 cfg.log), induction_score (per layer, the best head's) and probe_second_half_loss (nats) on a
-repeated random-token probe (`decoderlm.lens.probe_metrics`).
+repeated random-token probe (`decoderlm.lens.lens.probe_metrics`).
 """
 
 from __future__ import annotations
@@ -34,11 +34,11 @@ import torch
 from tqdm.auto import tqdm
 
 from ..config import TrainConfig
-from ..data import check_split, windows
+from ..data.corpus import check_split, windows
 from ..evaluate import LN2, evaluate
-from ..lens import default_probe, probe_metrics
-from ..model import DecoderLM
-from ..weights import list_checkpoints
+from ..lens.lens import default_probe, probe_metrics
+from ..model.model import DecoderLM
+from ..model.weights import list_checkpoints
 from .metrics import RecordExtras, Sinks
 from .optim import configure_optimizer, lr_at, set_lr
 from .parallel import DistInfo, Parallelized, agree_across_ranks, gradient_sync, parallelize

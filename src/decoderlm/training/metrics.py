@@ -5,7 +5,7 @@
                torch.nn.utils.clip_grad_norm_ returns, before clipping; computed also when
                clipping is off)
     mfu        model FLOP utilisation: tokens_per_s * training FLOPs per token (the Kaplan
-               et al. 2020 count of `decoderlm.analysis.flops_per_token`) / (peak FLOP/s *
+               et al. 2020 count of `decoderlm.model.analysis.flops_per_token`) / (peak FLOP/s *
                processes). The peak is --peak-tflops, else a small table of known GPUs'
                dense bfloat16 / float16 / float32 peaks, else on the CPU a matmul peak
                measured once per process (`measured_matmul_peak`, the higher of the dtype's
@@ -30,10 +30,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..analysis import flops_per_token, mfu
 from ..config import ModelConfig, TrainConfig
 from ..evaluate import LN2
 from ..files import atomic_write
+from ..model.analysis import flops_per_token, mfu
 
 __all__ = [
     "RecordExtras",

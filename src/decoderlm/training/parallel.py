@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from ..config import TrainConfig
-from ..model import DecoderLM
+from ..model.model import DecoderLM
 
 __all__ = [
     "DistInfo",

@@ -20,26 +20,20 @@ import numpy as np
 import torch
 
 from ..config import ModelConfig, TrainConfig
-from ..data import check_split, data_spec, load_corpus
+from ..data.corpus import check_split, data_spec, load_corpus
 from ..evaluate import LN2
 from ..files import atomic_write, read_json
-from ..finetune import (
-    finetune_config,
-    load_model,
-    load_source,
-    lora_entry,
-    merge_run,
-    prepare_trainable,
-    trainable_counts,
-)
-from ..generate import generate
-from ..hooks import run_with_cache
-from ..model import DecoderLM
-from ..plots import Plotter
+from ..finetune.merge import merge_run
+from ..finetune.sources import finetune_config, load_model, load_source
+from ..finetune.trainable import lora_entry, prepare_trainable, trainable_counts
+from ..generation.generate import generate
+from ..lens.plots import Plotter
+from ..lens.report import build_report, write_report
+from ..model.hooks import run_with_cache
+from ..model.model import DecoderLM
+from ..model.weights import ADAPTER_NAME, list_checkpoints
 from ..presets import get_preset
-from ..report import build_report, write_report
 from ..tokenizers import CharTokenizer, Tokenizer, load_tokenizer
-from ..weights import ADAPTER_NAME, list_checkpoints
 from .checkpoints import latest_checkpoint, load_trainer_state
 from .launch import resume_command
 from .loop import TrainResult, autocast_for, train
@@ -89,7 +83,7 @@ class RunPlan:
 
     out_dir: Path
     preset: str
-    spec: dict  # config.json["data_spec"], see `decoderlm.data.data_spec`
+    spec: dict  # config.json["data_spec"], see `decoderlm.data.corpus.data_spec`
     model_cfg: ModelConfig
     train_cfg: TrainConfig
     tokenizer: Tokenizer
@@ -146,13 +140,13 @@ def run_experiment(
     directory: metrics.jsonl and checkpoints/ while training, then model.safetensors,
     config.json, tokenizer.json, loss.png, attention.png (every layer and head on the first 64
     validation tokens), samples.txt (sample_chars tokens from sample_prompt) and report.html
-    with report.json (`decoderlm.report` on the first 128 validation tokens).
+    with report.json (`decoderlm.lens.report` on the first 128 validation tokens).
 
     Under torchrun every process calls this; rank 0 alone writes files and prints.
 
     Args:
         preset: a name from `decoderlm.presets.PRESETS` (default "default").
-        data, dataset, max_chars: see `decoderlm.data.load_text`; max_chars defaults to
+        data, dataset, max_chars: see `decoderlm.data.corpus.load_text`; max_chars defaults to
             300,000 for a WikiText directory or dataset, all of a plain file.
         out: the run directory; None picks runs/<preset> (or -2, -3, ... if taken).
         overwrite: allow `out` to hold an earlier run, whose files (only those) are deleted
@@ -163,7 +157,7 @@ def run_experiment(
             config, preset and data are reused (contradicting overrides are refused), training
             settings may be overridden (e.g. max_steps), and metrics.jsonl is appended to.
         init_from: fine-tune: start from the weights of this decoderlm run directory or
-            Hugging Face GPT-2 directory (see `decoderlm.finetune.load_source`), whose shape
+            Hugging Face GPT-2 directory (see `decoderlm.finetune.sources.load_source`), whose shape
             and tokenizer the run takes (model overrides other than dropout are refused); the
             preset defaults to "finetune"; config.json records the source in "init_from".
         merge: after training a run with LoRA adapters, also write the merged model to

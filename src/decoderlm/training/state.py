@@ -20,8 +20,8 @@ import numpy as np
 import torch
 
 from ..config import TrainConfig
-from ..model import DecoderLM
-from ..weights import list_checkpoints
+from ..model.model import DecoderLM
+from ..model.weights import list_checkpoints
 from .checkpoints import save_checkpoint
 from .parallel import DistInfo, barrier, gather_across_ranks
 

@@ -21,8 +21,8 @@ from collections.abc import Callable
 import torch
 
 from ..config import TrainConfig
-from ..data import windows
-from ..model import DecoderLM
+from ..data.corpus import windows
+from ..model.model import DecoderLM
 
 __all__ = ["set_threads", "parse_threads", "thread_candidates", "ThreadTuner"]
 

@@ -1,0 +1,1 @@
+"""Data: corpora, windows and token directories (corpus), and `decoderlm prepare` (prepare)."""

@@ -1,0 +1,54 @@
+"""`merge_run` (`decoderlm merge`): a LoRA run's adapters folded into an ordinary model
+directory."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from ..files import make_temp_dir
+from ..model.weights import ADAPTER_NAME, WEIGHTS_NAME
+from ..tokenizers import load_tokenizer
+from .sources import adapter_config, load_model, weights_sha256
+
+
+def merge_run(run: str | Path, out: str | Path) -> Path:
+    """Write the model of adapter directory `run` with its adapters merged into the weights as
+    an ordinary model directory `out` (model.safetensors, config.json, tokenizer.json), whose
+    logits equal the adapted model's. config.json keeps the run's entries (its "train" without
+    the LoRA settings) and adds "merged_from" {"run", "sha256"}. `out` appears complete or not
+    at all.
+
+    Raises:
+        ValueError: `run` has no adapters, `out` exists and is not empty, or the run cannot be
+            loaded (nothing is written then).
+    """
+    run, out = Path(run), Path(out)
+    if not (run / ADAPTER_NAME).is_file() and not (run / WEIGHTS_NAME).is_file():
+        raise ValueError(f"{run} is not a run directory (no {ADAPTER_NAME}); give a LoRA run")
+    if not (run / ADAPTER_NAME).is_file():
+        raise ValueError(
+            f"{run} has no LoRA adapters (no {ADAPTER_NAME}); it is already an ordinary model "
+            f"directory, usable as it is"
+        )
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ValueError(f"--out {out} already exists and is not empty; choose another --out")
+    model, tokenizer = load_model(run), load_tokenizer(run)
+    config, _, _ = adapter_config(run)
+    extra = {k: v for k, v in config.items() if k not in ("model", "lora")}
+    if isinstance(extra.get("train"), dict):
+        extra["train"] = {**extra["train"], "lora_rank": None, "lora_alpha": None}
+    extra["merged_from"] = {"run": str(run.resolve()), "sha256": weights_sha256(run)}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = make_temp_dir(out.parent, f".tmp-{out.name}-")
+    try:
+        model.save_pretrained(tmp, extra)
+        tokenizer.save_pretrained(tmp)
+        if out.exists():
+            out.rmdir()
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out

@@ -1,0 +1,179 @@
+"""The key-value cache of cached decoding: per-layer buffers, their length, updates and the
+attention mask over cached keys."""
+
+from __future__ import annotations
+
+import torch
+
+from ..config import ModelConfig
+
+__all__ = ["KVCache", "SlotKVCache"]
+
+
+class KVCache:
+    """Keys and values of every layer for decoding.
+
+    k[l], v[l]: [B, n_heads, max_positions + 1, head_dim] in `dtype`, of which the first
+    `length` (<= max_positions) positions are filled. The spare position keeps even a full
+    cache a strict slice of the buffers, so one compiled decoding step serves every length (a
+    slice that is the whole buffer would be compiled again).
+
+    Args:
+        config: the model's ModelConfig.
+        batch_size: B.
+        device, dtype: those of the model's weights.
+    """
+
+    def __init__(self, config: ModelConfig, batch_size: int, device, dtype):
+        shape = (batch_size, config.n_heads, config.max_positions + 1, config.head_dim)
+        self.k = [torch.empty(shape, device=device, dtype=dtype) for _ in range(config.n_layers)]
+        self.v = [torch.empty(shape, device=device, dtype=dtype) for _ in range(config.n_layers)]
+        self.length = 0
+
+    def update(
+        self, layer: int, k: torch.Tensor, v: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write the new keys and values k, v [B, n_heads, T, head_dim] of `layer` at positions
+        length..length + T - 1 and return all of them, [B, n_heads, length + T, head_dim]
+        each. `length` itself moves on in `advance`, once every layer has been updated."""
+        start, T = self.length, k.size(-2)
+        self.k[layer][:, :, start : start + T] = k
+        self.v[layer][:, :, start : start + T] = v
+        return self.k[layer][:, :, : start + T], self.v[layer][:, :, : start + T]
+
+    def advance(self, T: int) -> None:
+        """Count T more filled positions (after a forward pass over T new tokens)."""
+        self.length += T
+
+    def attention_mask(self, T: int, key_mask: torch.Tensor | None) -> torch.Tensor | None:
+        """The mask of T new queries over the length + T keys, bool [B, 1, T, length + T],
+        True where a query may attend: causal, and never to padding.
+
+        Args:
+            T: the number of new tokens.
+            key_mask: [B, length + T] bool, False for padding; None means no padding.
+
+        Returns:
+            None when no mask is needed (no padding, and one new token or an empty cache, so
+            the plain causal rule of scaled_dot_product_attention applies).
+        """
+        start = self.length
+        if key_mask is None and (T == 1 or start == 0):
+            return None
+        S, device = start + T, self.k[0].device
+        if key_mask is None:
+            key_mask = torch.ones(self.k[0].size(0), S, dtype=torch.bool, device=device)
+        causal = torch.ones(T, S, dtype=torch.bool, device=device).tril(start)
+        # a padding query may see no key at all; letting every query see itself keeps every
+        # softmax row finite (no NaN); the outputs at padding are never used
+        itself = torch.arange(S, device=device) == (torch.arange(T, device=device) + start)[:, None]
+        return ((causal[None] & key_mask[:, None, :]) | itself[None])[:, None]
+
+
+class SlotKVCache:
+    """Keys and values of a changing batch of sequences, each at its own length (continuous
+    batching): row i of the buffers holds the i-th active sequence, `lengths[i]` positions of
+    it filled; sequences join (`put`) and leave (`remove`) between forward passes.
+
+    k[l], v[l]: [capacity, n_heads, max_positions + 1, head_dim] in `dtype`; capacity grows
+    (doubling, up to max_rows) as sequences join. A forward pass over one new token of each
+    of the B = `rows` active sequences (DecoderLM.forward_cached with this cache) writes
+    row i's keys and values at position lengths[i] and attends over positions
+    0 .. lengths[i] of that row only (the others are masked out).
+
+    Args:
+        config: the model's ModelConfig.
+        max_rows: the most sequences at once.
+        device, dtype: those of the model's weights.
+    """
+
+    def __init__(self, config: ModelConfig, max_rows: int, device, dtype):
+        self.config, self.max_rows, self.device, self.dtype = config, max_rows, device, dtype
+        self.k: list[torch.Tensor] = []
+        self.v: list[torch.Tensor] = []
+        self.lengths = torch.zeros(0, dtype=torch.long, device=device)
+        self._grow(1)
+
+    @property
+    def rows(self) -> int:
+        """The number of active sequences, B."""
+        return len(self.lengths)
+
+    def _grow(self, capacity: int) -> None:
+        c = self.config
+        shape = (capacity, c.n_heads, c.max_positions + 1, c.head_dim)
+        for buffers in (self.k, self.v):
+            for layer in range(c.n_layers):
+                # zeros, not empty: a masked position gets weight 0, and 0 * NaN is NaN
+                new = torch.zeros(shape, device=self.device, dtype=self.dtype)
+                if len(buffers) > layer:
+                    new[: self.rows] = buffers[layer][: self.rows]
+                    buffers[layer] = new
+                else:
+                    buffers.append(new)
+
+    def put(self, cache: KVCache, index: int = 0) -> int:
+        """Add sequence `index` of `cache` (a KVCache) as the last row; returns its row.
+
+        Raises:
+            ValueError: max_rows sequences are active already.
+        """
+        row = self.rows
+        if row >= self.max_rows:
+            raise ValueError(f"the batch is full ({self.max_rows} sequences)")
+        if row >= self.k[0].size(0):
+            self._grow(min(self.max_rows, 2 * self.k[0].size(0)))
+        self.replace(row, cache, index)
+        return row
+
+    def replace(self, row: int, cache: KVCache, index: int = 0) -> None:
+        """Row `row` (an active row, or the next free one) takes the keys and values of
+        sequence `index` of `cache` (a KVCache)."""
+        n = cache.length
+        for layer in range(self.config.n_layers):
+            self.k[layer][row, :, :n] = cache.k[layer][index, :, :n]
+            self.v[layer][row, :, :n] = cache.v[layer][index, :, :n]
+        if row == self.rows:
+            self.lengths = torch.cat([self.lengths, self.lengths.new_tensor([n])])
+        else:
+            self.lengths[row] = n
+
+    def remove(self, row: int) -> None:
+        """Drop row `row`; the last row moves into its place (the rows after it keep theirs
+        unless it is the last)."""
+        last = self.rows - 1
+        if row != last:
+            n = int(self.lengths[last])
+            for layer in range(self.config.n_layers):
+                self.k[layer][row, :, :n] = self.k[layer][last, :, :n]
+                self.v[layer][row, :, :n] = self.v[layer][last, :, :n]
+            self.lengths[row] = self.lengths[last]
+        self.lengths = self.lengths[:last].clone()
+
+    def update(
+        self, layer: int, k: torch.Tensor, v: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write the new keys and values k, v [B, n_heads, 1, head_dim] of `layer` at each
+        row's length and return the rows' filled prefixes, [B, n_heads, S, head_dim] each
+        with S = max(lengths) + 1 (positions past a row's own length are masked out)."""
+        B, S = self.rows, int(self.lengths.max()) + 1
+        rows = torch.arange(B, device=self.device)
+        self.k[layer][rows, :, self.lengths] = k[:, :, 0]
+        self.v[layer][rows, :, self.lengths] = v[:, :, 0]
+        return self.k[layer][:B, :, :S], self.v[layer][:B, :, :S]
+
+    def advance(self, T: int) -> None:
+        """Count T more filled positions in every row (after a forward pass)."""
+        self.lengths = self.lengths + T
+
+    def attention_mask(self, T: int, key_mask: torch.Tensor | None) -> torch.Tensor:
+        """bool [B, 1, 1, S]: row i's new token may attend to positions 0 .. lengths[i].
+
+        Raises:
+            ValueError: T is not 1 or key_mask is given (a slot cache takes one new token per
+                sequence, and has no padding).
+        """
+        if T != 1 or key_mask is not None:
+            raise ValueError("a SlotKVCache takes one new token per row and no key_mask")
+        S = int(self.lengths.max()) + 1
+        return (torch.arange(S, device=self.device) <= self.lengths[:, None])[:, None, None]

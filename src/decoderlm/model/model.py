@@ -1,0 +1,442 @@
+"""The model: positions, norms, causal self-attention, MLP, decoder block, `DecoderLM`.
+
+A decoder-only transformer, GPT-2 style by default (Radford et al. 2019), read top to bottom:
+
+    x = tok_emb(idx) [+ positions (learned or sinusoidal)]    # [B, T, d_model]
+    for each block (pre-norm):  x = x + attn(ln_1(x))         # rope rotates q, k inside attn
+                                x = x + mlp(ln_2(x))
+              (post-norm):      x = ln_1(x + attn(x)); x = ln_2(x + mlp(x))
+    logits = lm_head(ln_f(x))  (pre-norm; post-norm has no final norm)   # [B, T, vocab_size]
+    (a padded vocabulary's extra rows are dropped from the logits: they are never produced)
+
+Attention is scaled dot-product attention (Vaswani et al. 2017, eq. 1):
+softmax(q k^T / sqrt(head_dim) + causal mask) v, with future positions set to -inf before
+the softmax so they get exactly zero weight. The options are described in `ModelConfig`.
+Activations are reachable by name through `HookPoint`s (listed in `DecoderLM`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch import Tensor
+
+from ..config import ModelConfig
+from .hooks import HookPoint
+from .kv_cache import KVCache
+from .positions import apply_rope, rope_cos_sin, sinusoidal_positions
+from .weights import load_state, read_model_dir, resolve_tied, save_model
+
+__all__ = ["DecoderLM", "CausalSelfAttention", "MLP", "Block", "RMSNorm", "attention_pattern"]
+
+
+class RMSNorm(nn.Module):
+    """x / sqrt(mean(x^2) + eps) * weight over the last dimension (Zhang & Sennrich 2019,
+    eq. 4). x [..., d] -> [..., d]."""
+
+    def __init__(self, d: int, eps: float = 1e-5):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(d))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.rms_norm(x, (x.size(-1),), self.weight, self.eps)
+
+
+def make_norm(config: ModelConfig) -> nn.Module:
+    """The norm the config asks for, over d_model."""
+    if config.norm == "rmsnorm":
+        return RMSNorm(config.d_model, config.norm_eps)
+    return nn.LayerNorm(config.d_model, eps=config.norm_eps, bias=config.bias)
+
+
+def attention_pattern(q: Tensor, k: Tensor) -> Tensor:
+    """Causal attention probabilities softmax(q k^T / sqrt(head_dim)), future masked.
+
+    q, k: [B, n_heads, T, head_dim], any floating dtype. Returns att [B, n_heads, T, T]
+    float32: row t sums to 1 and att[..., t, s] == 0 for every s > t. q is scaled before the
+    matmul and the softmax runs in float32, so float16 inputs with large q.k do not overflow.
+    """
+    T = q.size(-2)
+    scores = (q * (1.0 / math.sqrt(q.size(-1)))) @ k.transpose(-2, -1)
+    future = torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1)
+    return scores.float().masked_fill(future, float("-inf")).softmax(dim=-1)
+
+
+class CausalSelfAttention(nn.Module):
+    """Multi-head causal self-attention with one fused QKV projection.
+
+    forward(x [B, T, d_model], rope=None, cache=None, mask=None) -> [B, T, d_model].
+    rope: (cos, sin) [T or B x 1 x T, head_dim / 2] when the config's pos_encoding is "rope".
+    cache: a `KVCache` (decoding); this layer's new keys and values are appended to it and
+    attention runs over all of them under `mask` (bool [B, 1, T, S], True where query t may
+    see key s; None: plain causal, see `KVCache.attention_mask`).
+
+    `impl` picks the training kernel: "sdpa" (F.scaled_dot_product_attention, memory linear in
+    T) or "explicit" (`attention_pattern` written out, in training mode; eval mode keeps
+    sdpa). hook_pattern with a hook attached takes the explicit path in either mode, so its
+    hooks see (and may replace) the probabilities; with a cache the pattern is not computed.
+    """
+
+    def __init__(self, config: ModelConfig, layer: int = 0):
+        super().__init__()
+        self.n_heads, self.layer = config.n_heads, layer
+        self.dropout = config.dropout_at("attn")
+        self.qk_norm_eps = config.norm_eps if config.qk_norm else None
+        self.impl = "sdpa"
+        self.qkv = nn.Linear(config.d_model, 3 * config.d_model, bias=config.bias)
+        self.hook_q, self.hook_k, self.hook_v = HookPoint(), HookPoint(), HookPoint()
+        self.hook_pattern, self.hook_z = HookPoint(), HookPoint()
+        self.proj = nn.Linear(config.d_model, config.d_model, bias=config.bias)
+        self.resid_dropout = nn.Dropout(config.dropout_at("resid"))
+
+    def forward(self, x: Tensor, rope=None, cache: KVCache | None = None, mask=None) -> Tensor:
+        B, T, C = x.shape
+        q, k, v = (
+            t.view(B, T, self.n_heads, C // self.n_heads).transpose(1, 2)
+            for t in self.qkv(x).split(C, dim=2)
+        )  # [B, n_heads, T, head_dim] each
+        if self.qk_norm_eps is not None:  # QK-norm: unit RMS over head_dim, no gain
+            q = F.rms_norm(q, (q.size(-1),), eps=self.qk_norm_eps)
+            k = F.rms_norm(k, (k.size(-1),), eps=self.qk_norm_eps)
+        if rope is not None:
+            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        q, k, v = self.hook_q(q), self.hook_k(k), self.hook_v(v)
+        if cache is not None:
+            k, v = cache.update(self.layer, k, v)  # [B, n_heads, S, head_dim], S = length + T
+        dropout_p = self.dropout if self.training else 0.0
+        explicit = self.impl == "explicit" and self.training
+        if cache is None and (explicit or self.hook_pattern.has_hooks()):
+            att = self.hook_pattern(attention_pattern(q, k))  # [B, n_heads, T, T] float32
+            att = F.dropout(att, dropout_p) if dropout_p > 0 else att
+            z = att.to(v.dtype) @ v
+        else:
+            z = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=mask is None and T > 1
+            )
+        y = self.hook_z(z).transpose(1, 2).reshape(B, T, C)  # [B, T, d_model]
+        return self.resid_dropout(self.proj(y))
+
+
+class MLP(nn.Module):
+    """Position-wise feed-forward, x [B, T, d_model] -> [B, T, d_model].
+
+    "gelu": proj(GELU(fc(x))), GELU exact (erf) or tanh-approximate per config.activation.
+    "swiglu": proj(silu(gate(x)) * fc(x)) (Shazeer 2020, eq. 6 with Swish_1 = SiLU).
+    "relu2": proj(relu(fc(x))^2) (So et al. 2021, squared ReLU).
+    Dropout on the output. hook_pre sees the activation's input [B, T, d_ff] (fc(x), or
+    gate(x) for swiglu), hook_post the hidden layer [B, T, d_ff] that proj reads.
+    """
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.fc = nn.Linear(config.d_model, config.d_ff, bias=config.bias)
+        self.gate = (
+            nn.Linear(config.d_model, config.d_ff, bias=config.bias)
+            if config.mlp == "swiglu"
+            else None
+        )
+        self.hook_pre, self.hook_post = HookPoint(), HookPoint()
+        self.proj = nn.Linear(config.d_ff, config.d_model, bias=config.bias)
+        self.approximate = "tanh" if config.activation == "gelu_tanh" else "none"
+        self.relu2 = config.mlp == "relu2"
+        self.dropout = nn.Dropout(config.dropout_at("resid"))
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.gate is not None:
+            h = F.silu(self.hook_pre(self.gate(x))) * self.fc(x)
+        elif self.relu2:
+            h = F.relu(self.hook_pre(self.fc(x))).square()
+        else:
+            h = F.gelu(self.hook_pre(self.fc(x)), approximate=self.approximate)
+        return self.dropout(self.proj(self.hook_post(h)))
+
+
+class Block(nn.Module):
+    """One decoder block, x [B, T, d_model] -> [B, T, d_model].
+
+    Pre-norm (GPT-2): x + attn(ln_1(x)), then x + mlp(ln_2(x)).
+    Post-norm (Vaswani et al. 2017): ln_1(x + attn(x)), then ln_2(x + mlp(x)).
+    rope, cache and mask go to the attention (see `CausalSelfAttention`).
+    """
+
+    def __init__(self, config: ModelConfig, layer: int = 0):
+        super().__init__()
+        self.pre_norm = config.norm_position == "pre"
+        self.hook_resid_pre = HookPoint()
+        self.ln_1 = make_norm(config)
+        self.attn = CausalSelfAttention(config, layer)
+        self.hook_resid_mid = HookPoint()
+        self.ln_2 = make_norm(config)
+        self.mlp = MLP(config)
+        self.hook_resid_post = HookPoint()
+
+    def forward(self, x: Tensor, rope=None, cache: KVCache | None = None, mask=None) -> Tensor:
+        x = self.hook_resid_pre(x)
+        if self.pre_norm:
+            x = self.hook_resid_mid(x + self.attn(self.ln_1(x), rope, cache, mask))
+            return self.hook_resid_post(x + self.mlp(self.ln_2(x)))
+        x = self.hook_resid_mid(self.ln_1(x + self.attn(x, rope, cache, mask)))
+        return self.hook_resid_post(self.ln_2(x + self.mlp(x)))
+
+
+class DecoderLM(nn.Module):
+    """A decoder-only language model (GPT-2 style unless the config says otherwise).
+
+    Args:
+        config: the `ModelConfig`.
+
+    Initialisation follows GPT-2: every Linear and Embedding weight ~ N(0, 0.02), biases 0,
+    and the two residual output projections of each block (attn.proj, mlp.proj) ~
+    N(0, 0.02 / sqrt(2 * n_layers)), since 2 * n_layers residual branches add into the stream
+    (zeros with config.zero_init_proj).
+
+    Hook points (identity `HookPoint`s; attach forward hooks, or use
+    `decoderlm.model.hooks.run_with_cache`), for layer l:
+
+        hook_embed                   [B, T, d_model]   token embedding + positions
+        blocks.l.hook_resid_pre      [B, T, d_model]   the block's input
+        blocks.l.attn.hook_q/_k/_v   [B, n_heads, T, head_dim]  (q and k after rope)
+        blocks.l.attn.hook_pattern   [B, n_heads, T, T] float32 softmax probabilities, before
+                                     dropout; computed only when a hook is attached
+        blocks.l.attn.hook_z         [B, n_heads, T, head_dim]  attention output per head
+        blocks.l.hook_resid_mid      [B, T, d_model]   after the attention residual (and ln_1
+                                     when post-norm)
+        blocks.l.mlp.hook_pre        [B, T, d_ff]      the activation function's input
+        blocks.l.mlp.hook_post       [B, T, d_ff]      the hidden layer
+        blocks.l.hook_resid_post     [B, T, d_model]   the block's output
+        hook_normalized              [B, T, d_model]   what lm_head reads (after ln_f)
+    """
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.config = config
+        self.tok_emb = nn.Embedding(config.vocab_rows, config.d_model)
+        self.pos_emb = None
+        if config.pos_encoding == "learned":
+            self.pos_emb = nn.Embedding(config.block_size, config.d_model)
+        # fixed tables are buffers, rebuilt from the config, not stored in checkpoints
+        if config.pos_encoding == "sinusoidal":
+            table = sinusoidal_positions(config.max_positions, config.d_model)
+            self.register_buffer("pos_table", table, persistent=False)
+        if config.pos_encoding == "rope":
+            cos, sin = rope_cos_sin(config.max_positions, config.head_dim, config.rope_base)
+            self.register_buffer("rope_cos", cos, persistent=False)
+            self.register_buffer("rope_sin", sin, persistent=False)
+        self.hook_embed = HookPoint()
+        self.drop = nn.Dropout(config.dropout_at("embed"))
+        self.blocks = nn.ModuleList(Block(config, layer) for layer in range(config.n_layers))
+        self.ln_f = make_norm(config) if config.norm_position == "pre" else None
+        self.hook_normalized = HookPoint()
+        self.lm_head = nn.Linear(config.d_model, config.vocab_rows, bias=False)
+        if config.tie_embeddings:
+            self.lm_head.weight = self.tok_emb.weight
+        # a state dict whose two tensors differ never loads silently into tied weights
+        self.register_load_state_dict_pre_hook(_resolve_tied_on_load)
+        self.apply(self._init_weights)
+        residual_std = 0.02 / math.sqrt(2 * config.n_layers)
+        for block in self.blocks:
+            nn.init.normal_(block.attn.proj.weight, mean=0.0, std=residual_std)
+            nn.init.normal_(block.mlp.proj.weight, mean=0.0, std=residual_std)
+            if config.zero_init_proj:
+                nn.init.zeros_(block.attn.proj.weight)
+                nn.init.zeros_(block.mlp.proj.weight)
+
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
+
+    @property
+    def device(self) -> torch.device:
+        """The device of the model's weights (that of the unembedding)."""
+        return self.lm_head.weight.device
+
+    def _check_input(self, idx: Tensor) -> None:
+        c, T = self.config, idx.size(-1)
+        problem = None
+        if idx.dim() != 2 or idx.dtype not in (torch.int64, torch.int32):
+            problem = f"idx must be an int64 tensor of shape [B, T], got {idx.dtype} {idx.shape}"
+        elif T > c.max_positions:
+            problem = (
+                f"sequence length T={T} exceeds {c.length_limit}; pass at most "
+                f"{c.max_positions} tokens (generate() crops the context)"
+            )
+        elif T == 0:
+            problem = "idx has no tokens (T=0); pass at least one token id"
+        elif not torch.compiler.is_compiling():
+            lo, hi = (int(v) for v in torch.aminmax(idx))
+            if lo < 0 or hi >= c.vocab_size:
+                problem = (
+                    f"token ids must be in [0, vocab_size={c.vocab_size}), got ids from "
+                    f"{lo} to {hi}; was the input encoded with this model's tokenizer?"
+                )
+        if problem:
+            raise ValueError(problem)
+
+    def _logits(self, idx: Tensor, pos: Tensor, cache=None, mask=None, last_only=False) -> Tensor:
+        """Embed idx [B, T] at positions pos ([T] or [B, T]), run the blocks, unembed."""
+        self._check_input(idx)
+        x, rope = self.tok_emb(idx), None  # [B, T, d_model]
+        if self.pos_emb is not None:
+            x = x + self.pos_emb(pos)
+        elif self.config.pos_encoding == "sinusoidal":
+            x = x + self.pos_table[pos]
+        else:
+            cos, sin = self.rope_cos[pos], self.rope_sin[pos]
+            rope = (cos[:, None], sin[:, None]) if pos.dim() == 2 else (cos, sin)
+        x = self.drop(self.hook_embed(x))
+        for block in self.blocks:
+            x = block(x, rope, cache, mask)
+        if last_only:  # decoding needs only the next token's logits
+            x = x[:, -1:]
+        if self.ln_f is not None:
+            x = self.ln_f(x)
+        return self.unembed(self.hook_normalized(x))  # [B, T, vocab_size]
+
+    def unembed(self, x: Tensor) -> Tensor:
+        """lm_head(x) without the padded rows: x [..., d_model] (what lm_head reads, after
+        ln_f) -> logits [..., vocab_size]. A padded vocabulary's extra rows get no logits, so
+        nothing downstream (sampling, loss, evaluation) can produce a padded id. With
+        config.logit_softcap c the logits are c * tanh(logits / c), bounded in (-c, c)."""
+        logits = self.lm_head(x)  # [..., vocab_rows]
+        if self.config.vocab_rows > self.config.vocab_size:
+            logits = logits[..., : self.config.vocab_size]
+        if (cap := self.config.logit_softcap) is not None:
+            logits = cap * torch.tanh(logits / cap)
+        return logits
+
+    def forward(self, idx: Tensor, targets: Tensor | None = None):
+        """Logits for every position, and the next-token loss when targets are given.
+
+        Args:
+            idx: [B, T] int64 token ids, T <= max_positions (block_size unless the config
+                allows more).
+            targets: [B, T] int64, the token that follows each position (idx shifted left by
+                one); -1 marks a position to ignore. None skips the loss.
+
+        Returns:
+            (logits [B, T, vocab_size] float32 (or the autocast dtype), loss): loss is the mean
+            cross-entropy over non-ignored positions, a float32 scalar in nats, or None.
+
+        Raises:
+            ValueError: idx is not [B, T] integer, T is 0 or exceeds max_positions, or an id is
+                outside [0, vocab_size).
+        """
+        logits = self._logits(idx, torch.arange(idx.size(-1), device=idx.device))
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(
+                logits.float().reshape(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1
+            )
+        return logits, loss
+
+    def forward_cached(
+        self, idx: Tensor, cache: KVCache, position_ids, key_mask=None, last_only=False
+    ):
+        """Logits of new tokens given the keys and values of the earlier ones (decoding).
+
+        Args:
+            idx: [B, T] int64, the new tokens.
+            cache: a `KVCache` holding cache.length earlier positions; the new keys and values
+                are appended to it (its length grows by T).
+            position_ids: [B, T] int64, each new token's position (< max_positions).
+            key_mask: [B, cache.length + T] bool, False for padding (never attended to);
+                None means no padding.
+            last_only: compute the logits of the last position only.
+
+        Returns:
+            logits [B, T, vocab_size] ([B, 1, vocab_size] with last_only).
+        """
+        mask = cache.attention_mask(idx.size(1), key_mask)
+        logits = self._logits(idx, position_ids, cache, mask, last_only)
+        cache.advance(idx.size(1))
+        return logits
+
+    def num_parameters(self, non_embedding: bool = False) -> int:
+        """Number of unique parameters (a tied matrix counts once); non_embedding=True leaves
+        out the learned position table (nanoGPT's convention). Fixed tables are buffers."""
+        n = sum(p.numel() for p in self.parameters())
+        return n - self.pos_emb.weight.numel() if non_embedding and self.pos_emb is not None else n
+
+    def crop_block_size(self, block_size: int) -> DecoderLM:
+        """Shrink the model's context to `block_size` positions, in place (nanoGPT's
+        crop_block_size; e.g. GPT-2 at 256 for cheaper fine-tuning). Returns the model.
+
+        The learned position table keeps its first block_size rows (a new Parameter: build the
+        optimizer after cropping); the sinusoidal and rotary tables are cut to block_size
+        rows; config.block_size and config.max_positions become block_size, so KV caches and
+        generation's sliding window follow. Logits of inputs of at most block_size tokens are
+        unchanged (attention is causal: position t never sees later ones).
+
+        Raises:
+            ValueError: block_size is not an integer in 1..config.block_size (a context can
+                be cropped, never extended).
+        """
+        old = self.config
+        if (
+            isinstance(block_size, bool)
+            or not isinstance(block_size, int)
+            or not 1 <= block_size <= old.block_size
+        ):
+            raise ValueError(
+                f"cannot crop the context to {block_size!r} positions: the model has "
+                f"block_size={old.block_size}; give an integer from 1 to {old.block_size}"
+            )
+        self.config = dataclasses.replace(old, block_size=block_size, max_positions=block_size)
+        if self.pos_emb is not None:
+            table = self.pos_emb.weight
+            self.pos_emb.weight = nn.Parameter(
+                table.detach()[:block_size].clone(), requires_grad=table.requires_grad
+            )
+            self.pos_emb.num_embeddings = block_size
+        for name in ("pos_table", "rope_cos", "rope_sin"):
+            if hasattr(self, name):
+                setattr(self, name, getattr(self, name)[:block_size].clone())
+        return self
+
+    def save_pretrained(self, directory: str | Path, extra_config: dict | None = None) -> None:
+        """Write model.safetensors and config.json into `directory` (created if missing).
+
+        extra_config: more top-level entries for config.json (the trainer stores its
+        TrainConfig under "train").
+        """
+        save_model(self, directory, extra_config)
+
+    @classmethod
+    def from_pretrained(
+        cls, directory: str | Path, map_location: str = "cpu", tie_embeddings: bool | None = None
+    ) -> DecoderLM:
+        """Load a model written by `save_pretrained` (or `decoderlm train`), in eval mode.
+
+        Args:
+            directory: the model directory (config.json + model.safetensors).
+            map_location: the device to load onto.
+            tie_embeddings: override config.json's: False loads tok_emb.weight and
+                lm_head.weight as two matrices (a file holding only one starts both from it),
+                True shares one. None: as config.json says.
+
+        Raises:
+            FileNotFoundError: config.json or model.safetensors is missing.
+            ValueError: the files do not describe a matching model, or the model is tied and
+                the file holds two different matrices (see `weights.resolve_tied`).
+        """
+        config, state = read_model_dir(directory, map_location)
+        if tie_embeddings is not None:
+            config = dataclasses.replace(config, tie_embeddings=tie_embeddings)
+        model = load_state(cls(config), state, Path(directory) / "model.safetensors")
+        return model.to(map_location).eval()
+
+
+def _resolve_tied_on_load(model: DecoderLM, state_dict, prefix: str, *args) -> None:
+    """load_state_dict pre-hook of a tied model: `resolve_tied` on the keys of this model (an
+    untied model loads exactly the tensors given)."""
+    if model.config.tie_embeddings:
+        resolve_tied(state_dict, True, "the state dict", prefix)

@@ -1,0 +1,269 @@
+"""The model directory format: safetensors weights + a JSON config, written atomically.
+
+A model is a directory, as in Hugging Face transformers:
+
+    config.json         {"model": ModelConfig fields, ...extra entries such as "train"}
+    model.safetensors   the state dict; a tied unembedding is stored once (as tok_emb.weight)
+
+A run directory holds one such model, and its resumable checkpoints in
+checkpoints/step-NNNNNNNN/ (see `decoderlm.training.checkpoints`).
+
+A run trained with LoRA adapters (`decoderlm.model.lora`) is an adapter directory instead: its
+config.json has a "lora" entry and an "init_from" entry (the base model's path and sha256),
+and adapter.safetensors holds the adapter tensors alone (``<layer>.lora_A`` / ``lora_B``);
+`decoderlm.finetune.sources.load_model` reads it over its base.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from ..config import ModelConfig
+from ..files import atomic_write, read_json, write_json
+from .analysis import count_parameters
+from .lora import is_lora_key
+
+__all__ = [
+    "save_model",
+    "save_weights",
+    "read_model_dir",
+    "load_state",
+    "resolve_tied",
+    "read_safetensors",
+    "normalize_state_dict",
+    "unwrap_model",
+    "list_checkpoints",
+    "CONFIG_NAME",
+    "WEIGHTS_NAME",
+    "CHECKPOINTS_DIR",
+    "ADAPTER_NAME",
+]
+
+CONFIG_NAME = "config.json"
+WEIGHTS_NAME = "model.safetensors"
+CHECKPOINTS_DIR = "checkpoints"
+ADAPTER_NAME = "adapter.safetensors"
+_STEP_PREFIX = "step-"
+_WRAPPER_PREFIXES = ("module.", "_orig_mod.")  # DDP / DataParallel and torch.compile
+_PAIR = ("tok_emb.weight", "lm_head.weight")  # the token embedding and the unembedding
+
+
+def normalize_state_dict(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Strip the leading wrapper prefixes that DDP ("module.") and torch.compile
+    ("_orig_mod.") put before every key, in any order; a prefix inside a key is kept."""
+    out = {}
+    for key, value in state.items():
+        while key.startswith(_WRAPPER_PREFIXES):
+            key = key.split(".", 1)[1]
+        out[key] = value
+    return out
+
+
+def unwrap_model(model: torch.nn.Module) -> torch.nn.Module:
+    """The model inside torch.compile / DDP / DataParallel wrappers (any nesting)."""
+    while hasattr(model, "_orig_mod") or hasattr(model, "module"):
+        model = getattr(model, "_orig_mod", None) or model.module
+    return model
+
+
+def save_model(
+    model: torch.nn.Module, directory: str | Path, extra_config: dict[str, Any] | None = None
+) -> None:
+    """Write `model` (a DecoderLM, possibly wrapped by DDP or torch.compile) to `directory`.
+
+    Weights go to model.safetensors (float tensors as they are, keys without wrapper
+    prefixes, the tied unembedding left out), the ModelConfig to config.json["model"], and
+    `extra_config` entries beside it. Each file is written atomically.
+    """
+    model = unwrap_model(model)
+    save_weights(model.state_dict(), model.config, directory, extra_config)
+
+
+def save_weights(
+    state: dict[str, torch.Tensor],
+    config: ModelConfig,
+    directory: str | Path,
+    extra_config: dict[str, Any] | None = None,
+) -> None:
+    """Write a model state dict (any device, wrapper prefixes allowed) and its ModelConfig to
+    `directory` as model.safetensors + config.json, each atomically (see `save_model`).
+
+    A state dict holding LoRA adapter tensors is written as an adapter directory:
+    adapter.safetensors with those tensors alone (the base weights stay where
+    extra_config["init_from"] says), and extra_config must carry the "lora" entry.
+    """
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    state = normalize_state_dict(state)
+    adapters = {k: v.detach().contiguous().cpu() for k, v in state.items() if is_lora_key(k)}
+    if adapters:
+        if not (extra_config or {}).get("lora") or not extra_config.get("init_from"):
+            raise ValueError(
+                "a model with LoRA adapters is saved as adapters over its base model; "
+                "pass extra_config with its 'lora' and 'init_from' entries, or merge it first"
+            )
+        atomic_write(directory / ADAPTER_NAME, lambda tmp: save_file(adapters, tmp))
+        write_json(directory / CONFIG_NAME, {"model": config.to_dict(), **extra_config})
+        return
+    if config.tie_embeddings:
+        state.pop("lm_head.weight", None)
+    state = {k: v.detach().contiguous().cpu() for k, v in state.items()}
+    atomic_write(directory / WEIGHTS_NAME, lambda tmp: save_file(state, tmp))
+    write_json(directory / CONFIG_NAME, {"model": config.to_dict(), **(extra_config or {})})
+
+
+def read_model_dir(
+    directory: str | Path, map_location: str = "cpu"
+) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+    """The ModelConfig and the weights of a directory written by `save_model`.
+
+    The number of parameters in the file is checked against the config before anything is
+    built, so a damaged config cannot allocate a huge model.
+
+    Returns:
+        (config, state dict with our key names; a tied unembedding may be absent).
+
+    Raises:
+        FileNotFoundError: the directory, config.json or model.safetensors is missing.
+        ValueError: config.json has no valid "model" entry, or the file's parameter count
+            differs from the config's.
+    """
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise FileNotFoundError(f"checkpoint directory {directory} not found (or not a directory)")
+    if not (directory / CONFIG_NAME).exists() and list_checkpoints(directory):
+        raise FileNotFoundError(
+            f"{directory} holds checkpoints but no final model (the run "
+            f"stopped early); use --run {list_checkpoints(directory)[-1]}, "
+            f"or finish it with `decoderlm train --resume {directory}`"
+        )
+    config = read_json(directory / CONFIG_NAME)
+    if not isinstance(config, dict) or not isinstance(config.get("model"), dict):
+        raise ValueError(
+            f"{directory / CONFIG_NAME} has no 'model' entry; is this a decoderlm run directory?"
+        )
+    model_config = ModelConfig.from_dict(config["model"])
+    weights = directory / WEIGHTS_NAME
+    if not weights.is_file() and (directory / ADAPTER_NAME).is_file():
+        raise ValueError(
+            f"{directory} holds LoRA adapters over a base model, not a whole model; load it "
+            f"with decoderlm.finetune.sources.load_model (as the decoderlm commands do), or "
+            f"write a model directory with `decoderlm merge --run {directory} --out DIR`"
+        )
+    if not weights.is_file():
+        raise FileNotFoundError(f"{weights} not found")
+    state = normalize_state_dict(read_safetensors(weights, map_location))
+    pair = [state[k] for k in _PAIR if k in state]
+    in_file = sum(t.numel() for k, t in state.items() if k not in _PAIR)
+    if pair:  # one matrix when tied, two when not, whether the file holds one or both
+        in_file += pair[0].numel() * (1 if model_config.tie_embeddings else 2)
+    expected_total = count_parameters(model_config)["total"]
+    if in_file != expected_total:
+        raise ValueError(
+            f"{weights} holds {in_file:,} parameters but config.json describes a "
+            f"model with {expected_total:,}; the two files do not belong together"
+        )
+    return model_config, state
+
+
+def read_safetensors(path: Path, device: str = "cpu") -> dict[str, torch.Tensor]:
+    """The tensors of a safetensors file; a damaged file is a ValueError naming it."""
+    try:
+        return load_file(str(path), device=device)
+    except Exception as e:  # safetensors raises its own error type for a damaged file
+        raise ValueError(f"{path} is not a readable safetensors file ({e})") from None
+
+
+def resolve_tied(
+    state: dict, tied: bool, source, prefix: str = "", file_keys: dict | None = None
+) -> None:
+    """Make `state` (changed in place) hold both the token embedding and the unembedding, by
+    the rule for tied weights: one of the two alone stands for both (tied or not); both in a
+    tied model must be equal bitwise (same shape, dtype and values), and then are one tensor.
+
+    Args:
+        state: a state dict; its keys prefix + "tok_emb.weight" and prefix + "lm_head.weight".
+        tied: whether the model that will load it ties them (config.tie_embeddings).
+        source: names the file in messages.
+        prefix: of both keys (load_state_dict's prefix).
+        file_keys: our key -> the file's own name for it, used in messages (e.g. GPT-2's
+            "transformer.wte.weight").
+
+    Raises:
+        ValueError: tied, and the two tensors differ; the message names both keys and the
+            largest absolute difference, and how to load them untied.
+    """
+    emb_key, head_key = (prefix + key for key in _PAIR)
+    emb, head = state.get(emb_key), state.get(head_key)
+    if emb is None or head is None:
+        if emb is not None or head is not None:
+            state[emb_key] = state[head_key] = emb if emb is not None else head
+        return
+    if not tied or emb is head:
+        return
+    if emb.shape == head.shape and emb.dtype == head.dtype and torch.equal(emb, head):
+        state[head_key] = emb
+        return
+    names = [(file_keys or {}).get(k[len(prefix) :], k) for k in (emb_key, head_key)]
+    if emb.shape == head.shape:
+        diff = f"max abs difference {(emb.double() - head.double()).abs().max().item():.6g}"
+        if emb.dtype != head.dtype:
+            diff += f", dtypes {emb.dtype} and {head.dtype}"
+    else:
+        diff = f"shapes {tuple(emb.shape)} and {tuple(head.shape)}"
+    raise ValueError(
+        f"{source} holds two different matrices {names[0]} and {names[1]} ({diff}) but the "
+        f"model ties them (one matrix for both); loading would drop one. Load them untied "
+        f"with tie_embeddings=False (DecoderLM.from_pretrained or decoderlm.io.hf.load_gpt2), "
+        f"or set tie_embeddings (GPT-2: tie_word_embeddings) to false in config.json"
+    )
+
+
+def load_state(
+    model: torch.nn.Module, state: dict[str, torch.Tensor], source, file_keys: dict | None = None
+) -> torch.nn.Module:
+    """Load `state` (our key names) into `model` (a DecoderLM), checked key by key and shape
+    by shape first; tied or not, the token embedding or the unembedding may stand for both
+    (see `resolve_tied`). Returns the model.
+
+    file_keys: our key -> the file's name for it, for messages.
+
+    Raises:
+        ValueError: the tensors do not match the model (the message lists missing,
+            unexpected and mis-shaped tensors, and names `source`), or two different
+            matrices for tied weights.
+    """
+    state = dict(state)
+    resolve_tied(state, model.config.tie_embeddings, source, file_keys=file_keys)
+    expected = model.state_dict()
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    shapes = [
+        f"{k}: file {tuple(state[k].shape)} vs model {tuple(expected[k].shape)}"
+        for k in expected
+        if k in state and state[k].shape != expected[k].shape
+    ]
+    if missing or unexpected or shapes:
+        raise ValueError(
+            f"{source} does not match config.json: missing {missing}, "
+            f"unexpected {unexpected}, shape mismatches {shapes}"
+        )
+    model.load_state_dict(state)
+    return model
+
+
+def list_checkpoints(run_dir: str | Path) -> list[Path]:
+    """The complete checkpoints of a run, oldest first (temporary directories excluded)."""
+    root = Path(run_dir) / CHECKPOINTS_DIR
+    if not root.is_dir():
+        return []
+    found = [
+        p
+        for p in root.iterdir()
+        if p.is_dir() and p.name.startswith(_STEP_PREFIX) and p.name[len(_STEP_PREFIX) :].isdigit()
+    ]
+    return sorted(found, key=lambda p: int(p.name[len(_STEP_PREFIX) :]))

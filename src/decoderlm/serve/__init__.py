@@ -1,0 +1,1 @@
+"""The HTTP server: an OpenAI-style API (app)."""

@@ -1,0 +1,42 @@
+"""Cached decoding against the model itself: the full forward pass at every step."""
+
+import pytest
+import torch
+
+
+@pytest.mark.parametrize(
+    "out,batch,bias", [(65, 1, False), (50257, 2, False), (2305, 4, True), (2**19 + 1, 16, True)]
+)
+def test_rowwise_linear_is_the_same_product(out, batch, bias):
+    import torch.nn.functional as F
+
+    from decoderlm.generation.cpu_decode import DecodeLinear, rowwise_linear
+
+    weight, x = torch.randn(out, 32), torch.randn(batch, 1, 32)
+    b = torch.randn(out) if bias else None
+    expected = F.linear(x, weight, b)
+    assert torch.allclose(rowwise_linear(x, weight, b), expected, atol=1e-4, rtol=1e-5)
+    layer = DecodeLinear(32, out, bias=bias)
+    with torch.no_grad():
+        layer.weight.copy_(weight)
+        if bias:
+            layer.bias.copy_(b)
+        assert torch.allclose(layer(x), expected, atol=1e-4, rtol=1e-5)
+    assert torch.equal(layer(x), F.linear(x, layer.weight, layer.bias))  # autograd: plain path
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_reduction_linear_is_the_same_product(dtype):
+    import torch.nn.functional as F
+
+    from decoderlm.generation.cpu_decode import reduction_linear
+
+    weight, x, bias = (
+        t.to(dtype) for t in (torch.randn(300, 64), torch.randn(2, 1, 64), torch.randn(300))
+    )
+    y = reduction_linear(x, weight, bias)
+    assert y.dtype == dtype and y.shape == (2, 1, 300)
+    exact = F.linear(x.double(), weight.double(), bias.double())  # of the rounded inputs
+    # no less exact than F.linear in the same dtype (bfloat16 keeps 8 bits of mantissa)
+    tolerance = max(1e-4, 2 * (F.linear(x, weight, bias).double() - exact).abs().max().item())
+    assert (y.double() - exact).abs().max() <= tolerance

@@ -1,0 +1,156 @@
+"""Continuous batching: tokens equal those of decoding each request alone."""
+
+import queue
+
+import pytest
+import torch
+
+from decoderlm.generation.generate import generate, stream_generate
+from decoderlm.generation.scheduler import Scheduler, Sequence
+
+from conftest import tiny_model
+
+PROMPTS = [[1, 2, 3], [4], [5, 6, 7, 8, 9, 10], [11] * 30, [12, 13], [3] * 40, [7, 1], [2] * 9]
+
+
+def _run(scheduler: Scheduler, sequences: list[Sequence], queues: list[queue.Queue]):
+    """Submit every sequence at once; each one's tokens (or the exception that ended it)."""
+    for seq in sequences:
+        scheduler.submit(seq)
+    out = []
+    for q in queues:
+        tokens = []
+        while (item := q.get(timeout=60)) is not None:
+            if isinstance(item, Exception):
+                tokens = item
+                break
+            tokens.append(item)
+        out.append(tokens)
+    return out
+
+
+def _sequences(prompts, max_new_tokens, **settings):
+    queues = [queue.Queue() for _ in prompts]
+    seqs = [
+        Sequence(p, max_new_tokens, q.put, **settings) for p, q in zip(prompts, queues, strict=True)
+    ]
+    return seqs, queues
+
+
+# of one length: they are prefilled together, and slide past the context at the same steps
+SAME_LENGTH = [[i, 2 * i, 3 * i] for i in range(1, 9)]
+
+
+@pytest.mark.parametrize(
+    "pos_encoding,prompts,max_batch_size",
+    [("learned", PROMPTS, 3), ("rope", PROMPTS, 3), ("learned", SAME_LENGTH, 8)],
+)
+def test_batched_greedy_tokens_equal_generate_alone_even_past_the_context(
+    pos_encoding, prompts, max_batch_size
+):
+    model = tiny_model(seed=1, pos_encoding=pos_encoding)
+    scheduler = Scheduler(model, 65, max_batch_size=max_batch_size)  # 3: most prompts queue
+    try:
+        seqs, queues = _sequences(prompts, 40, temperature=0.0)
+        got = _run(scheduler, seqs, queues)
+    finally:
+        scheduler.close()
+    for prompt, tokens in zip(prompts, got, strict=True):
+        alone = generate(model, torch.tensor([prompt]), 40, do_sample=False)[0, len(prompt) :]
+        assert [t.id for t in tokens] == alone.tolist()
+
+
+def test_each_sequence_samples_with_its_own_seed_and_settings():
+    model = tiny_model(seed=2)
+    settings = [dict(seed=s, temperature=t, top_k=k) for s, t, k in [(1, 1.0, None), (2, 0.7, 5)]]
+    scheduler = Scheduler(model, 65, max_batch_size=8)
+    try:
+        queues = [queue.Queue() for _ in range(4)]
+        seqs = [Sequence(PROMPTS[i], 20, queues[i].put, **settings[i % 2]) for i in range(4)]
+        got = _run(scheduler, seqs, queues)
+    finally:
+        scheduler.close()
+    for i, tokens in enumerate(got):
+        s = settings[i % 2]
+        alone = stream_generate(
+            model, torch.tensor([PROMPTS[i]]), 20, s["temperature"], s["top_k"], seed=s["seed"]
+        )
+        assert [t.id for t in tokens] == [int(t[0]) for t in alone]
+
+
+def test_logprobs_are_the_log_softmax_of_the_logits_and_the_true_top_k():
+    model = tiny_model(seed=3)
+    scheduler = Scheduler(model, 65)
+    try:
+        seqs, queues = _sequences([PROMPTS[2]], 5, temperature=0.0, logprobs=3)
+        (tokens,) = _run(scheduler, seqs, queues)
+    finally:
+        scheduler.close()
+    ids = PROMPTS[2] + [t.id for t in tokens]
+    with torch.no_grad():
+        lp = torch.log_softmax(model(torch.tensor([ids]))[0][0].double(), -1)
+    for j, token in enumerate(tokens):
+        row = lp[len(PROMPTS[2]) - 1 + j]
+        assert token.logprob == pytest.approx(float(row[token.id]), abs=1e-5)
+        top = row.topk(3)
+        assert [i for i, _ in token.top] == top.indices.tolist()
+        assert [v for _, v in token.top] == pytest.approx(top.values.tolist(), abs=1e-5)
+
+
+def test_a_cancelled_or_failing_sequence_leaves_and_the_others_go_on():
+    model = tiny_model(seed=4)
+    scheduler = Scheduler(model, 65, max_batch_size=4)
+    try:
+        seqs, queues = _sequences(PROMPTS[:3], 30, temperature=0.0)
+        seqs[1].temperature = -1.0  # sampling refuses it: this sequence fails alone
+        seqs[2].cancel()  # cancelled before it starts: it never gets a token
+        scheduler.submit(seqs[2])
+        got = _run(scheduler, seqs[:2], queues[:2])
+        assert queues[2].empty()
+        assert isinstance(got[1], ValueError) and "temperature" in str(got[1])
+        alone = generate(model, torch.tensor([PROMPTS[0]]), 30, do_sample=False)
+        assert [t.id for t in got[0]] == alone[0, 3:].tolist()
+        assert scheduler.load == (0, 0)
+    finally:
+        scheduler.close()
+
+
+def test_ids_past_the_tokenizers_are_never_sampled_or_scored():
+    model = tiny_model(seed=5, vocab_size=80, tie_embeddings=False)  # a tokenizer of 65 ids
+    with torch.no_grad():
+        best = int(model(torch.tensor([[1, 2, 3]]))[0][0, -1, :65].argmax())
+        model.lm_head.weight[65:] = model.lm_head.weight[best] * 3  # those ids would win
+        assert int(model(torch.tensor([[1, 2, 3]]))[0][0, -1].argmax()) >= 65
+    scheduler = Scheduler(model, 65)
+    try:
+        seqs, queues = _sequences([[1, 2, 3]], 5, temperature=0.0, logprobs=0)
+        (tokens,) = _run(scheduler, seqs, queues)
+    finally:
+        scheduler.close()
+    assert tokens[0].id == best and all(t.id < 65 for t in tokens)
+    with torch.no_grad():
+        lp = torch.log_softmax(model(torch.tensor([[1, 2, 3]]))[0][0, -1, :65], -1)
+    assert tokens[0].logprob == pytest.approx(float(lp[best]), abs=1e-5)
+
+
+def test_a_failing_step_fails_the_batch_and_the_scheduler_goes_on():
+    model = tiny_model(seed=6)
+    calls = []
+
+    def step(m, idx, cache, pos):
+        calls.append(1)
+        if len(calls) == 3:
+            raise RuntimeError("boom")
+        return m.forward_cached(idx, cache, pos)
+
+    scheduler = Scheduler(model, 65, step=step)
+    try:
+        seqs, queues = _sequences(PROMPTS[:2], 10, temperature=0.0)
+        got = _run(scheduler, seqs, queues)
+        assert all(isinstance(g, RuntimeError) for g in got)
+        seqs, queues = _sequences(PROMPTS[:2], 10, temperature=0.0)
+        got = _run(scheduler, seqs, queues)
+    finally:
+        scheduler.close()
+    alone = generate(model, torch.tensor([PROMPTS[0]]), 10, do_sample=False)
+    assert [t.id for t in got[0]] == alone[0, 3:].tolist()

@@ -1,0 +1,57 @@
+import numpy as np
+import pytest
+
+from decoderlm.lens.plots import plot_attention, plot_loss
+
+
+@pytest.mark.parametrize("n_layers,n_heads", [(3, 2), (2, 3)])
+def test_attention_plot_has_one_labelled_panel_per_layer_and_head(tmp_path, n_layers, n_heads):
+    # pitfalls row 34
+    att = np.random.default_rng(0).random((n_layers, n_heads, 5, 5))
+    fig = plot_attention(att, tmp_path / "att.png")
+    assert (tmp_path / "att.png").stat().st_size > 0
+    axes = fig.axes
+    assert len(axes) == n_layers * n_heads
+    for i, ax in enumerate(axes):
+        layer, head = divmod(i, n_heads)
+        assert ax.get_title() == f"layer {layer}, head {head}"
+        assert np.array_equal(ax.get_images()[0].get_array(), att[layer, head])
+        assert ax.get_xlabel() == "key position" and ax.get_ylabel() == "query position"
+    with pytest.raises(ValueError, match="n_layers, n_heads, T, T"):
+        plot_attention(att[0], tmp_path / "bad.png")
+
+
+def test_loss_plot_is_written(tmp_path):
+    metrics = [{"step": s, "train_loss": 4.0 / s, "lr": 1e-3} for s in range(1, 20)]
+    metrics[-1]["val_loss"] = 0.5
+    plot_loss(metrics, tmp_path / "loss.png")
+    assert (tmp_path / "loss.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_plotter_draws_the_same_files_in_a_child_process(tmp_path):
+    from decoderlm.lens.plots import Plotter
+
+    att = np.random.default_rng(1).random((2, 2, 6, 6)).astype(np.float32)
+    metrics = [{"step": s, "train_loss": 4.0 / s, "val_loss": 3.0 / s} for s in range(1, 6)]
+    plot_loss(metrics, tmp_path / "loss.png")
+    plot_attention(att, tmp_path / "att.png", title="a $ b")
+    plotter = Plotter()
+    with pytest.raises(ValueError, match="n_layers, n_heads, T, T"):
+        plotter.draw(metrics, tmp_path / "l.png", att[0], tmp_path / "a.png")
+    plotter.draw(metrics, tmp_path / "l2.png", att, tmp_path / "a2.png", title="a $ b")
+    plotter.wait()
+    plotter.close()
+    assert (tmp_path / "l2.png").read_bytes() == (tmp_path / "loss.png").read_bytes()
+    assert (tmp_path / "a2.png").read_bytes() == (tmp_path / "att.png").read_bytes()
+    failing = Plotter()
+    failing.draw(metrics, tmp_path / "no" / "l.png", att, tmp_path / "a3.png")
+    with pytest.raises(RuntimeError, match="drawing the plots failed: .*No such file"):
+        failing.wait()
+    unused = Plotter()
+    unused.close()  # ended without drawing
+    assert unused.process.returncode is not None and not (tmp_path / "a3.png").exists()
+    crashed = Plotter()
+    crashed.process.kill()
+    crashed.process.wait()
+    with pytest.raises(RuntimeError, match="drawing the plots failed"):
+        crashed.draw(metrics, tmp_path / "l4.png", att, tmp_path / "a4.png")

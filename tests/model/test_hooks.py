@@ -1,0 +1,257 @@
+"""Hook points: named activations, read and replaced, free when nothing is attached; and run
+directories written before the hook points existed still load and give the same logits."""
+
+import copy
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import decoderlm.model.model as model_module
+from decoderlm import DecoderLM, load_tokenizer
+from decoderlm.generation.generate import generate
+from decoderlm.model.hooks import hook_points, hooks, run_with_cache
+
+from conftest import assert_matches_reference, forward_with_attention, halved_random_model
+
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "run_v0"
+
+BLOCK_HOOKS = [
+    "hook_resid_pre",
+    "attn.hook_q",
+    "attn.hook_k",
+    "attn.hook_v",
+    "attn.hook_pattern",
+    "attn.hook_z",
+    "hook_resid_mid",
+    "mlp.hook_pre",
+    "mlp.hook_post",
+    "hook_resid_post",
+]
+
+
+@pytest.mark.parametrize("name", ["gpt2-style", "llama-style"])
+def test_a_run_directory_written_before_the_redesign_gives_the_same_logits(name):
+    # frozen fixture: config.json, model.safetensors and tokenizer.json written by
+    # `decoderlm train` before the hook points existed, and the logits, attention maps and
+    # greedy tokens that code computed for fixed ids
+    run = FIXTURES / name
+    expected = load_file(str(run / "expected.safetensors"))
+    model = DecoderLM.from_pretrained(run)
+    assert load_tokenizer(run).vocab_size == model.config.vocab_size
+    logits, att = forward_with_attention(model, expected["idx"])
+    torch.testing.assert_close(logits, expected["logits"], atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(att, expected["attention"], atol=1e-6, rtol=1e-6)
+    assert_matches_reference(model, expected["idx"])  # and an independent oracle agrees
+    greedy = generate(model, expected["idx"][:, :5], 20, do_sample=False)
+    assert torch.equal(greedy, expected["greedy"])
+
+
+@pytest.mark.parametrize(
+    "combo", [{}, dict(norm_position="post", pos_encoding="rope", norm="rmsnorm", mlp="swiglu")]
+)
+def test_every_documented_hook_point_exists_with_its_shape(combo):
+    model = halved_random_model(0, **combo)
+    c = model.config
+    B, T = 2, 7
+    names = ["hook_embed", "hook_normalized"] + [
+        f"blocks.{i}.{h}" for i in range(c.n_layers) for h in BLOCK_HOOKS
+    ]
+    assert sorted(hook_points(model)) == sorted(names)
+    (logits, _), cache = run_with_cache(model, torch.randint(0, 65, (B, T)))
+    heads = (B, c.n_heads, T, c.head_dim)
+    shapes = {
+        "hook_embed": (B, T, c.d_model),
+        "hook_normalized": (B, T, c.d_model),
+        "hook_resid_pre": (B, T, c.d_model),
+        "hook_resid_mid": (B, T, c.d_model),
+        "hook_resid_post": (B, T, c.d_model),
+        "attn.hook_q": heads,
+        "attn.hook_k": heads,
+        "attn.hook_v": heads,
+        "attn.hook_z": heads,
+        "attn.hook_pattern": (B, c.n_heads, T, T),
+        "mlp.hook_pre": (B, T, c.d_ff),
+        "mlp.hook_post": (B, T, c.d_ff),
+    }
+    for name in names:
+        suffix = name.split(".", 2)[-1] if name.startswith("blocks.") else name
+        assert cache[name].shape == shapes[suffix], name
+    # the residual stream is one stream: each block's output is the next block's input
+    for layer in range(c.n_layers - 1):
+        assert torch.equal(
+            cache[f"blocks.{layer}.hook_resid_post"], cache[f"blocks.{layer + 1}.hook_resid_pre"]
+        )
+    # the unembedding reads hook_normalized
+    torch.testing.assert_close(model.lm_head(cache["hook_normalized"]), logits)
+    pattern = cache["blocks.0.attn.hook_pattern"]
+    assert pattern.dtype == torch.float32 and torch.all(pattern.triu(1) == 0)
+    torch.testing.assert_close(pattern.sum(-1), torch.ones(B, c.n_heads, T))
+
+
+def test_a_hook_that_zeroes_z_equals_a_model_with_zero_values():
+    # oracle: zero value projections give z = 0 in every head of layer 0
+    model = halved_random_model(1)
+    idx = torch.randint(0, 65, (2, 9))
+    with hooks(model, {"blocks.0.attn.hook_z": lambda z, name: torch.zeros_like(z)}):
+        patched, _ = model(idx)
+    ablated = copy.deepcopy(model)
+    d = model.config.d_model
+    with torch.no_grad():
+        ablated.blocks[0].attn.qkv.weight[2 * d :] = 0
+        ablated.blocks[0].attn.qkv.bias[2 * d :] = 0
+    torch.testing.assert_close(patched, ablated(idx)[0])
+    assert not torch.allclose(patched, model(idx)[0])  # and the hooks are gone again
+    assert not any(p.has_hooks() for p in hook_points(model).values())
+
+
+def test_the_pattern_is_computed_only_when_a_hook_asks_for_it(monkeypatch):
+    model = halved_random_model(2)
+    calls = []
+    original = model_module.attention_pattern
+    monkeypatch.setattr(
+        model_module, "attention_pattern", lambda q, k: calls.append(1) or original(q, k)
+    )
+    idx = torch.randint(0, 65, (1, 8))
+    plain, _ = model(idx)
+    assert calls == []
+    (hooked, _), cache = run_with_cache(model, idx, ["blocks.1.attn.hook_pattern"])
+    assert len(calls) == 1 and list(cache) == ["blocks.1.attn.hook_pattern"]
+    torch.testing.assert_close(hooked, plain, atol=1e-5, rtol=1e-5)
+    # the written-out training kernel is for training mode only: evaluation stays fused
+    for block in model.blocks:
+        block.attn.impl = "explicit"
+    model(idx)
+    assert len(calls) == 1
+    model.train()(idx)
+    assert len(calls) == 1 + model.config.n_layers
+
+
+def test_a_replaced_pattern_is_the_one_attention_uses():
+    # uniform causal attention written by a hook: z of head h at t is the mean of v[..., :t+1]
+    model = halved_random_model(3)
+    idx = torch.randint(0, 65, (1, 6))
+    T = idx.size(1)
+    uniform = torch.ones(T, T).tril() / torch.arange(1, T + 1)[:, None]
+    seen = {}
+    with hooks(
+        model,
+        {
+            "blocks.0.attn.hook_pattern": lambda a, n: uniform.expand_as(a),
+            "blocks.0.attn.hook_v": lambda v, n: seen.setdefault("v", v),
+            "blocks.0.attn.hook_z": lambda z, n: seen.setdefault("z", z),
+        },
+    ):
+        model(idx)
+    expected = seen["v"].cumsum(-2) / torch.arange(1, T + 1)[:, None]
+    torch.testing.assert_close(seen["z"], expected)
+
+
+def test_unknown_hook_names_are_refused():
+    with pytest.raises(ValueError, match="no hook point named"):
+        run_with_cache(
+            halved_random_model(0),
+            torch.zeros(1, 3, dtype=torch.long),
+            ["blocks.0.attn.hook_nothing"],
+        )
+
+
+def test_names_filter_keeps_only_what_it_names_and_logits_are_the_models():
+    model = halved_random_model(4)
+    idx = torch.randint(0, 65, (2, 9))
+    plain, _ = model(idx)
+    (logits, _), cache = run_with_cache(model, idx, names_filter=lambda n: n.endswith("resid_mid"))
+    assert list(cache) == ["blocks.0.hook_resid_mid", "blocks.1.hook_resid_mid"]
+    assert torch.equal(logits, plain)  # reading hooks change nothing, bit for bit
+    _, cache = run_with_cache(model, idx, "hook_embed")
+    assert list(cache) == ["hook_embed"]
+    _, cache = run_with_cache(
+        model, idx, ["hook_embed", "hook_resid_post", "blocks.1.mlp.hook_post"]
+    )
+    assert list(cache) == [
+        "hook_embed",
+        "blocks.0.hook_resid_post",
+        "blocks.1.mlp.hook_post",
+        "blocks.1.hook_resid_post",
+    ]
+    assert torch.equal(cache["hook_resid_post", 1], cache["blocks.1.hook_resid_post"])
+    stream = cache.accumulated_resid()
+    assert stream.shape == (3, 2, 9, 64) and torch.equal(stream[0], cache["hook_embed"])
+    assert torch.equal(stream[2], cache["blocks.1.hook_resid_post"])
+
+
+def test_hooks_take_predicates_replace_values_and_go_away_after_an_exception():
+    model = halved_random_model(5)
+    idx = torch.randint(0, 65, (1, 6))
+    seen = []
+    with pytest.raises(RuntimeError, match="inside"):
+        with hooks(model, [(lambda n: n.endswith("hook_resid_pre"), lambda x, n: seen.append(n))]):
+            model(idx)
+            raise RuntimeError("inside the block")
+    assert seen == ["blocks.0.hook_resid_pre", "blocks.1.hook_resid_pre"]
+    assert not any(p.has_hooks() for p in hook_points(model).values())
+    with pytest.raises(ValueError, match="no hook point named"):  # nothing half-attached
+        with hooks(model, [("hook_embed", print), ("hook_nothing", print)]):
+            pass
+    assert not any(p.has_hooks() for p in hook_points(model).values())
+
+
+def test_a_zeroed_last_residual_gives_the_unembedding_of_the_final_norm_of_zeros():
+    # LayerNorm of a zero vector is its bias (x - mean = 0), so every position's logits are
+    # lm_head.weight @ ln_f.bias
+    model = halved_random_model(6)
+    idx = torch.randint(0, 65, (2, 7))
+    last = f"blocks.{model.config.n_layers - 1}.hook_resid_post"
+    with hooks(model, [(last, lambda x, n: torch.zeros_like(x))]):
+        logits, _ = model(idx)
+    expected = model.lm_head.weight @ model.ln_f.bias
+    torch.testing.assert_close(logits, expected.expand_as(logits).detach())
+
+
+def test_cached_activations_of_one_block_equal_the_numpy_reference():
+    import numpy as np
+
+    from decoderlm.model import reference as ref
+
+    model = halved_random_model(7)
+    idx = torch.randint(0, 65, (2, 8))
+    _, cache = run_with_cache(model, idx)
+    p = {k: v.double().numpy() for k, v in model.state_dict().items()}
+    x = p["tok_emb.weight"][idx.numpy()] + p["pos_emb.weight"][:8]
+    h = ref.layer_norm(x, p["blocks.0.ln_1.weight"], p["blocks.0.ln_1.bias"])
+    attn_out, att = ref.causal_self_attention(h, p, "blocks.0.attn", model.config.n_heads)
+    mid = x + attn_out
+    pre = ref.layer_norm(mid, p["blocks.0.ln_2.weight"], p["blocks.0.ln_2.bias"])
+    pre = pre @ p["blocks.0.mlp.fc.weight"].T + p["blocks.0.mlp.fc.bias"]
+    post = ref.gelu(pre)
+    out = mid + post @ p["blocks.0.mlp.proj.weight"].T + p["blocks.0.mlp.proj.bias"]
+    expected = {
+        "hook_embed": x,
+        "blocks.0.hook_resid_pre": x,
+        "blocks.0.attn.hook_pattern": att,
+        "blocks.0.hook_resid_mid": mid,
+        "blocks.0.mlp.hook_pre": pre,
+        "blocks.0.mlp.hook_post": post,
+        "blocks.0.hook_resid_post": out,
+    }
+    for name, value in expected.items():
+        np.testing.assert_allclose(cache[name].double().numpy(), value, atol=1e-5, err_msg=name)
+
+
+def test_the_cache_at_position_t_ignores_later_tokens():
+    model = halved_random_model(8)
+    idx = torch.randint(0, 65, (1, 10))
+    changed = idx.clone()
+    changed[0, 6:] = (changed[0, 6:] + 1) % 65
+    _, a = run_with_cache(model, idx)
+    _, b = run_with_cache(model, changed)
+    for name in a:
+        if name.endswith("hook_pattern"):
+            torch.testing.assert_close(a[name][..., :6, :6], b[name][..., :6, :6], msg=name)
+        else:
+            dims = 2 if a[name].dim() == 4 else 1  # heads come before positions in [B, H, T, D]
+            torch.testing.assert_close(
+                a[name].narrow(dims, 0, 6), b[name].narrow(dims, 0, 6), msg=name
+            )
+        assert not torch.allclose(a[name], b[name]), name  # the later positions did change

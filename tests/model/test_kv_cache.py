@@ -1,0 +1,189 @@
+"""Cached decoding against the model itself: the full forward pass at every step."""
+
+import pytest
+import torch
+
+from decoderlm.generation.generate import generate
+from decoderlm.model.kv_cache import KVCache, SlotKVCache
+
+from conftest import halved_random_model, randomize, tiny_model
+
+
+def greedy_by_full_forward(model, prompt, n):
+    """The oracle: rerun the model on the last max_positions tokens (block_size unless the
+    config allows more) for every new token."""
+    seq = prompt
+    for _ in range(n):
+        logits, _ = model(seq[:, -model.config.max_positions :])
+        seq = torch.cat([seq, logits[:, -1].argmax(-1, keepdim=True)], dim=1)
+    return seq
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"pos_encoding": "learned"},
+        {"pos_encoding": "sinusoidal"},
+        {"pos_encoding": "rope"},
+        {
+            "pos_encoding": "rope",
+            "norm_position": "post",
+            "norm": "rmsnorm",
+            "mlp": "swiglu",
+            "d_ff": 96,
+        },
+    ],
+)
+def test_cached_greedy_equals_full_forward_for_200_tokens_past_block_size(overrides):
+    model = randomize(tiny_model(block_size=16, **overrides), seed=1)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(0.4)
+    prompt = torch.randint(0, 65, (2, 5))
+    expected = greedy_by_full_forward(model, prompt, 200)
+    assert torch.equal(generate(model, prompt, 200, do_sample=False), expected)
+    assert torch.equal(generate(model, prompt, 200, do_sample=False, use_cache=False), expected)
+
+
+@pytest.mark.parametrize("pos", ["sinusoidal", "rope"])
+def test_positions_go_past_block_size_up_to_max_positions_then_slide(pos):
+    # block_size 16, max_positions 48, 5-token prompt, 60 new tokens: 65 > 48, so it slides
+    model = halved_random_model(5, block_size=16, max_positions=48, pos_encoding=pos)
+    calls = []  # (number of new tokens, largest position id) of every cached forward
+    forward_cached = model.forward_cached
+
+    def spy(idx, cache, position_ids, *args, **kwargs):
+        calls.append((idx.size(1), int(position_ids.max())))
+        return forward_cached(idx, cache, position_ids, *args, **kwargs)
+
+    model.forward_cached = spy
+    prompt = torch.randint(0, 65, (2, 5))
+    out = generate(model, prompt, 60, do_sample=False)
+    # the prompt, then one token at a time at positions 5..47 (no rebuild at block_size),
+    # then, from 48 tokens on, a rebuild of the last 48 at every step
+    assert calls == [(5, 4)] + [(1, p) for p in range(5, 48)] + [(48, 47)] * 16
+    assert torch.equal(out, greedy_by_full_forward(model, prompt, 60))
+    del model.forward_cached
+    assert torch.equal(generate(model, prompt, 60, do_sample=False, use_cache=False), out)
+
+
+@pytest.mark.parametrize("pos", ["learned", "rope"])
+def test_per_step_logits_and_positions_match_the_full_forward(pos):
+    # pitfalls row 11: 5-token prompt, 20 new tokens, position of step t is 5 + t
+    model = randomize(tiny_model(pos_encoding=pos), seed=2)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(0.4)
+    seq = torch.randint(0, 65, (1, 5))
+    cache = KVCache(model.config, 1, "cpu", torch.float32)
+    with torch.no_grad():
+        logits = model.forward_cached(
+            seq, cache, torch.arange(5)[None], torch.ones(1, 5, dtype=torch.bool)
+        )
+        for t in range(20):
+            full, _ = model(seq)
+            assert torch.allclose(logits[:, -1], full[:, -1], atol=1e-5, rtol=1e-5)
+            nxt = full[:, -1].argmax(-1, keepdim=True)
+            seq = torch.cat([seq, nxt], dim=1)
+            assert cache.length == 5 + t
+            logits = model.forward_cached(
+                nxt, cache, torch.tensor([[5 + t]]), torch.ones(1, 6 + t, dtype=torch.bool)
+            )
+
+
+def test_a_request_longer_than_the_cache_rolls_instead_of_failing():
+    # pitfalls row 2 (ii): block_size 16, prompt 10, 20 new tokens
+    model = tiny_model(block_size=16)
+    prompt = torch.randint(0, 65, (1, 10))
+    out = generate(model, prompt, 20, do_sample=False)
+    assert out.shape == (1, 30)
+    assert torch.equal(out, greedy_by_full_forward(model, prompt, 20))
+
+
+@pytest.mark.parametrize("pos", ["learned", "sinusoidal", "rope"])
+def test_left_padded_batch_matches_each_prompt_alone(pos):
+    # pitfalls row 13 (a): prompts of lengths 3 and 6, left-padded to 6
+    model = randomize(tiny_model(pos_encoding=pos), seed=3)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(0.4)
+    short, long = torch.randint(0, 65, (1, 3)), torch.randint(0, 65, (1, 6))
+    batch = torch.cat([torch.cat([torch.zeros(1, 3, dtype=torch.long), short], 1), long])
+    mask = torch.tensor([[0, 0, 0, 1, 1, 1], [1, 1, 1, 1, 1, 1]])
+    cache = KVCache(model.config, 2, "cpu", torch.float32)
+    positions = (mask.cumsum(1) - 1).clamp(min=0)
+    with torch.no_grad():
+        logits = model.forward_cached(batch, cache, positions, mask.bool())
+    assert torch.isfinite(logits).all()
+    assert torch.allclose(logits[0, 3:], model(short)[0][0], atol=1e-5, rtol=1e-5)
+    assert torch.allclose(logits[1], model(long)[0][0], atol=1e-5, rtol=1e-5)
+    together = generate(model, batch, 8, do_sample=False, attention_mask=mask)
+    assert torch.equal(together[0, 3:], generate(model, short, 8, do_sample=False)[0])
+    assert torch.equal(together[1], generate(model, long, 8, do_sample=False)[0])
+    with pytest.raises(ValueError, match="left-padded"):
+        generate(model, batch, 2, attention_mask=torch.tensor([[1, 1, 1, 0, 0, 0]] * 2))
+
+
+@pytest.mark.parametrize("pos", ["learned", "sinusoidal", "rope"])
+def test_compiled_decoding_gives_the_tokens_of_the_full_forward(pos):
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()  # compile afresh: torch keeps at most 8 variants of the step
+    counters.clear()
+    model = halved_random_model(3, block_size=16, pos_encoding=pos)
+    prompt = torch.randint(0, 65, (1, 5))
+    expected = greedy_by_full_forward(model, prompt, 30)  # 35 > 16: the context slides
+    assert torch.equal(generate(model, prompt, 30, do_sample=False, compile=True), expected)
+    assert counters["stats"]["unique_graphs"] == 1  # every cache length, the full one too
+    batch, mask = torch.randint(0, 65, (2, 6)), torch.ones(2, 6, dtype=torch.long)
+    mask[0, :3] = 0  # left padding: compiled with a key mask
+    assert torch.equal(
+        generate(model, batch, 8, do_sample=False, attention_mask=mask, compile=True),
+        generate(model, batch, 8, do_sample=False, attention_mask=mask),
+    )
+
+
+def test_compiled_bfloat16_steps_give_the_logits_of_eager_steps():
+    from decoderlm.generation.generate import _decode_step
+
+    torch._dynamo.reset()
+    model = halved_random_model(4, block_size=32).to(torch.bfloat16)
+    ids = torch.randint(0, 65, (1, 20))
+    logits = {}
+    for compile in (False, True):
+        step, cache = _decode_step(compile), KVCache(model.config, 1, "cpu", torch.bfloat16)
+        with torch.no_grad():
+            model.forward_cached(ids[:, :4], cache, torch.arange(4)[None])
+            logits[compile] = torch.cat(
+                [
+                    step(model, ids[:, t : t + 1], cache, torch.tensor([[t]]), None)
+                    for t in range(4, 20)
+                ]
+            )
+    eager, compiled = logits[False].float(), logits[True].float()
+    assert eager.abs().max() > 1  # logits of a sane size, so the tolerance below means something
+    assert torch.allclose(compiled, eager, atol=0.05, rtol=0.02)
+    assert torch.equal(compiled.argmax(-1), eager.argmax(-1))
+
+
+def test_slot_cache_rows_of_different_lengths_give_each_rows_own_logits():
+    model = tiny_model(seed=5)
+    seqs = [[1, 2, 3, 4, 5], [6], [7, 8, 9], [10, 11]]
+    slots = SlotKVCache(model.config, 4, "cpu", torch.float32)
+    with torch.no_grad():
+        for ids in seqs:  # each prefilled alone, all but its last token
+            cache = KVCache(model.config, 1, "cpu", torch.float32)
+            if len(ids) > 1:
+                model.forward_cached(
+                    torch.tensor([ids[:-1]]), cache, torch.arange(len(ids) - 1)[None]
+                )
+            slots.put(cache)
+        slots.remove(1)  # the last row moves into row 1
+        rows = [seqs[0], seqs[3], seqs[2]]
+        last = torch.tensor([[ids[-1]] for ids in rows])
+        logits = model.forward_cached(last, slots, slots.lengths[:, None].clone())
+        for i, ids in enumerate(rows):
+            alone = model(torch.tensor([ids]))[0][0, -1]
+            assert torch.isfinite(logits).all()
+            assert torch.allclose(logits[i, -1], alone, atol=1e-5)
+    assert slots.lengths.tolist() == [5, 2, 3]
