@@ -35,6 +35,7 @@ from jsonargparse import ActionConfigFile, ArgumentParser, Namespace, set_loader
 from jsonargparse.typing import NonNegativeInt, NotEmptyStr, PositiveInt
 
 from .config import DtypeName, ModelConfig, TrainConfig, canonical_dtype
+from .errors import MissingFileError, UserError, checked_device, flag_name, one_of
 from .presets import PRESETS
 
 __all__ = ["COMMANDS", "build_parser", "main"]
@@ -110,11 +111,11 @@ def train(
 
     for section, fields in (("model", model), ("train", train)):
         if not isinstance(fields, dict | None):
-            raise ValueError(
+            raise UserError(
                 f"`{section}` in the settings file must map fields to values, got {fields!r}"
             )
     if resume and overwrite:
-        raise ValueError("--resume continues a run and --overwrite replaces one; pick one")
+        raise UserError("--resume continues a run and --overwrite replaces one; pick one")
     run_experiment(
         preset=preset,
         data=data,
@@ -124,7 +125,7 @@ def train(
         dataset=dataset,
         model_overrides=model,
         train_overrides=train,
-        device=_checked_device(device),
+        device=checked_device(device),
         progress=not no_progress,
         resume=resume,
         init_from=init_from,
@@ -174,7 +175,7 @@ def prepare(
     """
     from .data.prepare import prepare as prepare_tokens
 
-    _one_of(data=data, dataset=dataset)
+    one_of(data=data, dataset=dataset)
     prepare_tokens(
         data, tokenizer, out, val_fraction, overwrite, dataset, eot=eot, endoftext=endoftext
     )
@@ -211,7 +212,7 @@ def evaluate(
     """
     from .evaluate import evaluate_run, format_report
 
-    report = evaluate_run(run, data, split, _checked_device(device), batch_size)
+    report = evaluate_run(run, data, split, checked_device(device), batch_size)
     print(_json_text(report) if json else format_report(report))
     return 0
 
@@ -264,10 +265,11 @@ def sample(
         only_new: print only the continuation, not the prompt (the default prompt is never
             printed).
     """
+    from .finetune.sources import load_model_and_tokenizer
     from .generation.generate import stream_text
     from .tokenizers import CharTokenizer
 
-    model, tokenizer = _model_and_tokenizer(run, hf, device)
+    model, tokenizer = load_model_and_tokenizer(run, hf, device)
     if block_size is not None:
         model.crop_block_size(block_size)
     prompts = list(prompt or []) + (_read_prompts(prompt_file) if prompt_file else [])
@@ -280,7 +282,7 @@ def sample(
         else:
             prompts = ["\n"]
     if not all(prompts):
-        raise ValueError("a prompt is empty; give at least one character")
+        raise UserError("a prompt is empty; give at least one character")
     encoded = [tokenizer.encode(p, allowed_special="all") for p in prompts]  # all checked first
     for n, ids in enumerate(encoded):
         for i in range(num_samples):
@@ -346,11 +348,12 @@ def serve(
         compile: decode with torch.compile: faster per token after a one-time compile
             at start (needs a C++ compiler on the CPU).
     """
+    from .finetune.sources import load_model_and_tokenizer
     from .serve.app import ServeLimits
     from .serve.app import serve as serve_http
 
     if not 1 <= port < 65536:
-        raise ValueError(f"--port must be in [1, 65536), got {port}")
+        raise UserError(f"--port must be in [1, 65536), got {port}")
     limits = ServeLimits(
         max_tokens=max_tokens_limit,
         max_prompt_tokens=max_prompt_tokens,
@@ -358,7 +361,7 @@ def serve(
         max_stop=max_stop,
         max_batch_size=max_batch_size,
     )
-    model, tokenizer = _model_and_tokenizer(run, hf, device)
+    model, tokenizer = load_model_and_tokenizer(run, hf, device)
     name = served_model_name or Path(run or hf).resolve().name
     serve_http(model, tokenizer, name, host, port, limits, compile)
     return 0
@@ -420,7 +423,7 @@ def params(
     from .model.model import DecoderLM
     from .presets import get_preset
 
-    _one_of(preset=preset, run=run, model_config=model_config)
+    one_of(preset=preset, run=run, model_config=model_config)
     data = None
     if preset:
         config = ModelConfig.from_dict(get_preset(preset).model)
@@ -428,7 +431,7 @@ def params(
         path = Path(run or model_config)
         path = path / "config.json" if path.is_dir() else path
         if not path.is_file():
-            raise FileNotFoundError(f"{path} not found")
+            raise MissingFileError(f"{path} not found")
         data = _read_settings(path, "n_layers: 12")
         config = ModelConfig.from_dict(data.get("model", data))
     counts = count_parameters(config)
@@ -495,17 +498,18 @@ def inspect(
             run's).
         device: cpu, cuda, ...
     """
+    from .finetune.sources import load_model_and_tokenizer
     from .lens.report import build_report, write_report
 
-    _one_of(text=text, text_file=text_file)
+    one_of(text=text, text_file=text_file)
     if Path(out).is_dir() or out.endswith("/") or Path(out).suffix == ".json":
-        raise ValueError(
+        raise UserError(
             f"--out {out} must name the HTML file (its data go beside it as .json), "
             f"e.g. --out {Path(out).with_suffix('') / 'report.html'}"
         )
     if text_file is not None:
         text = _read_text(text_file, "--text-file")
-    model, tokenizer = _model_and_tokenizer(run, hf, device)
+    model, tokenizer = load_model_and_tokenizer(run, hf, device)
     n = min(max_tokens, model.config.max_positions)
     ids = tokenizer.encode(text, allowed_special="all")[:n]  # as a prompt
     corrupted = None if corrupt is None else tokenizer.encode(corrupt, allowed_special="all")[:n]
@@ -627,81 +631,30 @@ def merge(run: NotEmptyStr, out: NotEmptyStr) -> int:
 # ---- helpers of the commands ----
 
 
-def _one_of(**flags) -> None:
-    """Raise ValueError unless exactly one of the flags is given."""
-    given = [name for name, value in flags.items() if value is not None]
-    if len(given) != 1:
-        names = " or ".join(_flag(name) for name in flags)
-        raise ValueError(f"give one of {names}" + (f", not {len(given)}" if given else ""))
-
-
-def _flag(name: str) -> str:
-    """The flag of a parameter or field: max_steps -> --max-steps."""
-    return "--" + name.rsplit(".", 1)[-1].replace("_", "-")
-
-
 def _json_text(report: dict) -> str:
     return json.dumps(report, indent=2, ensure_ascii=False)
-
-
-def _checked_device(text: str | None) -> str | None:
-    """`text` if it names a device this machine has (cpu, cuda, cuda:1, mps)."""
-    if text is None:
-        return None
-    import torch
-
-    kind = text.split(":")[0]
-    available = {
-        "cpu": True,
-        "cuda": torch.cuda.is_available(),
-        "mps": torch.backends.mps.is_available(),
-    }
-    if kind not in available:
-        raise ValueError(f"unknown device {text!r}; use cpu, cuda or mps")
-    if not available[kind]:
-        raise ValueError(f"{kind} is not available on this machine; use --device cpu")
-    return text
-
-
-def _model_and_tokenizer(run: str | None, hf: str | None, device: str):
-    """The model and tokenizer of --run DIR or --hf DIR, checked to belong together."""
-    from .evaluate import check_vocab
-    from .finetune.sources import load_model
-    from .tokenizers import GPT2Tokenizer, load_tokenizer
-
-    _one_of(run=run, hf=hf)
-    device = _checked_device(device)
-    if hf:
-        from .io.hf import load_gpt2
-
-        model, tokenizer = load_gpt2(hf, map_location=device), GPT2Tokenizer()
-    else:
-        model = load_model(run, map_location=device)  # adapters applied over their base
-        tokenizer = load_tokenizer(run)
-    check_vocab(tokenizer, model, run or hf)
-    return model, tokenizer
 
 
 def _read_text(path: str, flag: str) -> str:
     """The text of the UTF-8 file given to `flag`; ValueError naming the flag otherwise."""
     if Path(path).is_dir():
-        raise ValueError(f"{flag} {path} is a directory; give a text file")
+        raise UserError(f"{flag} {path} is a directory; give a text file")
     if not Path(path).exists():
-        raise ValueError(f"{flag} {path} not found")
+        raise UserError(f"{flag} {path} not found")
     try:
         return Path(path).read_text(encoding="utf-8-sig")
     except UnicodeDecodeError:
-        raise ValueError(f"{path} is not UTF-8 text") from None
+        raise UserError(f"{path} is not UTF-8 text") from None
 
 
 def _read_prompts(path: str) -> list[str]:
     """The prompts of a UTF-8 file, one per line; no line may be empty."""
     lines = _read_text(path, "--prompt-file").splitlines()
     if not lines:
-        raise ValueError(f"{path} holds no prompts")
+        raise UserError(f"{path} holds no prompts")
     blank = [i + 1 for i, line in enumerate(lines) if not line]
     if blank:
-        raise ValueError(f"{path}: line {blank[0]} is empty; one prompt per line")
+        raise UserError(f"{path}: line {blank[0]} is empty; one prompt per line")
     return lines
 
 
@@ -883,7 +836,7 @@ def _flat_flags(parser: ArgumentParser) -> None:
         for option in action.option_strings:
             del parser._option_string_actions[option]
         action.option_strings = [
-            _flag(o[2:]) if o.startswith("--") else o
+            flag_name(o[2:]) if o.startswith("--") else o
             for o in action.option_strings
             if not o.endswith("+")
         ]
@@ -914,7 +867,7 @@ def _one_line(parser: ArgumentParser, command: str | None, error: Exception) -> 
     text = str(error)
     missing = re.match(r"the following arguments are required: (.*)", text)
     if missing:
-        return "missing " + ", ".join(_flag(key.strip()) for key in missing[1].split(","))
+        return "missing " + ", ".join(flag_name(key.strip()) for key in missing[1].split(","))
     key = re.match(r'Parser key "([^"]+)":', text)
     given = re.search(
         r"(?:Given value|Got value): ?(.*)|Not of type \w+: (.*) does not|"
@@ -925,7 +878,7 @@ def _one_line(parser: ArgumentParser, command: str | None, error: Exception) -> 
     action = next((a for a in (sub or parser)._actions if key and a.dest == key[1]), None)
     if key and action is not None and given and hasattr(action, "_typehint"):
         return (
-            f"argument {_flag(key[1])}: expected {_kind(action._typehint)}, got "
+            f"argument {flag_name(key[1])}: expected {_kind(action._typehint)}, got "
             f"{next(g for g in given.groups() if g is not None).strip()!r}"
         )
     text = " ".join(line.strip() for line in text.splitlines()).replace(
@@ -999,13 +952,13 @@ def _read_settings(path: str | Path, example: str) -> dict:
     try:
         data = _load(Path(path).read_bytes().decode("utf-8"), str(path))
     except UnicodeDecodeError:
-        raise ValueError(f"settings file {path} is not UTF-8 text") from None
+        raise UserError(f"settings file {path} is not UTF-8 text") from None
     except _PARSE_ERRORS as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ValueError(f"the settings file does not parse: {path}: {first}") from None
+        raise UserError(f"the settings file does not parse: {path}: {first}") from None
     if not isinstance(data, dict):
         what = "is empty" if data is None else f"holds a {type(data).__name__}"
-        raise ValueError(
+        raise UserError(
             f"a settings file must map settings to values; {path} {what} (write e.g. `{example}`)"
         )
     return data
@@ -1023,7 +976,7 @@ def _check_settings_files(argv: list[str], command: str | None) -> None:
         data = _read_settings(path, "max_steps: 100")
         for section in ("model", "train") if command == "train" else ():
             if not isinstance(data.get(section, {}), dict):
-                raise ValueError(
+                raise UserError(
                     f"`{section}` in the settings file must map fields to values ({path} has "
                     f"{data[section]!r})"
                 )

@@ -15,17 +15,19 @@ import typing
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from .errors import UserError
+
 __all__ = ["DTYPE_ALIASES", "DtypeName", "ModelConfig", "TrainConfig", "canonical_dtype"]
 
 
 def _from_dict(cls, data: dict[str, Any]):
     """Build dataclass `cls` from `data`, refusing unknown keys with a clear message."""
     if not isinstance(data, dict):
-        raise ValueError(f"{cls.__name__} must be built from a dict, got {type(data).__name__}")
+        raise UserError(f"{cls.__name__} must be built from a dict, got {type(data).__name__}")
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - names)
     if unknown:
-        raise ValueError(
+        raise UserError(
             f"unknown {cls.__name__} field(s) {unknown}; known fields are {sorted(names)}"
         )
     return cls(**data)
@@ -44,14 +46,14 @@ def _check_int(obj, *names: str, low: int = 1, high: int | None = None) -> None:
             bound = "a positive integer" if low == 1 else f"an integer >= {low}"
             if high is not None:
                 bound += f" below {high:,}"
-            raise ValueError(f"{name} must be {bound}, got {value!r}")
+            raise UserError(f"{name} must be {bound}, got {value!r}")
 
 
 def _check_bool(obj, *names: str) -> None:
     """Raise ValueError unless each named field is True or False."""
     for name in names:
         if not isinstance(getattr(obj, name), bool):
-            raise ValueError(f"{name} must be true or false, got {getattr(obj, name)!r}")
+            raise UserError(f"{name} must be true or false, got {getattr(obj, name)!r}")
 
 
 def _check_real(
@@ -79,7 +81,7 @@ def _check_real(
         hint = (
             " (a string: YAML reads 1e-3 as text; write 1.0e-3)" if isinstance(value, str) else ""
         )
-        raise ValueError(f"{name} must be a finite number {interval}, got {value!r}{hint}")
+        raise UserError(f"{name} must be a finite number {interval}, got {value!r}{hint}")
 
 
 # the number formats: torch's names, and their short names (accepted everywhere, the same)
@@ -94,7 +96,7 @@ def canonical_dtype(name: str) -> str:
         ValueError: not one of DtypeName.
     """
     if name not in typing.get_args(DtypeName):
-        raise ValueError(f"dtype must be one of {list(typing.get_args(DtypeName))}, got {name!r}")
+        raise UserError(f"dtype must be one of {list(typing.get_args(DtypeName))}, got {name!r}")
     return DTYPE_ALIASES.get(name, name)
 
 
@@ -103,7 +105,7 @@ def _check_choices(obj) -> None:
     for name, hint in typing.get_type_hints(type(obj)).items():
         choices = typing.get_args(hint) if typing.get_origin(hint) is Literal else None
         if choices and getattr(obj, name) not in choices:
-            raise ValueError(f"{name} must be one of {list(choices)}, got {getattr(obj, name)!r}")
+            raise UserError(f"{name} must be one of {list(choices)}, got {getattr(obj, name)!r}")
 
 
 @dataclass
@@ -199,7 +201,7 @@ class ModelConfig:
         if self.padded_vocab_size is not None:
             _check_int(self, "padded_vocab_size", high=2**31)
             if self.padded_vocab_size < self.vocab_size:
-                raise ValueError(
+                raise UserError(
                     f"padded_vocab_size ({self.padded_vocab_size}) must be >= vocab_size "
                     f"({self.vocab_size}): padding only adds rows; leave it unset for none"
                 )
@@ -212,25 +214,23 @@ class ModelConfig:
             self.max_positions = self.block_size
         _check_int(self, "max_positions", high=2**31)
         if self.max_positions < self.block_size:
-            raise ValueError(
+            raise UserError(
                 f"max_positions ({self.max_positions}) must be >= block_size "
                 f"({self.block_size}); leave it unset to use block_size"
             )
         if self.pos_encoding == "learned" and self.max_positions > self.block_size:
-            raise ValueError(
+            raise UserError(
                 f"max_positions ({self.max_positions}) > block_size "
                 f"({self.block_size}) needs pos_encoding 'sinusoidal' or 'rope': "
                 f"a learned position table has only block_size rows"
             )
         if self.d_model % self.n_heads != 0:
-            raise ValueError(
+            raise UserError(
                 f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads}); "
                 f"choose n_heads among the divisors of d_model"
             )
         if self.pos_encoding == "rope" and self.head_dim % 2:
-            raise ValueError(
-                f"rope needs an even head_dim, got d_model / n_heads = {self.head_dim}"
-            )
+            raise UserError(f"rope needs an even head_dim, got d_model / n_heads = {self.head_dim}")
         _check_real(self, "dropout", 0.0, 1.0, high_open=True)
         for name in ("embed_dropout", "attn_dropout", "resid_dropout"):
             if getattr(self, name) is not None:
@@ -409,12 +409,12 @@ class TrainConfig:
         _check_real(self, "muon_lr", 0.0, low_open=True)
         _check_real(self, "muon_momentum", 0.0, 1.0, high_open=True)
         if self.optimizer == "muon" and self.fsdp:
-            raise ValueError(
+            raise UserError(
                 "optimizer 'muon' orthogonalises whole weight matrices, which fsdp shards; "
                 "use --fsdp false (DDP) or --optimizer adamw"
             )
         if self.optimizer == "muon" and self.lora_rank is not None:
-            raise ValueError(
+            raise UserError(
                 "optimizer 'muon' trains the blocks' weight matrices, which LoRA freezes; "
                 "use --optimizer adamw with --lora-rank"
             )
@@ -427,9 +427,9 @@ class TrainConfig:
         if self.peak_tflops is not None:
             _check_real(self, "peak_tflops", 0.0, low_open=True)
         if not isinstance(self.log, list) or not set(self.log) <= {"csv", "tensorboard"}:
-            raise ValueError(f"log must be a list of 'csv' and 'tensorboard', got {self.log!r}")
+            raise UserError(f"log must be a list of 'csv' and 'tensorboard', got {self.log!r}")
         if not isinstance(self.sample_prompt, str):
-            raise ValueError(f"sample_prompt must be text, got {self.sample_prompt!r}")
+            raise UserError(f"sample_prompt must be text, got {self.sample_prompt!r}")
         self._check_finetuning()
 
     def _check_finetuning(self) -> None:
@@ -444,7 +444,7 @@ class TrainConfig:
             if (value is not None or name == "lora_targets") and not (
                 isinstance(value, str) and value.strip(", ")
             ):
-                raise ValueError(f"{name} must be a non-empty comma-separated list, got {value!r}")
+                raise UserError(f"{name} must be a non-empty comma-separated list, got {value!r}")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

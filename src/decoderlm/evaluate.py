@@ -18,8 +18,9 @@ import torch
 
 from .data.corpus import check_split, is_token_dir, load_corpus, load_token_dir, windows
 from .data.prepare import encode_source, source_files
+from .errors import UserError
 from .files import read_json
-from .finetune.sources import load_model
+from .finetune.sources import check_vocab, load_model
 from .model.model import DecoderLM
 from .model.weights import CONFIG_NAME
 from .tokenizers import CharTokenizer, Tokenizer, load_tokenizer
@@ -29,7 +30,6 @@ __all__ = [
     "evaluate",
     "token_logprobs",
     "score_window_starts",
-    "check_vocab",
     "evaluate_run",
     "format_report",
 ]
@@ -143,15 +143,6 @@ def token_logprobs(
     return logprobs, top_values, top_ids
 
 
-def check_vocab(tokenizer: Tokenizer, model, source) -> None:
-    """ValueError unless the tokenizer has the model's vocab_size ids (they belong together)."""
-    if tokenizer.vocab_size != model.config.vocab_size:
-        raise ValueError(
-            f"the tokenizer of {source} has {tokenizer.vocab_size} tokens but the "
-            f"model expects vocab_size={model.config.vocab_size}"
-        )
-
-
 def _encode_text_files(tokenizer: Tokenizer, data: Path) -> tuple[np.ndarray, int]:
     """All ids of the text file(s) at `data`, unknown characters mapped to the unk id."""
     parts, n_unknown = [], 0
@@ -159,7 +150,7 @@ def _encode_text_files(tokenizer: Tokenizer, data: Path) -> tuple[np.ndarray, in
         try:
             ids, n = encode_source(tokenizer, path, unknown="unk")
         except ValueError as e:  # named once: the message may hold the path already
-            raise ValueError(str(e) if str(path) in str(e) else f"{path}: {e}") from None
+            raise UserError(str(e) if str(path) in str(e) else f"{path}: {e}") from None
         parts.append(ids)
         n_unknown += n
     return np.concatenate(parts), n_unknown
@@ -169,7 +160,7 @@ def _ids_of_data_spec(run: Path, tokenizer: Tokenizer, split: str) -> tuple[np.n
     config = read_json(run / CONFIG_NAME)
     spec = config.get("data_spec") if isinstance(config, dict) else None
     if not isinstance(spec, dict):  # a user-facing file problem: ValueError, as elsewhere
-        raise ValueError(
+        raise UserError(
             f"{run / CONFIG_NAME} does not record the run's data (no 'data_spec', written by "
             f"runs of this version on); pass --data PATH to evaluate on a text file or a "
             f"prepared token directory"
@@ -186,7 +177,7 @@ def _ids_of_data_spec(run: Path, tokenizer: Tokenizer, split: str) -> tuple[np.n
 def _ids_of_token_dir(path: Path, tokenizer: Tokenizer, split: str) -> tuple[np.ndarray, int, str]:
     tokens = load_token_dir(path)
     if tokens.tokenizer.to_dict() != tokenizer.to_dict():
-        raise ValueError(
+        raise UserError(
             f"{path} was prepared with another tokenizer ({tokens.tokenizer!r}) "
             f"than the run's ({tokenizer!r}); its ids mean other tokens. Pass the "
             f"text file to encode it with the run's tokenizer"
@@ -226,7 +217,7 @@ def evaluate_run(
     """
     run = Path(run)
     if split not in (None, "val", "train"):
-        raise ValueError(f"unknown split {split!r}; use 'val' or 'train'")
+        raise UserError(f"unknown split {split!r}; use 'val' or 'train'")
     model = load_model(run, map_location=device)  # an adapter run: over its base
     tokenizer = load_tokenizer(run)
     check_vocab(tokenizer, model, run)
@@ -237,7 +228,7 @@ def evaluate_run(
         split = split or "val"
         ids, n_unknown, source = _ids_of_token_dir(Path(data), tokenizer, split)
     elif split is not None:
-        raise ValueError(
+        raise UserError(
             f"--split chooses a split of the run's data or of a prepared token "
             f"directory; {data} is text, which is scored whole"
         )

@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from .errors import MissingFileError, UserError
+
 __all__ = ["atomic_write", "write_json", "read_json", "make_temp_dir", "torch_save", "fsync_dir"]
 
 _UMASK = os.umask(0)
@@ -49,11 +51,11 @@ def read_json(path: str | Path) -> Any:
     """Read a JSON file; FileNotFoundError / ValueError name the file on failure."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"{path} not found")
+        raise MissingFileError(f"{path} not found")
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{path} is not valid UTF-8 JSON: {e}") from None
+        raise UserError(f"{path} is not valid UTF-8 JSON: {e}") from None
 
 
 def make_temp_dir(parent: Path, prefix: str, suffix: str = "") -> Path:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from .errors import UserError
+
 __all__ = ["Preset", "PRESETS", "get_preset"]
 
 
@@ -174,4 +176,4 @@ def get_preset(name: str) -> Preset:
     try:
         return PRESETS[name]
     except KeyError:
-        raise ValueError(f"unknown preset {name!r}; known presets: {sorted(PRESETS)}") from None
+        raise UserError(f"unknown preset {name!r}; known presets: {sorted(PRESETS)}") from None

@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..errors import MissingFileError, UserError
 from ..files import read_json
 from ..tokenizers import DEFAULT_UNK_TOKEN, CharTokenizer, tokenizer_from_dict
 
@@ -63,8 +64,8 @@ _TRAIN_BYTES_HINT = (
 )
 
 
-def _not_utf8(path: Path, offset: int, hint: str = _TRAIN_BYTES_HINT) -> ValueError:
-    return ValueError(f"{path} is not UTF-8 text (invalid byte at offset {offset}); {hint}")
+def _not_utf8(path: Path, offset: int, hint: str = _TRAIN_BYTES_HINT) -> UserError:
+    return UserError(f"{path} is not UTF-8 text (invalid byte at offset {offset}); {hint}")
 
 
 def _read_utf8(path: Path) -> str:
@@ -127,7 +128,7 @@ def load_text(
         RuntimeError: `dataset` is given but `datasets` is not installed or cannot fetch it.
     """
     if dataset is not None and path is not None:
-        raise ValueError("give either a data path or a dataset name, not both")
+        raise UserError("give either a data path or a dataset name, not both")
     if dataset is not None:
         text, source = _load_hf_wikitext(dataset), f"Hugging Face dataset wikitext/{dataset}"
     elif path is None:
@@ -140,22 +141,22 @@ def load_text(
         if path.is_dir():
             trains = [path / names[0] for names in SPLIT_LAYOUTS]
             if not any(p.is_file() for p in trains):
-                raise FileNotFoundError(
+                raise MissingFileError(
                     f"directory {path} has no {' or '.join(p.name for p in trains)}; pass a "
                     f"UTF-8 text file, or a directory holding the WikiText files "
                     f"{list(WIKITEXT_FILES)} (or train.txt, valid.txt, test.txt)"
                 )
             path = next(p for p in trains if p.is_file())
         elif not path.exists():
-            raise FileNotFoundError(f"data file {path} not found")
+            raise MissingFileError(f"data file {path} not found")
         elif not path.is_file():
-            raise ValueError(f"{path} is not a regular file; pass a UTF-8 text file")
+            raise UserError(f"{path} is not a regular file; pass a UTF-8 text file")
         text, source = _read_utf8(path), str(path)
     if max_chars:
         text = text[:max_chars]
         source += f" (first {len(text):,} characters)"
     if not text:
-        raise ValueError(f"the corpus ({source}) is empty")
+        raise UserError(f"the corpus ({source}) is empty")
     return text, source
 
 
@@ -163,14 +164,14 @@ def _load_hf_wikitext(config_name: str) -> str:
     try:
         import datasets  # optional, never needed by the default path or the tests
     except ImportError:
-        raise RuntimeError(
+        raise UserError(
             "--dataset needs the Hugging Face `datasets` package "
             "(pip install datasets) and the network; or pass --data PATH"
         ) from None
     try:
         rows = datasets.load_dataset("wikitext", config_name, split="train")["text"]
     except Exception as e:  # network, unknown config, ...: report it as the user's problem
-        raise RuntimeError(f"could not load wikitext/{config_name} with `datasets`: {e}") from e
+        raise UserError(f"could not load wikitext/{config_name} with `datasets`: {e}") from e
     # The loader yields "" for the blank lines, which are " \n" in the raw file.
     return "".join(r if r else " \n" for r in rows)
 
@@ -185,7 +186,7 @@ def check_split(name: str, data: torch.Tensor | np.ndarray, block_size: int) -> 
     """Raise ValueError unless split `name` (a [N] tensor or array of token ids) holds at
     least block_size + 1 tokens (one window)."""
     if len(data) <= block_size:
-        raise ValueError(
+        raise UserError(
             f"the {name} split has {len(data)} tokens but one training window "
             f"needs block_size + 1 = {block_size + 1}; use a longer corpus or a "
             f"smaller block_size (now {block_size})"
@@ -257,7 +258,7 @@ class TokenDir:
     def split(self, name: str) -> np.ndarray:
         """The split called `name` ("train" | "val"); ValueError for another name."""
         if name not in _SPLITS:
-            raise ValueError(f"unknown split {name!r}; use 'train' or 'val'")
+            raise UserError(f"unknown split {name!r}; use 'train' or 'val'")
         return getattr(self, name)
 
 
@@ -279,19 +280,19 @@ def load_token_dir(path: str | Path) -> TokenDir:
     """
     path = Path(path)
     if not path.is_dir():
-        raise FileNotFoundError(f"token directory {path} not found (or not a directory)")
+        raise MissingFileError(f"token directory {path} not found (or not a directory)")
     meta = read_json(path / META_NAME)
     bad = f"{path / META_NAME} is not a decoderlm token directory's meta.json"
     if not isinstance(meta, dict) or not isinstance(meta.get("tokens"), dict):
-        raise ValueError(f"{bad} (no 'tokens' entry)")
+        raise UserError(f"{bad} (no 'tokens' entry)")
     dtype, vocab_size = meta.get("dtype"), meta.get("vocab_size")
     if dtype not in TOKEN_DTYPES:
-        raise ValueError(f"{bad}: dtype {dtype!r} is not one of {list(TOKEN_DTYPES)}")
+        raise UserError(f"{bad}: dtype {dtype!r} is not one of {list(TOKEN_DTYPES)}")
     if not isinstance(vocab_size, int) or not 0 < vocab_size <= np.iinfo(dtype).max + 1:
-        raise ValueError(f"{bad}: vocab_size {vocab_size!r} does not fit dtype {dtype}")
+        raise UserError(f"{bad}: vocab_size {vocab_size!r} does not fit dtype {dtype}")
     tokenizer = tokenizer_from_dict(meta.get("tokenizer"), str(path / META_NAME))
     if tokenizer.vocab_size != vocab_size:
-        raise ValueError(
+        raise UserError(
             f"{bad}: its tokenizer has {tokenizer.vocab_size} ids but vocab_size is {vocab_size}"
         )
     itemsize = np.dtype(dtype).itemsize
@@ -299,12 +300,12 @@ def load_token_dir(path: str | Path) -> TokenDir:
     for name in _SPLITS:
         count, file = meta["tokens"].get(name), path / f"{name}.bin"
         if not isinstance(count, int) or count < 0:
-            raise ValueError(f"{bad}: tokens[{name!r}] is {count!r}, not a token count")
+            raise UserError(f"{bad}: tokens[{name!r}] is {count!r}, not a token count")
         if not file.is_file():
-            raise FileNotFoundError(f"{file} not found")
+            raise MissingFileError(f"{file} not found")
         size = file.stat().st_size
         if size != count * itemsize:
-            raise ValueError(
+            raise UserError(
                 f"{file} has {size:,} bytes but meta.json says {count:,} {dtype} "
                 f"tokens = {count * itemsize:,} bytes; the file is truncated, or "
                 f"was written with another dtype; prepare the data again"
@@ -363,7 +364,7 @@ def load_corpus(spec: dict, tokenizer=None):
     if spec.get("token_dir"):
         tokens = load_token_dir(spec["token_dir"])
         if len(tokens.val) == 0:
-            raise ValueError(
+            raise UserError(
                 f"token directory {spec['token_dir']} has no validation tokens (it "
                 f"was prepared with --val-fraction 0); training scores a "
                 f"validation split: run `decoderlm prepare` again with "

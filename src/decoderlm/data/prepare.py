@@ -41,6 +41,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..errors import MissingFileError, UserError
 from ..files import make_temp_dir, write_json
 from ..tokenizers import (
     DEFAULT_UNK_TOKEN,
@@ -96,19 +97,19 @@ def source_files(paths: Iterable[str | Path]) -> list[Path]:
                 [wiki] if wiki.is_file() else sorted(p for p in path.glob("*.txt") if p.is_file())
             )
             if not found:
-                raise FileNotFoundError(
+                raise MissingFileError(
                     f"directory {path} has no *.txt files and no {WIKITEXT_FILES[0]}"
                 )
             files += found
         elif not path.exists():
-            raise FileNotFoundError(f"data file {path} not found")
+            raise MissingFileError(f"data file {path} not found")
         elif not path.is_file():
-            raise ValueError(f"{path} is not a regular file; pass a UTF-8 text file")
+            raise UserError(f"{path} is not a regular file; pass a UTF-8 text file")
         else:
             files.append(path)
     for path in files:
         if path.stat().st_size == 0:
-            raise ValueError(f"{path} is empty")
+            raise UserError(f"{path} is empty")
     return files
 
 
@@ -138,7 +139,7 @@ def split_sources(paths: Iterable[str | Path]) -> tuple[list[Path], list[Path], 
             continue
         tr, va, te = (path / name for name in layout)
         if not tr.is_file():
-            raise FileNotFoundError(
+            raise MissingFileError(
                 f"directory {path} holds the test split {te.name} but no {tr.name}; a test "
                 f"split is never trained on: give the files to train on, e.g. "
                 f"--data {path / va.name if va.is_file() else path / '<file>'}"
@@ -239,7 +240,7 @@ def iter_token_chunks(
             raise e.shifted(position) from None
         except ValueError:  # a disallowed special token (tiktoken's message is several lines)
             at, token = min((piece.find(s), s) for s in specials if s in piece)
-            raise ValueError(
+            raise UserError(
                 f"{source} holds the special token {token!r} at character {position + at}; "
                 f"read it as text (--endoftext text) or as the end-of-text token "
                 f"(--endoftext special)"
@@ -272,14 +273,14 @@ def _file_info(path: Path) -> dict:
 
 def _check_out(out: Path, overwrite: bool) -> None:
     if out.exists() and not out.is_dir():
-        raise ValueError(f"--out {out} is a file, not a directory")
+        raise UserError(f"--out {out} is a file, not a directory")
     if out.exists():
         if not overwrite:
-            raise ValueError(
+            raise UserError(
                 f"{out} already exists; pass --overwrite to replace it or choose another --out"
             )
         if any(out.iterdir()) and not is_token_dir(out):
-            raise ValueError(
+            raise UserError(
                 f"{out} is not a prepared token directory (no meta.json, "
                 f"train.bin, val.bin); refusing to replace it, choose another --out"
             )
@@ -317,7 +318,7 @@ def _write_split(
     n_total = _write_stream(stage / "train.bin", tok, sources, dtype, **stream)
     n_train = int((1.0 - val_fraction) * n_total)  # as data.split_ids
     if n_train == 0:
-        raise ValueError(
+        raise UserError(
             f"the corpus has {n_total} tokens: too few for a train split "
             f"with val_fraction {val_fraction}"
         )
@@ -393,15 +394,15 @@ def prepare(
         RuntimeError: `dataset` without the `datasets` package.
     """
     if tokenizer not in TOKENIZER_KINDS:
-        raise ValueError(f"unknown tokenizer {tokenizer!r}; use one of {list(TOKENIZER_KINDS)}")
+        raise UserError(f"unknown tokenizer {tokenizer!r}; use one of {list(TOKENIZER_KINDS)}")
     if not 0.0 <= val_fraction < 1.0:
-        raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
+        raise UserError(f"val_fraction must be in [0, 1), got {val_fraction}")
     if (dataset is None) == (not data):
-        raise ValueError("give data paths or a dataset name (one of the two)")
+        raise UserError("give data paths or a dataset name (one of the two)")
     if endoftext not in _SPECIAL_MODES:
-        raise ValueError(f"endoftext must be one of {list(_SPECIAL_MODES)}, got {endoftext!r}")
+        raise UserError(f"endoftext must be one of {list(_SPECIAL_MODES)}, got {endoftext!r}")
     if endoftext != "text" and tokenizer != "gpt2" and not eot:  # nothing to make or refuse
-        raise ValueError(
+        raise UserError(
             f"--endoftext {endoftext}: a {tokenizer} vocabulary has no end-of-text token; add --eot"
         )
     out = Path(out)

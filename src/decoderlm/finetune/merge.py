@@ -7,6 +7,7 @@ import os
 import shutil
 from pathlib import Path
 
+from ..errors import UserError
 from ..files import make_temp_dir
 from ..model.weights import ADAPTER_NAME, WEIGHTS_NAME
 from ..tokenizers import load_tokenizer
@@ -26,14 +27,14 @@ def merge_run(run: str | Path, out: str | Path) -> Path:
     """
     run, out = Path(run), Path(out)
     if not (run / ADAPTER_NAME).is_file() and not (run / WEIGHTS_NAME).is_file():
-        raise ValueError(f"{run} is not a run directory (no {ADAPTER_NAME}); give a LoRA run")
+        raise UserError(f"{run} is not a run directory (no {ADAPTER_NAME}); give a LoRA run")
     if not (run / ADAPTER_NAME).is_file():
-        raise ValueError(
+        raise UserError(
             f"{run} has no LoRA adapters (no {ADAPTER_NAME}); it is already an ordinary model "
             f"directory, usable as it is"
         )
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise ValueError(f"--out {out} already exists and is not empty; choose another --out")
+        raise UserError(f"--out {out} already exists and is not empty; choose another --out")
     model, tokenizer = load_model(run), load_tokenizer(run)
     config, _, _ = adapter_config(run)
     extra = {k: v for k, v in config.items() if k not in ("model", "lora")}

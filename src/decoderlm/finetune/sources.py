@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..config import ModelConfig
+from ..errors import MissingFileError, UserError, checked_device, one_of
 from ..files import read_json
 from ..io.hf import load_gpt2
 from ..model.lora import apply_lora, is_lora_key, merge_lora
@@ -73,7 +74,7 @@ def weights_sha256(directory: str | Path) -> str:
         return _sha256_of([index, *(directory / s for s in shards)])
     if (directory / "pytorch_model.bin").is_file():
         return _sha256_of([directory / "pytorch_model.bin"])
-    raise FileNotFoundError(f"{directory} has no weight file")
+    raise MissingFileError(f"{directory} has no weight file")
 
 
 def load_source(src: str | Path, map_location: str = "cpu") -> Source:
@@ -87,26 +88,26 @@ def load_source(src: str | Path, map_location: str = "cpu") -> Source:
     path = Path(src)
     config = read_json(path / CONFIG_NAME) if (path / CONFIG_NAME).is_file() else None
     if not path.is_dir() or not isinstance(config, dict):
-        raise ValueError(f"--init-from {src} is not a model: {_NOT_A_MODEL}")
+        raise UserError(f"--init-from {src} is not a model: {_NOT_A_MODEL}")
     if "model" in config:
         kind = "decoderlm"
         if not (path / "tokenizer.json").is_file():
-            raise ValueError(f"{src} has no tokenizer.json; a run directory saves its tokenizer")
+            raise UserError(f"{src} has no tokenizer.json; a run directory saves its tokenizer")
         model, tokenizer = load_model(path, map_location), load_tokenizer(path)
     elif config.get("model_type") == "gpt2":
         kind = "gpt2"
         if not any((path / name).is_file() for name in _HF_WEIGHT_FILES):
-            raise ValueError(f"--init-from {src} is not a model: {_NOT_A_MODEL}")
+            raise UserError(f"--init-from {src} is not a model: {_NOT_A_MODEL}")
         model, tokenizer = load_gpt2(path, map_location), GPT2Tokenizer()
     elif "model_type" in config:
-        raise ValueError(
+        raise UserError(
             f"--init-from {src} is a Hugging Face {config['model_type']!r} model; only GPT-2 "
             f"checkpoints (model_type 'gpt2') and decoderlm runs can be fine-tuned"
         )
     else:
-        raise ValueError(f"--init-from {src} is not a model: {_NOT_A_MODEL}")
+        raise UserError(f"--init-from {src} is not a model: {_NOT_A_MODEL}")
     if tokenizer.vocab_size != model.config.vocab_size:
-        raise ValueError(
+        raise UserError(
             f"the tokenizer of {src} has {tokenizer.vocab_size} tokens but its model expects "
             f"vocab_size={model.config.vocab_size}"
         )
@@ -127,7 +128,7 @@ def finetune_config(source: ModelConfig, overrides: dict) -> ModelConfig:
         if k != "dropout" and k in overrides and getattr(config, k) != v
     ]
     if clashes:
-        raise ValueError(
+        raise UserError(
             f"{'; '.join(clashes)}: with --init-from the model's shape comes from the source; "
             f"drop those flags (only --dropout and the training settings may change)"
         )
@@ -140,7 +141,7 @@ def adapter_config(directory: Path) -> tuple[dict, dict, dict]:
     base = config.get("init_from") if isinstance(config, dict) else None
     lora = config.get("lora") if isinstance(config, dict) else None
     if not (isinstance(base, dict) and isinstance(lora, dict) and "model" in config):
-        raise ValueError(
+        raise UserError(
             f"{directory / CONFIG_NAME} lacks the 'model', 'init_from' or 'lora' entry that "
             f"an adapter directory's config.json has"
         )
@@ -167,13 +168,13 @@ def load_model(directory: str | Path, map_location: str = "cpu", merge: bool = T
     config, base_info, lora = adapter_config(directory)
     base_path = Path(base_info["path"])
     if not base_path.is_dir():
-        raise FileNotFoundError(
+        raise MissingFileError(
             f"the base model of {directory}, {base_path}, is missing; restore it there (its "
             f"weights' sha256 is {base_info['sha256']})"
         )
     base = load_source(base_path, map_location)
     if base.info["sha256"] != base_info["sha256"]:
-        raise ValueError(
+        raise UserError(
             f"the base model {base_path} changed since {directory} was trained from it (its "
             f"weights' sha256 differs); restore the original weights"
         )
@@ -185,7 +186,7 @@ def load_model(directory: str | Path, map_location: str = "cpu", merge: bool = T
     adapters = read_safetensors(directory / ADAPTER_NAME)
     expected = {k for k in model.state_dict() if is_lora_key(k)}
     if set(adapters) != expected:
-        raise ValueError(
+        raise UserError(
             f"{directory / ADAPTER_NAME} does not match config.json's lora entry: missing "
             f"{sorted(expected - set(adapters))}, unexpected {sorted(set(adapters) - expected)}"
         )
@@ -193,3 +194,33 @@ def load_model(directory: str | Path, map_location: str = "cpu", merge: bool = T
     if merge:
         merge_lora(model)
     return model.to(map_location).eval()
+
+
+def check_vocab(tokenizer: Tokenizer, model, source) -> None:
+    """ValueError unless the tokenizer has the model's vocab_size ids (they belong together)."""
+    if tokenizer.vocab_size != model.config.vocab_size:
+        raise UserError(
+            f"the tokenizer of {source} has {tokenizer.vocab_size} tokens but the "
+            f"model expects vocab_size={model.config.vocab_size}"
+        )
+
+
+def load_model_and_tokenizer(
+    run: str | None, hf: str | None, device: str | None = "cpu"
+) -> tuple[DecoderLM, Tokenizer]:
+    """The model (eval mode) and tokenizer of `run` (a decoderlm run or model directory; an
+    adapter directory is merged over its base) or of `hf` (a Hugging Face GPT-2 directory, GPT-2
+    BPE tokenizer); exactly one of the two is given.
+
+    Raises:
+        UserError: neither or both given, an unusable device, or the tokenizer's vocabulary
+            does not fit the model; MissingFileError / UserError from the loaders.
+    """
+    one_of(run=run, hf=hf)
+    device = checked_device(device)
+    if hf:
+        model, tokenizer = load_gpt2(hf, map_location=device), GPT2Tokenizer()
+    else:
+        model, tokenizer = load_model(run, map_location=device), load_tokenizer(run)
+    check_vocab(tokenizer, model, run or hf)
+    return model, tokenizer

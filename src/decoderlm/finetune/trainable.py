@@ -9,6 +9,7 @@ import re
 import torch.nn as nn
 
 from ..config import TrainConfig
+from ..errors import UserError
 from ..model.lora import LoRALinear, apply_lora, is_lora_key, parse_targets
 from ..model.model import DecoderLM, RMSNorm
 
@@ -30,7 +31,7 @@ def _freeze_group(model: DecoderLM, item: str) -> list[nn.Parameter]:
         first = int(span[1]) if span[1] else 0
         last = int(span[2]) if span[2] else (first if span[1] else n - 1)
         if not first <= last < n:
-            raise ValueError(
+            raise UserError(
                 f"--freeze {item}: the model has {n} blocks, numbered 0 to {n - 1}; give "
                 f"blocks:I-J with I <= J <= {n - 1}"
             )
@@ -38,7 +39,7 @@ def _freeze_group(model: DecoderLM, item: str) -> list[nn.Parameter]:
     if "*" in item or "." in item:
         named = model.named_parameters(remove_duplicate=False)
         return [p for name, p in named if fnmatch.fnmatchcase(name, item)]
-    raise ValueError(
+    raise UserError(
         f"--freeze {item!r} is not a group; use a comma-separated list of "
         f"{', '.join(FREEZE_GROUPS)} or parameter-name patterns such as blocks.*.attn.*"
     )
@@ -62,7 +63,7 @@ def freeze(model: DecoderLM, spec: str) -> int:
             continue
         found = _freeze_group(model, item)
         if not found:
-            raise ValueError(
+            raise UserError(
                 f"--freeze {item!r} matches no parameter of this model (e.g. "
                 f"{next(iter(dict(model.named_parameters())))})"
             )
@@ -92,7 +93,7 @@ def prepare_trainable(model: DecoderLM, cfg: TrainConfig) -> list[str]:
     if cfg.freeze:
         freeze(model, cfg.freeze)
     if not any(p.requires_grad for p in model.parameters()):
-        raise ValueError(f"--freeze {cfg.freeze} leaves no parameter to train")
+        raise UserError(f"--freeze {cfg.freeze} leaves no parameter to train")
     return adapted
 
 

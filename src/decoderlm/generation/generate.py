@@ -13,6 +13,7 @@ import numbers
 
 import torch
 
+from ..errors import UserError
 from ..model.kv_cache import KVCache
 from . import cpu_decode
 
@@ -57,13 +58,13 @@ def filter_logits(
 
 def _check_controls(temperature: float, top_k: int | None, top_p: float | None) -> None:
     if not (math.isfinite(temperature) and temperature >= 0):
-        raise ValueError(
+        raise UserError(
             f"temperature must be a finite number >= 0 (0 means greedy), got {temperature}"
         )
     if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
-        raise ValueError(f"top_k must be a positive integer or None, got {top_k!r}")
+        raise UserError(f"top_k must be a positive integer or None, got {top_k!r}")
     if top_p is not None and not 0.0 <= top_p <= 1.0:
-        raise ValueError(f"top_p must be in [0, 1] or None, got {top_p}")
+        raise UserError(f"top_p must be in [0, 1] or None, got {top_p}")
 
 
 def sample_next(
@@ -92,7 +93,7 @@ def sample_next(
     # one reduction: a NaN or inf anywhere makes the sum non-finite, and float64 cannot
     # overflow from summing float32 values
     if not math.isfinite(logits.sum(dtype=torch.float64)):
-        raise ValueError("the model produced non-finite logits (NaN or inf)")
+        raise UserError("the model produced non-finite logits (NaN or inf)")
     logits = logits.float()
     if temperature == 0:
         return logits.argmax(dim=-1)
@@ -117,7 +118,7 @@ def _stop_sequences(stop) -> list[torch.Tensor]:
         if not seq or not all(
             isinstance(i, numbers.Integral) and not isinstance(i, bool) for i in seq
         ):
-            raise ValueError(
+            raise UserError(
                 f"stop must hold token ids or non-empty lists of token ids, got {item!r}"
             )
         out.append(torch.tensor([int(i) for i in seq], dtype=torch.long))
@@ -145,19 +146,19 @@ def _decode_step(compile: bool):
 
 def _check_generate_args(idx, max_new_tokens, attention_mask, slide_by=1, limit=1):
     if idx.dim() != 2 or idx.size(1) == 0:
-        raise ValueError(f"idx must be [B, T] with T >= 1, got shape {tuple(idx.shape)}")
+        raise UserError(f"idx must be [B, T] with T >= 1, got shape {tuple(idx.shape)}")
     if max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+        raise UserError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
     if isinstance(slide_by, bool) or not isinstance(slide_by, int) or not 1 <= slide_by <= limit:
-        raise ValueError(f"slide_by must be an integer in [1, {limit}], got {slide_by!r}")
+        raise UserError(f"slide_by must be an integer in [1, {limit}], got {slide_by!r}")
     if attention_mask is not None:
         if attention_mask.shape != idx.shape:
-            raise ValueError(
+            raise UserError(
                 f"attention_mask must have idx's shape {tuple(idx.shape)}, got "
                 f"{tuple(attention_mask.shape)}"
             )
         if not attention_mask.bool()[:, -1].all():
-            raise ValueError(
+            raise UserError(
                 "prompts must be left-padded: the last column of attention_mask must be all ones"
             )
 
@@ -182,12 +183,10 @@ def _sample_checked(logits: torch.Tensor, step: int, temperature, top_k, top_p, 
     try:
         nxt = sample_next(logits, temperature, top_k, top_p, generator)
     except ValueError as e:
-        raise ValueError(f"step {step}: {e}") from None
+        raise UserError(f"step {step}: {e}") from None
     chosen = nxt.tolist()
     if min(chosen) < 0 or max(chosen) >= logits.size(-1):
-        raise ValueError(
-            f"step {step}: sampled token id {chosen} is outside [0, {logits.size(-1)})"
-        )
+        raise UserError(f"step {step}: sampled token id {chosen} is outside [0, {logits.size(-1)})")
     return nxt
 
 

@@ -25,6 +25,7 @@ import torch
 from safetensors.torch import save_file
 
 from ..config import ModelConfig
+from ..errors import MissingFileError, UserError
 from ..files import atomic_write, read_json, write_json
 from ..model.model import DecoderLM
 from ..model.weights import load_state, read_safetensors, unwrap_model
@@ -52,12 +53,12 @@ _ACTIVATIONS = {
 def _config_from_hf(hf: dict, source: Path) -> ModelConfig:
     if not isinstance(hf, dict) or hf.get("model_type") != "gpt2":
         model_type = hf.get("model_type") if isinstance(hf, dict) else None
-        raise ValueError(f"{source} is not a GPT-2 config (model_type {model_type!r})")
+        raise UserError(f"{source} is not a GPT-2 config (model_type {model_type!r})")
     missing = [
         k for k in ("vocab_size", "n_positions", "n_layer", "n_head", "n_embd") if k not in hf
     ]
     if missing:
-        raise ValueError(f"{source} lacks the GPT-2 fields {missing}")
+        raise UserError(f"{source} lacks the GPT-2 fields {missing}")
     activation = _ACTIVATIONS.get(hf.get("activation_function", "gelu_new"))
     unsupported = [
         f"{k}={hf[k]!r}"
@@ -71,7 +72,7 @@ def _config_from_hf(hf: dict, source: Path) -> ModelConfig:
     if activation is None:
         unsupported.insert(0, f"activation_function={hf.get('activation_function')!r}")
     if unsupported:
-        raise ValueError(f"{source}: unsupported GPT-2 options: {', '.join(unsupported)}")
+        raise UserError(f"{source}: unsupported GPT-2 options: {', '.join(unsupported)}")
     try:
         return ModelConfig(
             vocab_size=hf["vocab_size"],
@@ -87,7 +88,7 @@ def _config_from_hf(hf: dict, source: Path) -> ModelConfig:
             norm_eps=hf.get("layer_norm_epsilon", 1e-5),
         )
     except (TypeError, ValueError) as e:
-        raise ValueError(
+        raise UserError(
             f"{source}: {e} (GPT-2 names: n_positions = block_size, n_layer = "
             f"n_layers, n_head = n_heads, n_embd = d_model, resid_pdrop = dropout)"
         ) from None
@@ -101,7 +102,7 @@ def _read_hf_weights(directory: Path) -> dict[str, torch.Tensor]:
         index_data = read_json(index)
         weight_map = index_data.get("weight_map") if isinstance(index_data, dict) else None
         if not isinstance(weight_map, dict):
-            raise ValueError(f"{index} has no weight_map")
+            raise UserError(f"{index} has no weight_map")
         files = [directory / shard for shard in sorted(set(weight_map.values()))]
     elif (directory / "pytorch_model.bin").is_file():
         try:
@@ -110,12 +111,12 @@ def _read_hf_weights(directory: Path) -> dict[str, torch.Tensor]:
             )
         except Exception as e:  # not a plain tensor file: refused, never executed
             first_line = str(e).splitlines()[0] if str(e) else type(e).__name__
-            raise ValueError(
+            raise UserError(
                 f"{directory / 'pytorch_model.bin'} could not be read as plain "
                 f"tensors (torch.load weights_only=True): {first_line}"
             ) from None
     else:
-        raise FileNotFoundError(
+        raise MissingFileError(
             f"{directory} has no model.safetensors, "
             f"model.safetensors.index.json or pytorch_model.bin"
         )
@@ -163,14 +164,14 @@ def load_gpt2(
             if module == "attn" and parts[-1] in ("bias", "masked_bias"):
                 continue  # the causal-mask buffers of older checkpoints
             if module not in _BLOCK_NAMES:
-                raise ValueError(f"unexpected tensor {key!r} in {directory}")
+                raise UserError(f"unexpected tensor {key!r} in {directory}")
             if module in _CONV1D and parts[-1] == "weight":
                 tensor = tensor.t()
             key = f"blocks.{parts[1]}.{_BLOCK_NAMES[module]}.{parts[-1]}"
         elif parts[0] in _TOP_NAMES:
             key = f"{_TOP_NAMES[parts[0]]}.{parts[-1]}"
         elif key != "lm_head.weight":
-            raise ValueError(f"unexpected tensor {key!r} in {directory}")
+            raise UserError(f"unexpected tensor {key!r} in {directory}")
         state[key], file_keys[key] = tensor.contiguous(), name
     if tie_embeddings is not None:
         config = dataclasses.replace(config, tie_embeddings=tie_embeddings)
@@ -190,7 +191,7 @@ def _with_vocab(config: ModelConfig, state: dict, vocab_size, padded_vocab_size)
         or not isinstance(vocab_size, int)
         or not 0 < vocab_size <= rows
     ):
-        raise ValueError(
+        raise UserError(
             f"vocab_size must be an integer from 1 to the file's {rows} rows, got {vocab_size!r}"
         )
     config = dataclasses.replace(
@@ -238,7 +239,7 @@ def save_gpt2(model: DecoderLM, directory: str | Path, eos_token_id: int | None 
         if getattr(c, k) != want
     }
     if wrong:
-        raise ValueError(f"only GPT-2-shaped models can be exported; this one has {wrong}")
+        raise UserError(f"only GPT-2-shaped models can be exported; this one has {wrong}")
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     names = {v: k for k, v in _BLOCK_NAMES.items()}
@@ -290,9 +291,9 @@ def _special_ids(vocab_size: int, eos_token_id: int | None) -> dict:
         eos = 50256 if vocab_size > 50256 else None
         return {"bos_token_id": eos, "eos_token_id": eos}
     if isinstance(eos_token_id, bool) or not isinstance(eos_token_id, int):
-        raise ValueError(f"eos_token_id must be an integer, got {eos_token_id!r}")
+        raise UserError(f"eos_token_id must be an integer, got {eos_token_id!r}")
     if not 0 <= eos_token_id < vocab_size:
-        raise ValueError(f"eos_token_id {eos_token_id} is not in the vocabulary [0, {vocab_size})")
+        raise UserError(f"eos_token_id {eos_token_id} is not in the vocabulary [0, {vocab_size})")
     return {"bos_token_id": eos_token_id, "eos_token_id": eos_token_id}
 
 

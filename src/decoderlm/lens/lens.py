@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..errors import UserError
 from ..model.hooks import hooks, run_with_cache
 from ..model.model import DecoderLM
 from ..tokenizers import ByteTokenizer, GPT2Tokenizer, Tokenizer
@@ -57,7 +58,7 @@ def unembed(model: DecoderLM, resid: Tensor) -> Tensor:
 def _as_batch(ids: Tensor, model: DecoderLM) -> Tensor:
     """ids [T] -> [1, T] int64 on the model's device."""
     if ids.dim() != 1:
-        raise ValueError(f"ids must be one sequence [T], got shape {tuple(ids.shape)}")
+        raise UserError(f"ids must be one sequence [T], got shape {tuple(ids.shape)}")
     return ids.to(model.device, torch.int64)[None]
 
 
@@ -141,7 +142,7 @@ def surprisal(
         ValueError: fewer than 2 tokens, or token_bytes of another length.
     """
     if ids.numel() < 2:
-        raise ValueError("surprisal needs at least 2 tokens (the first is not predicted)")
+        raise UserError("surprisal needs at least 2 tokens (the first is not predicted)")
     idx = _as_batch(ids, model)
     logits, _ = model(idx)
     logp = logits[0, :-1].float().log_softmax(-1)  # [T - 1, V]
@@ -156,7 +157,7 @@ def surprisal(
     out["bits_per_token"] = out["bits"].mean()
     if token_bytes is not None:
         if len(token_bytes) != ids.numel():
-            raise ValueError(f"token_bytes has {len(token_bytes)} entries for {ids.numel()} ids")
+            raise UserError(f"token_bytes has {len(token_bytes)} entries for {ids.numel()} ids")
         out["bits_per_byte"] = out["bits"].sum() / sum(token_bytes[1:])
     return out
 
@@ -289,14 +290,14 @@ def _patched_metric(model, corrupted, name, patch, n, answer, wrong) -> Tensor:
 def _normalised(model, clean, corrupted, answer, wrong):
     """(clean metric, corrupted metric) after checking the prompts; raises ValueError."""
     if clean.shape != corrupted.shape or clean.dim() != 1:
-        raise ValueError(
+        raise UserError(
             f"clean and corrupted prompts must be [T] of equal length, got "
             f"{tuple(clean.shape)} and {tuple(corrupted.shape)}"
         )
     m_clean = float(logit_difference(model(clean[None])[0], answer, wrong)[0])
     m_corrupt = float(logit_difference(model(corrupted[None])[0], answer, wrong)[0])
     if math.isclose(m_clean, m_corrupt, abs_tol=1e-6):
-        raise ValueError(
+        raise UserError(
             "the clean and corrupted prompts give the same logit difference; choose prompts "
             "(or answer tokens) that the model tells apart"
         )

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..errors import UserError
 from ..files import atomic_write
 from ..model.model import DecoderLM
 from ..tokenizers import Tokenizer
@@ -97,7 +98,7 @@ def _patching(model, tokenizer, ids, corrupted) -> dict:
     """Patching of resid_pre and head outputs. Answer: the clean run's top next token;
     wrong: the corrupted run's top token (or the clean run's second when they agree)."""
     if len(corrupted) != len(ids):
-        raise ValueError(
+        raise UserError(
             f"--corrupt must have as many tokens as the text ({len(corrupted)} vs {len(ids)}); "
             f"change a few characters or words without changing the length"
         )
@@ -149,10 +150,10 @@ def build_report(
     model.eval()
     c = model.config
     if not 2 <= len(ids) <= c.max_positions:
-        raise ValueError(f"the text must be 2 to {c.max_positions} tokens, got {len(ids)}")
+        raise UserError(f"the text must be 2 to {c.max_positions} tokens, got {len(ids)}")
     layers = list(range(c.n_layers)) if layers is None else sorted(set(layers))
     if any(not 0 <= layer < c.n_layers for layer in layers):
-        raise ValueError(f"--layers must be in 0..{c.n_layers - 1}, got {layers}")
+        raise UserError(f"--layers must be in 0..{c.n_layers - 1}, got {layers}")
     idx = torch.tensor(ids)
     s = surprisal(model, idx, k, token_byte_counts(tokenizer, ids))
     lens = logit_lens(model, idx, k)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ..config import ModelConfig
+from ..errors import UserError
 
 __all__ = [
     "count_parameters",
@@ -63,7 +64,7 @@ def _bytes_per_element(dtype: str) -> int:
     try:
         return DTYPE_BYTES[dtype]
     except KeyError:
-        raise ValueError(f"unknown dtype {dtype!r}; use one of {sorted(DTYPE_BYTES)}") from None
+        raise UserError(f"unknown dtype {dtype!r}; use one of {sorted(DTYPE_BYTES)}") from None
 
 
 def matmul_parameters(config: ModelConfig) -> int:
@@ -80,7 +81,7 @@ def _seq_len(config: ModelConfig, seq_len: int | None) -> int:
     longest sequence the model takes: block_size unless its config allows more)."""
     T = config.block_size if seq_len is None else seq_len
     if not 1 <= T <= config.max_positions:
-        raise ValueError(f"seq_len must be in 1..{config.length_limit}, got {T}")
+        raise UserError(f"seq_len must be in 1..{config.length_limit}, got {T}")
     return T
 
 
@@ -106,7 +107,7 @@ def flops_per_token(
     T = _seq_len(config, seq_len)
     factor = {"kaplan": 2, "palm": 4}.get(convention)
     if factor is None:
-        raise ValueError(f"convention must be 'kaplan' or 'palm', got {convention!r}")
+        raise UserError(f"convention must be 'kaplan' or 'palm', got {convention!r}")
     N = matmul_parameters(config)
     forward = 2 * N + factor * config.n_layers * T * config.d_model
     return {

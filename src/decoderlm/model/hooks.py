@@ -19,6 +19,8 @@ from contextlib import contextmanager
 import torch
 import torch.nn as nn
 
+from ..errors import UserError
+
 __all__ = ["HookPoint", "ActivationCache", "hook_points", "hooks", "run_with_cache"]
 
 
@@ -67,7 +69,7 @@ def _selected(
     chosen = {n: p for n, p in points.items() if any(n == w or n.endswith("." + w) for w in wanted)}
     unknown = [w for w in wanted if not any(n == w or n.endswith("." + w) for n in points)]
     if unknown:
-        raise ValueError(f"no hook point named {unknown}; the model has {sorted(points)}")
+        raise UserError(f"no hook point named {unknown}; the model has {sorted(points)}")
     return chosen
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from ..config import ModelConfig
+from ..errors import UserError
 
 __all__ = ["KVCache", "SlotKVCache"]
 
@@ -120,7 +121,7 @@ class SlotKVCache:
         """
         row = self.rows
         if row >= self.max_rows:
-            raise ValueError(f"the batch is full ({self.max_rows} sequences)")
+            raise UserError(f"the batch is full ({self.max_rows} sequences)")
         if row >= self.k[0].size(0):
             self._grow(min(self.max_rows, 2 * self.k[0].size(0)))
         self.replace(row, cache, index)
@@ -174,6 +175,6 @@ class SlotKVCache:
                 sequence, and has no padding).
         """
         if T != 1 or key_mask is not None:
-            raise ValueError("a SlotKVCache takes one new token per row and no key_mask")
+            raise UserError("a SlotKVCache takes one new token per row and no key_mask")
         S = int(self.lengths.max()) + 1
         return (torch.arange(S, device=self.device) <= self.lengths[:, None])[:, None, None]

@@ -26,6 +26,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..errors import UserError
+
 __all__ = [
     "LoRALinear",
     "apply_lora",
@@ -97,7 +99,7 @@ def parse_targets(targets: str | list[str]) -> list[str]:
     names = targets.split(",") if isinstance(targets, str) else list(targets)
     names = [n.strip() for n in names if n.strip()]
     if not names:
-        raise ValueError("lora_targets names no layer; give e.g. qkv or qkv,proj,fc")
+        raise UserError("lora_targets names no layer; give e.g. qkv or qkv,proj,fc")
     return names
 
 
@@ -114,7 +116,7 @@ def _target_layers(model: nn.Module, targets: list[str]) -> dict[str, nn.Linear]
         found = {n: m for n, m in linears.items() if _matches(n, target)}
         if not found:
             names = sorted({n.rsplit(".", 1)[-1] for n in linears})
-            raise ValueError(
+            raise UserError(
                 f"LoRA target {target!r} matches no linear layer; the layers are named "
                 f"{names} (or by a longer suffix such as attn.proj, mlp.proj, blocks.0.attn.qkv)"
             )
@@ -122,7 +124,7 @@ def _target_layers(model: nn.Module, targets: list[str]) -> dict[str, nn.Linear]
     embedding = getattr(getattr(model, "tok_emb", None), "weight", None)
     tied = [n for n, m in chosen.items() if m.weight is embedding]
     if tied:
-        raise ValueError(
+        raise UserError(
             f"cannot adapt {tied[0]}: it shares its weight with the token embedding "
             f"(tie_embeddings), and merging an update into it would change the embedding too"
         )
@@ -146,16 +148,16 @@ def apply_lora(
             adapted or tied to the embedding.
     """
     if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
-        raise ValueError(f"lora_rank must be a positive integer, got {rank!r}")
+        raise UserError(f"lora_rank must be a positive integer, got {rank!r}")
     if not alpha > 0:
-        raise ValueError(f"lora_alpha must be > 0, got {alpha!r}")
+        raise UserError(f"lora_alpha must be > 0, got {alpha!r}")
     chosen = _target_layers(model, parse_targets(targets))
     already = [n for n, m in chosen.items() if isinstance(m, LoRALinear)]
     if already:
-        raise ValueError(f"{already[0]} already has LoRA adapters")
+        raise UserError(f"{already[0]} already has LoRA adapters")
     name, layer = min(chosen.items(), key=lambda item: min(item[1].weight.shape))
     if rank > min(layer.weight.shape):
-        raise ValueError(
+        raise UserError(
             f"lora_rank {rank} is above min(d_out, d_in) = {min(layer.weight.shape)} of {name}, "
             f"the highest rank its update B A can have; give at most {min(layer.weight.shape)}"
         )

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..config import ModelConfig
+from ..errors import UserError
 from .hooks import HookPoint
 from .kv_cache import KVCache
 from .positions import apply_rope, rope_cos_sin, sinusoidal_positions
@@ -279,7 +280,7 @@ class DecoderLM(nn.Module):
                     f"{lo} to {hi}; was the input encoded with this model's tokenizer?"
                 )
         if problem:
-            raise ValueError(problem)
+            raise UserError(problem)
 
     def _logits(self, idx: Tensor, pos: Tensor, cache=None, mask=None, last_only=False) -> Tensor:
         """Embed idx [B, T] at positions pos ([T] or [B, T]), run the blocks, unembed."""
@@ -386,7 +387,7 @@ class DecoderLM(nn.Module):
             or not isinstance(block_size, int)
             or not 1 <= block_size <= old.block_size
         ):
-            raise ValueError(
+            raise UserError(
                 f"cannot crop the context to {block_size!r} positions: the model has "
                 f"block_size={old.block_size}; give an integer from 1 to {old.block_size}"
             )

@@ -23,6 +23,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from ..config import ModelConfig
+from ..errors import MissingFileError, UserError
 from ..files import atomic_write, read_json, write_json
 from .analysis import count_parameters
 from .lora import is_lora_key
@@ -102,7 +103,7 @@ def save_weights(
     adapters = {k: v.detach().contiguous().cpu() for k, v in state.items() if is_lora_key(k)}
     if adapters:
         if not (extra_config or {}).get("lora") or not extra_config.get("init_from"):
-            raise ValueError(
+            raise UserError(
                 "a model with LoRA adapters is saved as adapters over its base model; "
                 "pass extra_config with its 'lora' and 'init_from' entries, or merge it first"
             )
@@ -134,28 +135,28 @@ def read_model_dir(
     """
     directory = Path(directory)
     if not directory.is_dir():
-        raise FileNotFoundError(f"checkpoint directory {directory} not found (or not a directory)")
+        raise MissingFileError(f"checkpoint directory {directory} not found (or not a directory)")
     if not (directory / CONFIG_NAME).exists() and list_checkpoints(directory):
-        raise FileNotFoundError(
+        raise MissingFileError(
             f"{directory} holds checkpoints but no final model (the run "
             f"stopped early); use --run {list_checkpoints(directory)[-1]}, "
             f"or finish it with `decoderlm train --resume {directory}`"
         )
     config = read_json(directory / CONFIG_NAME)
     if not isinstance(config, dict) or not isinstance(config.get("model"), dict):
-        raise ValueError(
+        raise UserError(
             f"{directory / CONFIG_NAME} has no 'model' entry; is this a decoderlm run directory?"
         )
     model_config = ModelConfig.from_dict(config["model"])
     weights = directory / WEIGHTS_NAME
     if not weights.is_file() and (directory / ADAPTER_NAME).is_file():
-        raise ValueError(
+        raise UserError(
             f"{directory} holds LoRA adapters over a base model, not a whole model; load it "
             f"with decoderlm.finetune.sources.load_model (as the decoderlm commands do), or "
             f"write a model directory with `decoderlm merge --run {directory} --out DIR`"
         )
     if not weights.is_file():
-        raise FileNotFoundError(f"{weights} not found")
+        raise MissingFileError(f"{weights} not found")
     state = normalize_state_dict(read_safetensors(weights, map_location))
     pair = [state[k] for k in _PAIR if k in state]
     in_file = sum(t.numel() for k, t in state.items() if k not in _PAIR)
@@ -163,7 +164,7 @@ def read_model_dir(
         in_file += pair[0].numel() * (1 if model_config.tie_embeddings else 2)
     expected_total = count_parameters(model_config)["total"]
     if in_file != expected_total:
-        raise ValueError(
+        raise UserError(
             f"{weights} holds {in_file:,} parameters but config.json describes a "
             f"model with {expected_total:,}; the two files do not belong together"
         )
@@ -175,7 +176,7 @@ def read_safetensors(path: Path, device: str = "cpu") -> dict[str, torch.Tensor]
     try:
         return load_file(str(path), device=device)
     except Exception as e:  # safetensors raises its own error type for a damaged file
-        raise ValueError(f"{path} is not a readable safetensors file ({e})") from None
+        raise UserError(f"{path} is not a readable safetensors file ({e})") from None
 
 
 def resolve_tied(
@@ -215,7 +216,7 @@ def resolve_tied(
             diff += f", dtypes {emb.dtype} and {head.dtype}"
     else:
         diff = f"shapes {tuple(emb.shape)} and {tuple(head.shape)}"
-    raise ValueError(
+    raise UserError(
         f"{source} holds two different matrices {names[0]} and {names[1]} ({diff}) but the "
         f"model ties them (one matrix for both); loading would drop one. Load them untied "
         f"with tie_embeddings=False (DecoderLM.from_pretrained or decoderlm.io.hf.load_gpt2), "
@@ -248,7 +249,7 @@ def load_state(
         if k in state and state[k].shape != expected[k].shape
     ]
     if missing or unexpected or shapes:
-        raise ValueError(
+        raise UserError(
             f"{source} does not match config.json: missing {missing}, "
             f"unexpected {unexpected}, shape mismatches {shapes}"
         )

@@ -48,6 +48,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
+from ..errors import UserError
 from ..evaluate import token_logprobs
 from ..generation.generate import TextStream, _decode_step
 from ..generation.scheduler import Scheduler, Sequence
@@ -86,7 +87,7 @@ class ServeLimits:
 
     def __post_init__(self):
         if not 0 <= self.max_logprobs <= 20:
-            raise ValueError(f"--max-logprobs must be in [0, 20], got {self.max_logprobs}")
+            raise UserError(f"--max-logprobs must be in [0, 20], got {self.max_logprobs}")
 
 
 class ApiError(Exception):

@@ -31,6 +31,7 @@ from collections.abc import Collection, Iterable
 from collections.abc import Set as AbstractSet
 from pathlib import Path
 
+from ..errors import MissingFileError, UserError
 from ..files import read_json, write_json
 from .hf_json import hf_tokenizer_json
 
@@ -61,7 +62,7 @@ _GPT2_HASHES = {
 }
 
 
-class UnknownCharacterError(ValueError):
+class UnknownCharacterError(UserError):
     """Text holds characters that are not in the tokenizer's vocabulary.
 
     Attributes:
@@ -196,18 +197,18 @@ class Tokenizer:
         """
         tok = load_tokenizer(directory)
         if not isinstance(tok, cls):
-            raise ValueError(f"{directory} holds a {tok.kind!r} tokenizer, not {cls.kind!r}")
+            raise UserError(f"{directory} holds a {tok.kind!r} tokenizer, not {cls.kind!r}")
         return tok
 
 
 def _check_unknown_mode(unknown: str) -> None:
     if unknown not in ("error", "unk"):
-        raise ValueError(f"unknown must be 'error' or 'unk', got {unknown!r}")
+        raise UserError(f"unknown must be 'error' or 'unk', got {unknown!r}")
 
 
-def disallowed_special_error(token: str) -> ValueError:
+def disallowed_special_error(token: str) -> UserError:
     """The error tiktoken raises for a disallowed special token's string in the text."""
-    return ValueError(
+    return UserError(
         f"Encountered text corresponding to disallowed special token {token!r}.\n"
         "If you want this text to be encoded as a special token, pass it to "
         f"`allowed_special`, e.g. `allowed_special={{{token!r}, ...}}`.\n"
@@ -288,16 +289,16 @@ class CharTokenizer(Tokenizer):
     ):
         chars = list(chars)
         if not chars:
-            raise ValueError("a CharTokenizer needs at least one character")
+            raise UserError("a CharTokenizer needs at least one character")
         bad = [c for c in chars if not isinstance(c, str) or len(c) != 1]
         if bad:
-            raise ValueError(f"vocabulary entries must be single characters, got {bad[:5]}")
+            raise UserError(f"vocabulary entries must be single characters, got {bad[:5]}")
         if len(set(chars)) != len(chars):
-            raise ValueError("vocabulary has duplicate characters")
+            raise UserError("vocabulary has duplicate characters")
         self.chars = chars
         self.stoi = {c: i for i, c in enumerate(chars)}
         if unk_token is not None and unk_token not in self.stoi:
-            raise ValueError(f"unk_token {unk_token!r} is not in the vocabulary")
+            raise UserError(f"unk_token {unk_token!r} is not in the vocabulary")
         self.unk_token = unk_token
         self._special = _numbered_specials(special_tokens, len(chars))
 
@@ -325,7 +326,7 @@ class CharTokenizer(Tokenizer):
         for chunk in [text] if isinstance(text, str) else text:
             seen.update(chunk)
         if not seen:
-            raise ValueError("cannot build a character vocabulary from empty text")
+            raise UserError("cannot build a character vocabulary from empty text")
         chars = sorted(seen)
         if unk_token is not None and unk_token not in seen:
             chars.append(unk_token)
@@ -487,7 +488,7 @@ class GPT2Tokenizer(Tokenizer):
         self.bpe_dir = bpe_dir = Path(bpe_dir) if bpe_dir is not None else GPT2_BPE_DIR
         for name in _GPT2_HASHES:
             if not (bpe_dir / name).is_file():
-                raise FileNotFoundError(
+                raise MissingFileError(
                     f"{bpe_dir / name} not found; the GPT-2 tokenizer needs "
                     f"encoder.json and vocab.bpe"
                 )
@@ -543,9 +544,9 @@ def _numbered_specials(strings: Iterable[str], first_id: int) -> dict[str, int]:
     """
     strings = list(strings)
     if any(not isinstance(x, str) or not x for x in strings):
-        raise ValueError(f"special tokens must be non-empty strings, got {strings!r}")
+        raise UserError(f"special tokens must be non-empty strings, got {strings!r}")
     if len(set(strings)) != len(strings):
-        raise ValueError(f"special tokens {strings!r} hold duplicates")
+        raise UserError(f"special tokens {strings!r} hold duplicates")
     return {x: first_id + i for i, x in enumerate(strings)}
 
 
@@ -554,7 +555,7 @@ def _checked_ids(ids, vocab_size: int, name: str) -> list[int]:
     ids = [int(i) for i in ids]
     bad = [i for i in ids if not 0 <= i < vocab_size]
     if bad:
-        raise ValueError(f"token ids {bad[:5]} are outside [0, {vocab_size}) for {name}")
+        raise UserError(f"token ids {bad[:5]} are outside [0, {vocab_size}) for {name}")
     return ids
 
 
@@ -575,7 +576,7 @@ def tokenizer_from_dict(data, source: str = "tokenizer") -> Tokenizer:
         return ByteTokenizer(special)
     if kind == "gpt2":
         return GPT2Tokenizer()
-    raise ValueError(f"{source}: unknown or malformed tokenizer (type {kind!r})")
+    raise UserError(f"{source}: unknown or malformed tokenizer (type {kind!r})")
 
 
 def load_tokenizer(directory: str | Path) -> Tokenizer:
@@ -592,7 +593,7 @@ def load_tokenizer(directory: str | Path) -> Tokenizer:
     if not path.is_file() and old.is_file():
         data = read_json(old)
         if isinstance(data, dict) and "type" not in data and "model" in data:
-            raise ValueError(
+            raise UserError(
                 f"{old} is a Hugging Face tokenizer and {path.name} is missing; "
                 f"decoderlm reads its own {path.name} (written with every run)"
             )
@@ -620,10 +621,10 @@ def make_tokenizer(
     special = [END_OF_TEXT] if eot else []
     if kind == "char":
         if text is None:
-            raise ValueError("a char tokenizer is built from text; pass text")
+            raise UserError("a char tokenizer is built from text; pass text")
         return CharTokenizer.from_text(text, unk_token, special)
     if kind == "byte":
         return ByteTokenizer(special)
     if kind == "gpt2":
         return GPT2Tokenizer()
-    raise ValueError(f"unknown tokenizer kind {kind!r}; use one of {list(TOKENIZER_KINDS)}")
+    raise UserError(f"unknown tokenizer kind {kind!r}; use one of {list(TOKENIZER_KINDS)}")

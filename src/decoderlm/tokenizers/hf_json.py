@@ -22,6 +22,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ..errors import UserError
+
 __all__ = ["byte_to_unicode", "hf_tokenizer_json"]
 
 
@@ -120,4 +122,4 @@ def hf_tokenizer_json(
         lines = (bpe_dir / "vocab.bpe").read_text(encoding="utf-8").splitlines()
         merges = [line for line in lines[1:] if line]  # the first line is "#version: 0.2"
         return _document(vocab, merges, special_tokens, None, _byte_level(True), _byte_level(True))
-    raise ValueError(f"no Hugging Face tokenizer.json for a {kind!r} tokenizer")
+    raise UserError(f"no Hugging Face tokenizer.json for a {kind!r} tokenizer")

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from ..errors import MissingFileError, UserError
 from ..files import atomic_write, fsync_dir, make_temp_dir, torch_save
 from ..model.weights import _STEP_PREFIX, CHECKPOINTS_DIR, list_checkpoints, save_weights
 
@@ -74,10 +75,10 @@ def latest_checkpoint(run_dir: str | Path) -> Path:
     """
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
-        raise FileNotFoundError(f"resume directory {run_dir} not found")
+        raise MissingFileError(f"resume directory {run_dir} not found")
     found = list_checkpoints(run_dir)
     if not found:
-        raise FileNotFoundError(
+        raise MissingFileError(
             f"{run_dir} holds no checkpoint (no {CHECKPOINTS_DIR}/"
             f"{_STEP_PREFIX}*/); nothing to resume; start a new run "
             f"without --resume"
@@ -96,16 +97,16 @@ def load_trainer_state(checkpoint: str | Path) -> dict[str, Any]:
     """
     path = Path(checkpoint) / TRAINER_STATE_NAME
     if not path.is_file():
-        raise FileNotFoundError(f"{path} not found; the checkpoint is incomplete")
+        raise MissingFileError(f"{path} not found; the checkpoint is incomplete")
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # truncated zip, unsafe pickle, ...: all are "cannot use this file"
-        raise ValueError(
+        raise UserError(
             f"{path} cannot be loaded safely ({type(e).__name__}: "
             f"{str(e).splitlines()[0] if str(e) else ''}); the checkpoint is "
             f"damaged or was not written by decoderlm; resume from an earlier "
             f"one by deleting {path.parent}"
         ) from None
     if not isinstance(state, dict) or "step" not in state:
-        raise ValueError(f"{path} is not a decoderlm trainer state (no 'step')")
+        raise UserError(f"{path} is not a decoderlm trainer state (no 'step')")
     return state

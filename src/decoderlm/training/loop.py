@@ -35,6 +35,7 @@ from tqdm.auto import tqdm
 
 from ..config import TrainConfig
 from ..data.corpus import check_split, windows
+from ..errors import UserError
 from ..evaluate import LN2, evaluate
 from ..lens.lens import default_probe, probe_metrics
 from ..model.model import DecoderLM
@@ -258,7 +259,7 @@ def _check_can_continue(step: int, cfg: TrainConfig, run_dir: Path | None) -> No
     if step > cfg.max_steps or (
         step == cfg.max_steps and run_dir is not None and (run_dir / "model.safetensors").exists()
     ):
-        raise ValueError(
+        raise UserError(
             f"the checkpoint is at step {step} and max_steps is {cfg.max_steps}; "
             f"pass a larger --max-steps to train further"
         )
@@ -268,7 +269,7 @@ def _check_finite(loss: float, step: int, lr: float, run_dir: Path | None) -> fl
     """loss, unless it is NaN or inf: then ValueError naming the last good checkpoint."""
     if not math.isfinite(loss):
         last_good = list_checkpoints(run_dir)[-1:] if run_dir else []
-        raise ValueError(
+        raise UserError(
             f"the training loss became {loss} at step {step + 1} (lr {lr:.3g}); "
             f"try a lower learning rate, weight decay or float32"
             + (f"; the last good checkpoint is {last_good[0]}" if last_good else "")

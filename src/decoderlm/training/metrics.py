@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from ..config import ModelConfig, TrainConfig
+from ..errors import UserError
 from ..evaluate import LN2
 from ..files import atomic_write
 from ..model.analysis import flops_per_token, mfu
@@ -165,7 +166,7 @@ class RecordExtras:
 def check_sinks(cfg: TrainConfig) -> None:
     """Raise ValueError when a sink of cfg.log needs a package that is not installed."""
     if "tensorboard" in cfg.log and importlib.util.find_spec("tensorboard") is None:
-        raise ValueError(
+        raise UserError(
             "--log tensorboard needs the tensorboard package: pip install "
             "'decoderlm[tensorboard]' (or drop --log tensorboard)"
         )

@@ -13,6 +13,7 @@ import math
 import torch
 
 from ..config import TrainConfig
+from ..errors import UserError
 
 __all__ = ["lr_at", "set_lr", "configure_optimizer", "MuonWithAdamW", "muon_parameters"]
 
@@ -74,7 +75,7 @@ def configure_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim
     if cfg.optimizer == "muon":
         hidden = muon_parameters(model)
         if not hidden:
-            raise ValueError(
+            raise UserError(
                 "optimizer 'muon' needs trainable weight matrices inside the blocks (attention "
                 "and MLP Linear layers) and this model has none; use --optimizer adamw"
             )

@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from ..config import TrainConfig
+from ..errors import UserError
 from ..model.model import DecoderLM
 
 __all__ = [
@@ -139,7 +140,7 @@ def parallelize(
     ddp = None
     if cfg.fsdp:
         if info.world_size == 1 and not dist.is_initialized():
-            raise ValueError("fsdp needs several processes: run under torchrun, or set fsdp false")
+            raise UserError("fsdp needs several processes: run under torchrun, or set fsdp false")
         from torch.distributed.fsdp import fully_shard  # imported here: DTensor is slow to import
 
         for block in model.blocks:

@@ -21,6 +21,7 @@ import torch
 
 from ..config import ModelConfig, TrainConfig
 from ..data.corpus import check_split, data_spec, load_corpus
+from ..errors import UserError
 from ..evaluate import LN2
 from ..files import atomic_write, read_json
 from ..finetune.merge import merge_run
@@ -217,7 +218,7 @@ def run_experiment(
 def _make_plan(request: dict, resume, init_from, merge: bool, info: DistInfo, log) -> RunPlan:
     """The plan of a resumed run (`_resume_plan`) or a new one (`_new_plan`)."""
     if resume is not None and init_from is not None:
-        raise ValueError(
+        raise UserError(
             "--resume continues a run, which already records where it started; drop --init-from"
         )
     if resume is not None:
@@ -225,7 +226,7 @@ def _make_plan(request: dict, resume, init_from, merge: bool, info: DistInfo, lo
     else:
         plan = _new_plan(**request, init_from=init_from, log=log)
     if merge and plan.train_cfg.lora_rank is None:
-        raise ValueError("--merge merges LoRA adapters; this run has none (give --lora-rank R)")
+        raise UserError("--merge merges LoRA adapters; this run has none (give --lora-rank R)")
     return plan
 
 
@@ -246,7 +247,7 @@ def _new_plan(
     preset_spec = get_preset(preset)
     settings = {**preset_spec.train, **train_overrides}
     if init_from is None and (settings.get("lora_rank") is not None or not preset_spec.model):
-        raise ValueError(
+        raise UserError(
             "LoRA adapters and the 'finetune' preset adapt an existing model; give "
             "--init-from SRC (a run directory or a Hugging Face GPT-2 directory)"
         )
@@ -254,12 +255,12 @@ def _new_plan(
     lora_only = [k for k in ("lora_alpha", "lora_targets", "lora_dropout") if k in train_overrides]
     if lora_only and train_cfg.lora_rank is None:
         flags = ", ".join("--" + k.replace("_", "-") for k in lora_only)
-        raise ValueError(
+        raise UserError(
             f"{flags} set LoRA adapters, which this run has none of; give --lora-rank R"
         )
     spec = data_spec(data, dataset, max_chars, train_cfg.val_fraction)
     if spec["token_dir"] and (max_chars or "val_fraction" in train_overrides):
-        raise ValueError(
+        raise UserError(
             "--max-chars and --val-fraction do not apply to a prepared token "
             "directory: its split was fixed by `decoderlm prepare` (run it "
             "again with --val-fraction)"
@@ -285,12 +286,12 @@ def _vocab_settings(model_overrides: dict, n_tokens: int) -> dict:
     if asked is None or asked == n_tokens:
         return settings
     if isinstance(asked, bool) or not isinstance(asked, int) or asked < n_tokens:
-        raise ValueError(
+        raise UserError(
             f"vocab_size {asked!r} is smaller than the tokenizer's {n_tokens} tokens; "
             f"drop --vocab-size (it defaults to the tokenizer's) or give at least {n_tokens}"
         )
     if model_overrides.get("padded_vocab_size") not in (None, asked):
-        raise ValueError(
+        raise UserError(
             f"vocab_size {asked} (padding the tokenizer's {n_tokens} tokens) and "
             f"padded_vocab_size {model_overrides['padded_vocab_size']} disagree; give one"
         )
@@ -311,7 +312,7 @@ def _finetune_plan(
     spec["unknown"] = "unk"
     tokenizer, train_ids, val_ids, description, fingerprint = load_corpus(spec, source.tokenizer)
     if tokenizer.to_dict() != source.tokenizer.to_dict():
-        raise ValueError(
+        raise UserError(
             f"{spec['token_dir']} was prepared with another tokenizer ({tokenizer!r}) than "
             f"{init_from}'s ({source.tokenizer!r}); pass the text file to encode it with the "
             f"model's tokenizer"
@@ -320,7 +321,7 @@ def _finetune_plan(
     log(f"fine-tuning from {source.info['path']} ({source.info['kind']} weights)")
     out_dir = Path(out) if out is not None else _free_run_dir(preset)
     if out_dir.resolve() == Path(source.info["path"]):
-        raise ValueError(f"--out {out} is the --init-from directory; choose another --out")
+        raise UserError(f"--out {out} is the --init-from directory; choose another --out")
     plan = RunPlan(
         out_dir, preset, spec, model_cfg, train_cfg, tokenizer, train_ids, val_ids, description
     )
@@ -344,14 +345,14 @@ def _resume_plan(
     """A resumed run: the checkpoint's settings (training ones may be overridden) and data,
     each override that contradicts them refused."""
     if out is not None and Path(out).resolve() != out_dir.resolve():
-        raise ValueError(
+        raise UserError(
             f"--resume continues the run in {out_dir} itself; drop --out "
             f"{out} (copy the run directory first to branch it)"
         )
     checkpoint, resume_state, resumed, tokenizer = _resume_point(out_dir, info, log)
     saved = read_json(checkpoint / "config.json")
     if preset is not None and preset != saved.get("preset"):
-        raise ValueError(
+        raise UserError(
             f"the checkpoint was trained with preset {saved.get('preset')!r}, "
             f"not {preset!r}; drop --preset to resume"
         )
@@ -365,7 +366,7 @@ def _resume_plan(
     train_cfg = TrainConfig.from_dict({**saved["train"], **train_overrides})
     tokenizer, train_ids, val_ids, source, fingerprint = load_corpus(spec, tokenizer)
     if spec.get("fingerprint") not in (None, fingerprint):
-        raise ValueError(
+        raise UserError(
             f"the corpus at {spec['token_dir'] or spec['path']} is not the one "
             f"the checkpoint was trained on (its sha256 differs); restore it, "
             f"pass --data with the original, or start a new run"
@@ -394,7 +395,7 @@ def _resumed_data_spec(saved: dict, config_path: Path, data, given: dict) -> dic
     is then checked by its fingerprint); ValueError if a given data setting contradicts it."""
     spec = saved.get("data_spec")
     if not isinstance(spec, dict):
-        raise ValueError(f"{config_path} has no data_spec entry")
+        raise UserError(f"{config_path} has no data_spec entry")
     _check_same("data", spec, {k: v for k, v in given.items() if v is not None})
     if data is not None:
         moved = str(Path(data).resolve())
@@ -421,7 +422,7 @@ def _check_same(kind: str, saved: dict, overrides: dict) -> None:
         if saved.get(k) != v
     ]
     if clashes:
-        raise ValueError(
+        raise UserError(
             f"the checkpoint's {kind} does not match the command line: "
             f"{'; '.join(clashes)}; drop those options to resume, or start a new "
             f"run with --out"
@@ -434,7 +435,7 @@ def _resume_point(run_dir: Path, info: DistInfo, log):
     damaged-step-N (by rank 0), so it stays on disk for inspection but out of the
     keep_checkpoints rotation."""
     if run_dir.exists() and not run_dir.is_dir():
-        raise ValueError(f"--resume {run_dir} is a file; give the run directory")
+        raise UserError(f"--resume {run_dir} is a file; give the run directory")
     latest_checkpoint(run_dir)  # raises a clear error when there is none
     for candidate in reversed(list_checkpoints(run_dir)):
         try:
@@ -448,7 +449,7 @@ def _resume_point(run_dir: Path, info: DistInfo, log):
             log(f"warning: skipping checkpoint {candidate}: {e}")
             if info.is_main:
                 os.replace(candidate, candidate.with_name("damaged-" + candidate.name))
-    raise ValueError(
+    raise UserError(
         f"no checkpoint in {run_dir / 'checkpoints'} can be loaded; see the warnings above"
     )
 
@@ -467,7 +468,7 @@ def _check_plan(plan: RunPlan, info: DistInfo, overwrite: bool) -> None:
     directory that cannot be used (LoRA targets or --freeze items that name nothing are
     refused by `_build_model`, also before the run directory is touched)."""
     if plan.train_cfg.fsdp and info.world_size == 1:
-        raise ValueError(
+        raise UserError(
             "fsdp needs several processes: run under torchrun (`torchrun "
             "--nproc_per_node N -m decoderlm train ...`), or pass --fsdp false to "
             "train (or resume) in one process"
@@ -482,17 +483,17 @@ def _check_run_dir(out_dir: Path, overwrite: bool, checkpoint: Path | None) -> N
     """Refuse an --out that is a file, is not writable, or holds an earlier run (unless
     --overwrite or resuming it)."""
     if out_dir.exists() and not out_dir.is_dir():
-        raise ValueError(f"--out {out_dir} is a file, not a directory")
+        raise UserError(f"--out {out_dir} is a file, not a directory")
     held = [name for name in _RUN_FILES if (out_dir / name).exists()]
     if checkpoint is None and held and not overwrite:
-        raise ValueError(
+        raise UserError(
             f"{out_dir} already holds a run ({', '.join(held)}); pass --resume "
             f"{out_dir} to continue it, --overwrite to replace it, or choose "
             f"another --out"
         )
     existing = next(p for p in (out_dir / "checkpoints", out_dir, *out_dir.parents) if p.exists())
     if not os.access(existing, os.W_OK | os.X_OK):
-        raise ValueError(
+        raise UserError(
             f"cannot write into {existing} (permission denied); choose another "
             f"--out or fix its permissions"
         )

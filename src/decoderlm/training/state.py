@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from ..config import TrainConfig
+from ..errors import UserError
 from ..model.model import DecoderLM
 from ..model.weights import list_checkpoints
 from .checkpoints import save_checkpoint
@@ -60,7 +61,7 @@ def named_state_dicts(model: torch.nn.Module, optimizer: torch.optim.Optimizer):
             zero step; `TrainState.state_dict` leaves that case to get_state_dict).
     """
     if not optimizer.state:
-        raise ValueError("the optimizer has no state yet")
+        raise UserError("the optimizer has no state yet")
     order = [p for group in optimizer.param_groups for p in group["params"]]
     index = {id(p): i for i, p in enumerate(order)}
     names = {}

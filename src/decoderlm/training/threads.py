@@ -22,6 +22,7 @@ import torch
 
 from ..config import TrainConfig
 from ..data.corpus import windows
+from ..errors import UserError
 from ..model.model import DecoderLM
 
 __all__ = ["set_threads", "parse_threads", "thread_candidates", "ThreadTuner"]
@@ -34,10 +35,10 @@ def parse_threads(threads: int | str | None) -> int | str | None:
         return threads
     n = int(threads) if str(threads).isdigit() and not isinstance(threads, bool) else 0
     if n < 1:
-        raise ValueError(f"--threads must be auto or a positive integer, got {threads!r}")
+        raise UserError(f"--threads must be auto or a positive integer, got {threads!r}")
     cpus = os.cpu_count() or 1
     if n > cpus:
-        raise ValueError(
+        raise UserError(
             f"--threads {n} is more than this machine's {cpus} CPUs; give at most {cpus}, or auto"
         )
     return n
