@@ -46,7 +46,34 @@ _HOMES = {
     "train": "training.loop",
     "run_experiment": "training.run",
 }
-__all__ = [*_HOMES, "__version__"]
+__all__ = [
+    "ModelConfig",
+    "TrainConfig",
+    "PRESETS",
+    "get_preset",
+    "UserError",
+    "DecoderLM",
+    "run_with_cache",
+    "count_parameters",
+    "flops_per_token",
+    "memory_bytes",
+    "Tokenizer",
+    "CharTokenizer",
+    "ByteTokenizer",
+    "GPT2Tokenizer",
+    "UnknownCharacterError",
+    "load_tokenizer",
+    "make_tokenizer",
+    "load_gpt2",
+    "save_gpt2",
+    "load_model",
+    "generate",
+    "stream_text",
+    "evaluate_run",
+    "train",
+    "run_experiment",
+    "__version__",
+]
 
 if TYPE_CHECKING:  # for type checkers and editors; at run time __getattr__ imports lazily
     from .config import ModelConfig, TrainConfig
