@@ -348,23 +348,10 @@ def serve(
         compile: decode with torch.compile: faster per token after a one-time compile
             at start (needs a C++ compiler on the CPU).
     """
-    from .finetune.sources import load_model_and_tokenizer
-    from .serve.app import ServeLimits
-    from .serve.app import serve as serve_http
+    args = dict(locals())
+    from .serve.app import serve as serve_command
 
-    if not 1 <= port < 65536:
-        raise UserError(f"--port must be in [1, 65536), got {port}")
-    limits = ServeLimits(
-        max_tokens=max_tokens_limit,
-        max_prompt_tokens=max_prompt_tokens,
-        max_logprobs=max_logprobs,
-        max_stop=max_stop,
-        max_batch_size=max_batch_size,
-    )
-    model, tokenizer = load_model_and_tokenizer(run, hf, device)
-    name = served_model_name or Path(run or hf).resolve().name
-    serve_http(model, tokenizer, name, host, port, limits, compile)
-    return 0
+    return serve_command(**args)
 
 
 def presets() -> int:

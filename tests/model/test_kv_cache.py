@@ -144,14 +144,14 @@ def test_compiled_decoding_gives_the_tokens_of_the_full_forward(pos):
 
 
 def test_compiled_bfloat16_steps_give_the_logits_of_eager_steps():
-    from decoderlm.generation.generate import _decode_step
+    from decoderlm.generation.generate import decode_step
 
     torch._dynamo.reset()
     model = halved_random_model(4, block_size=32).to(torch.bfloat16)
     ids = torch.randint(0, 65, (1, 20))
     logits = {}
     for compile in (False, True):
-        step, cache = _decode_step(compile), KVCache(model.config, 1, "cpu", torch.bfloat16)
+        step, cache = decode_step(compile), KVCache(model.config, 1, "cpu", torch.bfloat16)
         with torch.no_grad():
             model.forward_cached(ids[:, :4], cache, torch.arange(4)[None])
             logits[compile] = torch.cat(

@@ -23,7 +23,8 @@ CHARS = sorted(set("abcdefghijklmnopqrstuvwxyz ABCDEFGHIJKLMNOPQRSTUVWXYZ.,;:'\n
 
 @pytest.fixture(scope="module")
 def server():
-    from decoderlm.serve.app import ServeLimits, create_app
+    from decoderlm.serve.app import create_app
+    from decoderlm.serve.serving import ServeLimits
 
     torch.manual_seed(0)
     tok = CharTokenizer(CHARS[:65])  # the tiny model's 65 ids: all but "vwxyz"
@@ -269,7 +270,8 @@ def test_null_fields_mean_their_defaults_as_in_openais_api(server):
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_client_that_disconnects_leaves_the_batch(stream):
-    from decoderlm.serve.app import ServeLimits, create_app
+    from decoderlm.serve.app import create_app
+    from decoderlm.serve.serving import ServeLimits
 
     model = tiny_model()
     steps = []

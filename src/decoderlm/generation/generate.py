@@ -24,6 +24,7 @@ __all__ = [
     "TextStream",
     "sample_next",
     "filter_logits",
+    "decode_step",
 ]
 
 
@@ -125,17 +126,31 @@ def _stop_sequences(stop) -> list[torch.Tensor]:
     return out
 
 
-def _one_token(model, idx, cache, positions, key_mask):
+def _one_token(model, idx, cache, positions, key_mask=None):
     return model.forward_cached(idx, cache, positions, key_mask, last_only=True)
 
 
 _compiled_one_token = None
 
 
-def _decode_step(compile: bool):
-    """The function that computes one new token's logits from the cache: `_one_token`, or
-    the same under torch.compile (built on first use and shared; dynamic shapes, so the
-    growing cache does not recompile at every step)."""
+def decode_step(compile: bool = False):
+    """The function that computes the logits of one new token per row from a KV cache, as
+    `generate` and the server's `Scheduler` call it at each decoding step.
+
+    The function returned is step(model, idx, cache, positions, key_mask=None) -> logits:
+    idx [B, 1] int64 (each row's newest token), cache a `KVCache` or `SlotKVCache` holding the
+    tokens before it (the new token's keys and values are appended), positions [B, 1] int64
+    (the new token's position in each row), key_mask [B, L + 1] bool or None (False marks
+    padding among the cached tokens and the new one; None: no padding); logits [B, 1,
+    vocab_size] in the model's dtype.
+
+    Args:
+        compile: False: a plain call of model.forward_cached(idx, cache, positions, key_mask,
+            last_only=True); True: the same under torch.compile,
+            built on first use and shared by every caller, with dynamic shapes so that the
+            growing cache does not recompile at every step (the first calls compile: seconds;
+            needs a C++ compiler on the CPU).
+    """
     global _compiled_one_token
     if not compile:
         return _one_token
@@ -240,7 +255,7 @@ def stream_generate(
     model.eval()
     stops = _stop_sequences(stop)
     finished = torch.zeros(B, dtype=torch.bool, device=idx.device)
-    cache, positions, one_token = None, None, _decode_step(compile)
+    cache, positions, one_token = None, None, decode_step(compile)
     try:
         for step in range(max_new_tokens):
             if cache is not None and cache.length < limit:  # one new token

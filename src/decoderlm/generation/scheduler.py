@@ -27,7 +27,7 @@ import torch
 
 from ..model.kv_cache import KVCache, SlotKVCache
 from . import cpu_decode
-from .generate import sample_next
+from .generate import decode_step, sample_next
 
 __all__ = ["Scheduler", "Sequence", "Token"]
 
@@ -87,13 +87,16 @@ class Scheduler:
         vocab_size: only ids below it are sampled or scored (the tokenizer's ids, when the
             model has logits for more).
         max_batch_size: the most sequences decoded together; more wait in a queue.
-        step: the function computing one new token's logits, (model, idx [B, 1], cache,
-            positions [B, 1]) -> [B, 1, vocab_size]; default: model.forward_cached.
+        step: the function computing one new token's logits, (model, idx [B, 1] int64,
+            cache, positions [B, 1] int64) -> [B, 1, vocab_size]; default: `decode_step`'s.
+        compile: the default step is the torch.compile'd one (see `decode_step`).
     """
 
-    def __init__(self, model, vocab_size: int, max_batch_size: int = 8, step=None):
+    def __init__(
+        self, model, vocab_size: int, max_batch_size: int = 8, step=None, compile: bool = False
+    ):
         self.model, self.vocab_size, self.max_batch_size = model, vocab_size, max_batch_size
-        self._step = step or (lambda m, idx, cache, pos: m.forward_cached(idx, cache, pos))
+        self._step = step or decode_step(compile)
         self._waiting: collections.deque[Sequence] = collections.deque()
         self._active: list[Sequence] = []  # row i of the slot cache is _active[i]
         self._wake = threading.Condition()
@@ -142,7 +145,7 @@ class Scheduler:
                     self._admit(joining)
                     self._drop_finished()
                     if self._active:
-                        self._decode_step()
+                        self._decode_batch()
                         self._drop_finished()
                 except Exception as e:  # a bug of ours: fail the batch, keep the thread
                     self._fail_active(e)
@@ -207,7 +210,7 @@ class Scheduler:
             seq.cancelled = True
             seq.emit(None)
 
-    def _decode_step(self) -> None:
+    def _decode_batch(self) -> None:
         """One forward pass of the newest token of every active sequence, then each samples.
 
         A sequence whose cache is full slides first, as `generate` does: its row is rebuilt

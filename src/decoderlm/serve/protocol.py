@@ -1,0 +1,291 @@
+"""The request and response bodies of the HTTP API, as pydantic models (FastAPI publishes them
+in the app's OpenAPI schema, GET /openapi.json).
+
+The completion, model and error bodies follow OpenAI's legacy completions API; the tokenizer
+bodies follow vLLM's (/tokenize, /detokenize, /tokenizer_info), which lm-evaluation-harness
+reads. Request bodies are checked strictly (no "yes" for true, no true for 1), a null field
+means its default, as OpenAI's API reference has it, and fields outside the model are kept in
+`model_extra` for the serving code to refuse or accept (`serving.NO_OP_FIELDS`), so a misspelt
+option is never silently dropped. Needs pydantic (installed with the [serve] extra's FastAPI).
+"""
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+__all__ = [
+    "StrictRequest",
+    "StreamOptions",
+    "CompletionRequest",
+    "CompletionLogprobs",
+    "CompletionChoice",
+    "Usage",
+    "CompletionResponse",
+    "CompletionStreamResponse",
+    "ModelCard",
+    "ModelList",
+    "TokenizeRequest",
+    "TokenizeResponse",
+    "DetokenizeRequest",
+    "DetokenizeResponse",
+    "TokenizerInfo",
+    "HealthResponse",
+    "ErrorInfo",
+    "ErrorResponse",
+]
+
+Prompt = str | list[str] | list[int] | list[list[int]]
+
+
+class StrictRequest(BaseModel):
+    """A request body: strict types, null for the default, unknown fields kept in
+    `model_extra` (to be refused by the serving code unless they ask for nothing)."""
+
+    model_config = ConfigDict(strict=True, extra="allow")
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _null_is_the_default(cls, value, info):
+        """null means the default, as OpenAI's API reference has it for every field
+        ("integer or null, defaults to 16", ...); a required field stays required."""
+        field = cls.model_fields[info.field_name]
+        return field.default if value is None and not field.is_required() else value
+
+
+class StreamOptions(BaseModel):
+    """Options of a streamed completion; other options (include_obfuscation, ...) are
+    ignored, as they change nothing here."""
+
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+    include_usage: bool = Field(
+        False,
+        description="send a last chunk with no choices and the usage (and usage: null on the "
+        "others)",
+    )
+
+
+class CompletionRequest(StrictRequest):
+    """POST /v1/completions: OpenAI's legacy completions request.
+
+    OpenAI fields with no effect here are accepted at the values that ask for nothing (best_of
+    1, suffix null, presence_penalty / frequency_penalty 0, logit_bias {} or null) and refused
+    otherwise; any other unknown field is refused.
+    """
+
+    model: str | None = Field(None, description="the served model's id (null: the one served)")
+    prompt: Prompt = Field(
+        description="a string, a list of strings, a list of token ids or a list of lists of "
+        "token ids; each prompt gets n choices"
+    )
+    max_tokens: int = Field(
+        16, ge=0, description="the most tokens generated per choice (0: with echo, score only)"
+    )
+    temperature: float = Field(
+        1.0, ge=0.0, le=2.0, allow_inf_nan=False, description="sampling temperature; 0: greedy"
+    )
+    top_p: float = Field(
+        1.0,
+        ge=0.0,
+        le=1.0,
+        allow_inf_nan=False,
+        description="nucleus sampling: the smallest set of tokens of this total probability "
+        "(1: off; 0: greedy)",
+    )
+    top_k: int | None = Field(
+        None,
+        ge=-1,
+        description="sample among the k most likely tokens (vLLM's; -1, 0 or null: off)",
+    )
+    n: int = Field(1, ge=1, description="completions per prompt")
+    stop: str | list[str] | None = Field(
+        None,
+        description="text(s) that end a choice (not included in its text); at most the "
+        "server's limit (decoderlm serve --max-stop)",
+    )
+    stream: bool = Field(False, description="answer with Server-Sent Events of chunks")
+    stream_options: StreamOptions | None = Field(
+        None, description="options of a streamed answer (only with stream: true)"
+    )
+    seed: int | None = Field(
+        None, ge=0, lt=2**63, description="seeds the sampling; choice i of a prompt uses seed + i"
+    )
+    logprobs: int | None = Field(
+        None,
+        ge=0,
+        description="return each token's log-probability and this many most likely tokens "
+        "(at most the server's limit, decoderlm serve --max-logprobs)",
+    )
+    echo: bool = Field(False, description="the prompt comes first in each choice's text")
+    user: str | None = Field(None, description="accepted and ignored")
+
+
+class CompletionLogprobs(BaseModel):
+    """The log-probabilities of a choice's tokens (OpenAI's legacy logprobs object).
+
+    A log-probability is the log-softmax (nats) of the model's raw logits (before temperature,
+    top-k and top-p) over the tokenizer's ids. With echo the prompt's tokens come first, the
+    first one with null entries (it has no context).
+    """
+
+    tokens: list[str] = Field(description="the text of each token, decoded alone")
+    token_logprobs: list[float | None] = Field(description="each token's log-probability (nats)")
+    top_logprobs: list[dict[str, float] | None] = Field(
+        description="per token, the `logprobs` most likely tokens and the chosen one, {token "
+        "text: log-probability} (tokens whose texts are equal share one key)"
+    )
+    text_offset: list[int] = Field(
+        description="where each token starts in the choice's text, in characters"
+    )
+
+    def extend(self, more: "CompletionLogprobs") -> "CompletionLogprobs":
+        """These entries followed by `more`'s."""
+        return CompletionLogprobs(
+            tokens=self.tokens + more.tokens,
+            token_logprobs=self.token_logprobs + more.token_logprobs,
+            top_logprobs=self.top_logprobs + more.top_logprobs,
+            text_offset=self.text_offset + more.text_offset,
+        )
+
+
+class CompletionChoice(BaseModel):
+    """One choice of a completion (in a streamed chunk: the piece of it since the last chunk)."""
+
+    text: str = Field(description="the generated text (with echo: after the prompt's)")
+    index: int = Field(description="prompt index x n + the choice's number for that prompt")
+    logprobs: CompletionLogprobs | None = Field(
+        description="the tokens' log-probabilities (null unless the request asked for them)"
+    )
+    finish_reason: Literal["stop", "length"] | None = Field(
+        description="stop: a stop text was generated; length: max_tokens were; null: not "
+        "finished yet (streamed chunks)"
+    )
+
+
+class Usage(BaseModel):
+    """Token counts of a completion."""
+
+    prompt_tokens: int = Field(description="tokens of every prompt (once per prompt, not per n)")
+    completion_tokens: int = Field(description="tokens generated, every choice together")
+    total_tokens: int = Field(description="prompt_tokens + completion_tokens")
+
+
+class CompletionResponse(BaseModel):
+    """The answer to a completion request that is not streamed."""
+
+    id: str = Field(description='"cmpl-" and a random hexadecimal string')
+    object: Literal["text_completion"] = Field("text_completion", description="the kind of body")
+    created: int = Field(description="when the request was answered (Unix time, seconds)")
+    model: str = Field(description="the served model's id")
+    choices: list[CompletionChoice] = Field(description="the choices, in index order")
+    usage: Usage = Field(description="token counts")
+
+
+class CompletionStreamResponse(BaseModel):
+    """One Server-Sent Event of a streamed completion ("data: {chunk}"; the stream ends with
+    "data: [DONE]"): one choice's piece of text, or, last and only with
+    stream_options.include_usage, no choices and the usage."""
+
+    id: str = Field(description="the completion's id, the same in every chunk")
+    object: Literal["text_completion"] = Field("text_completion", description="the kind of body")
+    created: int = Field(description="when the request was answered (Unix time, seconds)")
+    model: str = Field(description="the served model's id")
+    choices: list[CompletionChoice] = Field(description="one choice's piece, or none (usage)")
+    usage: Usage | None = Field(
+        None,
+        description="present only with stream_options.include_usage: null but on the last "
+        "chunk, which holds the totals",
+    )
+
+
+class ModelCard(BaseModel):
+    """GET /v1/models/{id}: the model served."""
+
+    id: str = Field(description="the id clients send as `model`")
+    object: Literal["model"] = Field("model", description="the kind of body")
+    created: int = Field(description="when the server started (Unix time, seconds)")
+    owned_by: str = Field("decoderlm", description="always decoderlm")
+    max_model_len: int = Field(description="the model's context length, in tokens")
+
+
+class ModelList(BaseModel):
+    """GET /v1/models: the one model served."""
+
+    object: Literal["list"] = Field("list", description="the kind of body")
+    data: list[ModelCard] = Field(description="the models served (one)")
+
+
+class TokenizeRequest(StrictRequest):
+    """POST /tokenize: a text to turn into token ids (vLLM's request)."""
+
+    model: str | None = Field(None, description="the served model's id (null: the one served)")
+    prompt: str = Field(
+        description='the text; special tokens\' strings (e.g. "<|endoftext|>") are their ids'
+    )
+    add_special_tokens: bool = Field(True, description="accepted; no BOS token is ever added")
+    return_token_strs: bool = Field(False, description="also return each token's text")
+
+
+class TokenizeResponse(BaseModel):
+    """The answer to POST /tokenize."""
+
+    count: int = Field(description="the number of tokens")
+    max_model_len: int = Field(description="the model's context length, in tokens")
+    tokens: list[int] = Field(description="the token ids")
+    token_strs: list[str] | None = Field(
+        description="each token's text, decoded alone (null unless return_token_strs)"
+    )
+
+
+class DetokenizeRequest(StrictRequest):
+    """POST /detokenize: token ids to turn into text (vLLM's request)."""
+
+    model: str | None = Field(None, description="the served model's id (null: the one served)")
+    tokens: list[int] = Field(description="token ids, each in [0, vocab_size)")
+
+
+class DetokenizeResponse(BaseModel):
+    """The answer to POST /detokenize."""
+
+    prompt: str = Field(description="the decoded text")
+
+
+class TokenizerInfo(BaseModel):
+    """GET /tokenizer_info: what a client needs to know of the tokenizer (vLLM's shape)."""
+
+    tokenizer_class: str = Field(description="the tokenizer's Python class name")
+    kind: str = Field(description="the tokenizer's kind (char, byte, gpt2, ...)")
+    vocab_size: int = Field(description="the number of token ids")
+    eos_token: str | None = Field(
+        description="the end-of-text text: the tokenizer's end-of-text token (GPT-2: "
+        '"<|endoftext|>"), else "\\n" when it is one token, else null'
+    )
+    eos_token_id: int | None = Field(description="the end-of-text token's id")
+    bos_token: None = Field(description="no beginning-of-text token is used")
+    pad_token: None = Field(description="no padding token is used")
+    unk_token: str | None = Field(description="the tokenizer's unknown token, if it has one")
+    model_max_length: int = Field(description="the model's context length, in tokens")
+    chat_template: None = Field(description="no chat template")
+
+
+class HealthResponse(BaseModel):
+    """GET /health."""
+
+    status: Literal["ok"] = Field("ok", description="always ok while the server answers")
+
+
+class ErrorInfo(BaseModel):
+    """What went wrong (the inside of OpenAI's error body)."""
+
+    message: str = Field(description="one line naming the problem and what to do")
+    type: Literal["invalid_request_error", "server_error"] = Field(
+        description="invalid_request_error (status 400, 404) or server_error (500)"
+    )
+    param: str | None = Field(description="the request field at fault, if one is")
+    code: str | None = Field(description="model_not_found for an unknown model, else null")
+
+
+class ErrorResponse(BaseModel):
+    """Every error, with status 400 (bad request), 404 (unknown model or path) or 500."""
+
+    error: ErrorInfo = Field(description="what went wrong")

@@ -1,0 +1,101 @@
+"""The HTTP routes of the API: each takes its request model, calls the app's `Serving`
+(`app.state.serving`) and returns its response model (`protocol`). Needs FastAPI.
+
+    POST /v1/completions     OpenAI's legacy completions -> CompletionResponse, or (stream:
+                             true) Server-Sent Events: "data: {CompletionStreamResponse}"
+                             lines, then "data: [DONE]"
+    GET  /v1/models          the one model served; GET /v1/models/{id}
+    POST /tokenize           {"prompt": text} -> {"count", "max_model_len", "tokens", ...}
+    POST /detokenize         {"tokens": [ids]} -> {"prompt": text}
+    GET  /tokenizer_info     eos_token (+ eos_token_id), bos/pad/unk tokens, model_max_length
+    GET  /health             {"status": "ok"}
+"""
+
+# no `from __future__ import annotations`: FastAPI reads the routes' parameter types
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from .protocol import (
+    CompletionRequest,
+    CompletionResponse,
+    DetokenizeRequest,
+    DetokenizeResponse,
+    ErrorResponse,
+    HealthResponse,
+    ModelCard,
+    ModelList,
+    TokenizeRequest,
+    TokenizeResponse,
+    TokenizerInfo,
+)
+from .serving import Serving
+
+__all__ = ["router", "STREAM_CHUNK"]
+
+router = APIRouter()
+
+# every route's error answers, for the OpenAPI schema
+_ERRORS = {
+    400: {"model": ErrorResponse, "description": "a bad request (param names the field)"},
+    404: {"model": ErrorResponse, "description": "another model than the one served"},
+    500: {"model": ErrorResponse, "description": "the server failed"},
+}
+# the schema component of a streamed completion's chunks (added to the schema by the app)
+STREAM_CHUNK = "CompletionStreamResponse"
+_STREAMED = {
+    "description": "the completion; with stream: true, Server-Sent Events of chunks",
+    "content": {"text/event-stream": {"schema": {"$ref": f"#/components/schemas/{STREAM_CHUNK}"}}},
+}
+
+
+def _serving(request: Request) -> Serving:
+    return request.app.state.serving
+
+
+@router.get("/health", response_model=HealthResponse)
+def health(request: Request):
+    """Whether the server answers."""
+    return _serving(request).health()
+
+
+@router.get("/v1/models", response_model=ModelList)
+def models(request: Request):
+    """The model served (a list of one)."""
+    return _serving(request).models()
+
+
+@router.get("/v1/models/{model_id:path}", response_model=ModelCard, responses=_ERRORS)
+def model_card(model_id: str, request: Request):
+    """The model served, if model_id is its id."""
+    return _serving(request).model_card(model_id)
+
+
+@router.get("/tokenizer_info", response_model=TokenizerInfo)
+def tokenizer_info(request: Request):
+    """The tokenizer's end-of-text and special tokens, and the context length."""
+    return _serving(request).tokenizer_info()
+
+
+@router.post("/tokenize", response_model=TokenizeResponse, responses=_ERRORS)
+def tokenize(req: TokenizeRequest, request: Request):
+    """The token ids of a text."""
+    return _serving(request).tokenize(req)
+
+
+@router.post("/detokenize", response_model=DetokenizeResponse, responses=_ERRORS)
+def detokenize(req: DetokenizeRequest, request: Request):
+    """The text of token ids."""
+    return _serving(request).detokenize(req)
+
+
+@router.post(
+    "/v1/completions", response_model=CompletionResponse, responses={200: _STREAMED, **_ERRORS}
+)
+async def completions(req: CompletionRequest, request: Request):
+    """Complete prompts (OpenAI's legacy completions), whole or streamed."""
+    serving = _serving(request)
+    job = serving.check_completion(req)
+    if req.stream:
+        return StreamingResponse(serving.stream(job), media_type="text/event-stream")
+    out = await serving.complete(job, request.is_disconnected)
+    return out if out is not None else JSONResponse({}, status_code=499)  # the client has gone
