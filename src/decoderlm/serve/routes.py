@@ -34,11 +34,13 @@ __all__ = ["router", "STREAM_CHUNK"]
 
 router = APIRouter()
 
-# every route's error answers, for the OpenAPI schema
+# the routes' error answers, for the OpenAPI schema: any route can fail (500), and those that
+# take a request can refuse it (400) or not serve the model it names (404)
+_FAILED = {500: {"model": ErrorResponse, "description": "the server failed"}}
 _ERRORS = {
     400: {"model": ErrorResponse, "description": "a bad request (param names the field)"},
     404: {"model": ErrorResponse, "description": "another model than the one served"},
-    500: {"model": ErrorResponse, "description": "the server failed"},
+    **_FAILED,
 }
 # the schema component of a streamed completion's chunks (added to the schema by the app)
 STREAM_CHUNK = "CompletionStreamResponse"
@@ -52,13 +54,13 @@ def _serving(request: Request) -> Serving:
     return request.app.state.serving
 
 
-@router.get("/health", response_model=HealthResponse)
+@router.get("/health", response_model=HealthResponse, responses=_FAILED)
 def health(request: Request):
     """Whether the server answers."""
     return _serving(request).health()
 
 
-@router.get("/v1/models", response_model=ModelList)
+@router.get("/v1/models", response_model=ModelList, responses=_FAILED)
 def models(request: Request):
     """The model served (a list of one)."""
     return _serving(request).models()
@@ -70,7 +72,7 @@ def model_card(model_id: str, request: Request):
     return _serving(request).model_card(model_id)
 
 
-@router.get("/tokenizer_info", response_model=TokenizerInfo)
+@router.get("/tokenizer_info", response_model=TokenizerInfo, responses=_FAILED)
 def tokenizer_info(request: Request):
     """The tokenizer's end-of-text and special tokens, and the context length."""
     return _serving(request).tokenizer_info()
