@@ -161,3 +161,18 @@ def test_the_serve_command_refuses_bad_flags_before_loading(tmp_path, flags, mes
     with pytest.raises(UserError) as e:
         serve(**{"run": str(tmp_path / "none"), **flags})
     assert str(e.value) == message
+
+
+def test_a_missing_serve_extra_is_one_line_saying_what_to_install():
+    code = (
+        "import sys\n"
+        "sys.modules['fastapi'] = None  # as if FastAPI were not installed\n"
+        "from decoderlm.errors import UserError\n"
+        "from decoderlm.serve.app import create_app\n"
+        "try:\n"
+        "    create_app(None, None, 'tiny')\n"
+        "except UserError as e:\n"
+        "    print(e)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert "pip install 'decoderlm[serve]'" in out.stdout and out.stdout.count("\n") == 1

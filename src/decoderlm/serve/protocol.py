@@ -138,15 +138,6 @@ class CompletionLogprobs(BaseModel):
         description="where each token starts in the choice's text, in characters"
     )
 
-    def extend(self, more: "CompletionLogprobs") -> "CompletionLogprobs":
-        """These entries followed by `more`'s."""
-        return CompletionLogprobs(
-            tokens=self.tokens + more.tokens,
-            token_logprobs=self.token_logprobs + more.token_logprobs,
-            top_logprobs=self.top_logprobs + more.top_logprobs,
-            text_offset=self.text_offset + more.text_offset,
-        )
-
 
 class CompletionChoice(BaseModel):
     """One choice of a completion (in a streamed chunk: the piece of it since the last chunk)."""

@@ -288,6 +288,14 @@ class CheckedCompletion:
         return sum(len(ids) for ids, _ in self.prompts)
 
 
+def _joined(parts: list[CompletionLogprobs]) -> CompletionLogprobs:
+    """One logprobs object of the parts' entries, in order (empty lists for no parts)."""
+    fields = CompletionLogprobs.model_fields
+    return CompletionLogprobs(
+        **{k: [x for part in parts for x in getattr(part, k)] for k in fields}
+    )
+
+
 def _usage(prompt_tokens: int, completion_tokens: int) -> Usage:
     return Usage(
         prompt_tokens=prompt_tokens,
@@ -330,7 +338,12 @@ class Serving:
     """
 
     def __init__(
-        self, model, tokenizer, name: str, limits: ServeLimits = ServeLimits(), compile=False
+        self,
+        model,
+        tokenizer,
+        name: str,
+        limits: ServeLimits = ServeLimits(),
+        compile: bool = False,
     ):
         model.eval()
         self.model, self.tokenizer, self.name, self.limits = model, tokenizer, name, limits
@@ -571,17 +584,16 @@ class Serving:
         want_logprobs = job.request.logprobs is not None
 
         async def collect(index, pieces) -> tuple[CompletionChoice, int]:
-            text, logs, finish, made = "", None, None, 0
+            text, logs, finish, made = "", [], None, 0
             async for piece in pieces:
                 text += piece.text
                 if piece.logprobs is not None:
-                    logs = piece.logprobs if logs is None else logs.extend(piece.logprobs)
+                    logs.append(piece.logprobs)
                 finish, made = piece.finish_reason, piece.made
-            if want_logprobs and logs is None:
-                logs = CompletionLogprobs(
-                    tokens=[], token_logprobs=[], top_logprobs=[], text_offset=[]
-                )
-            choice = CompletionChoice(text=text, index=index, logprobs=logs, finish_reason=finish)
+            logprobs = _joined(logs) if want_logprobs else None
+            choice = CompletionChoice(
+                text=text, index=index, logprobs=logprobs, finish_reason=finish
+            )
             return choice, made
 
         tasks = [asyncio.ensure_future(collect(i, p)) for i, p in self._choices(job, disconnected)]
