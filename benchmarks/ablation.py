@@ -1,8 +1,8 @@
 """The training options of modern recipes, each alone and together, at equal wall time.
 
-On the shipped WikiText-2 crop (the default data), with the previous default recipe as the
-base (the 'classic' preset: the default's model with every option below off, learned
-positions, GELU, AdamW, cosine schedule), for each variant a short calibration run measures
+On the shipped WikiText-2 crop (the default data), with the 'classic' preset as the base
+(the default's model with every option below off: learned positions, GELU, AdamW, cosine
+schedule), for each variant a short calibration run measures
 its steady training rate on this machine, then the variant trains for as many steps as fit
 in --seconds of training (its schedule spans those steps), with --seeds seeds. Variants and
 seeds alternate (A B C ... A B C ...). The score is the final validation loss over the whole
@@ -48,7 +48,7 @@ VARIANTS = {
     "all": [f for name, flags in OPTIONS.items() if "dropout" not in name for f in flags],
 }
 VARIANTS["all+dropout-0.1"] = [*VARIANTS["all"], *OPTIONS["dropout-0.1"]]
-# the options that each beat the base alone in the README's table
+# the options that each beat the base alone in benchmarks/README.md's ablation table
 VARIANTS["rope+muon+relu2+wsd"] = [f for n in ("rope", "muon", "relu2", "wsd") for f in OPTIONS[n]]
 
 
@@ -109,7 +109,7 @@ def main() -> None:
     print("| --- | --- | --- | --- | --- |")
     for name, values in losses.items():
         delta = "" if base is None else f"{statistics.fmean(values) - base:+.4f}"
-        flag_text = " ".join(VARIANTS[name]) or "(the previous default)"
+        flag_text = " ".join(VARIANTS[name]) or "(--preset classic)"
         print(f"| {name} | `{flag_text}` | {steps[name]} | {spread(values)} | {delta} |")
 
 

@@ -10,8 +10,7 @@ between the first and the last metrics record that is not an evaluation.
 
     python benchmarks/busy_machine.py [--steps 300] [--repeats 2] [--train-flags="..."]
 
-Prints a Markdown table: setting, quiet tokens/s, busy tokens/s, busy / quiet (the goal: the
-default keeps >= 80% of its quiet rate with one core busy).
+Prints a Markdown table: setting, quiet tokens/s, busy tokens/s, busy / quiet.
 """
 
 from __future__ import annotations

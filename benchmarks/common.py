@@ -31,18 +31,37 @@ def arguments(doc: str) -> argparse.ArgumentParser:
     )
 
 
-def require_file(path: str | Path, hint: str, directory: bool = False) -> Path:
+def require_file(
+    path: str | Path | None, hint: str, directory: bool = False, flag: str = "--data"
+) -> Path:
     """`path` if it is a file (a directory with directory=True); otherwise exit with status 2
-    and one line `SCRIPT: error: PATH not found; HINT` on stderr."""
+    and one line on stderr: `SCRIPT: error: PATH not found; HINT`, or, when `path` is None (the
+    flag was not given), `SCRIPT: error: FLAG is required; HINT`."""
+    script = Path(sys.argv[0]).name
+    if path is None:
+        print(f"{script}: error: {flag} is required; {hint}", file=sys.stderr)
+        raise SystemExit(2)
     path = Path(path)
     if not (path.is_dir() if directory else path.is_file()):
-        print(f"{Path(sys.argv[0]).name}: error: {path} not found; {hint}", file=sys.stderr)
+        print(f"{script}: error: {path} not found; {hint}", file=sys.stderr)
         raise SystemExit(2)
     return path
 
 
+TINY_SHAKESPEARE_URL = (
+    "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
+)
+# how to get what the peer benchmarks need, for require_file's one line
+SHAKESPEARE_HINT = (
+    f"get Tiny Shakespeare with `curl -L -o data/input.txt {TINY_SHAKESPEARE_URL}` "
+    "and pass --data data/input.txt"
+)
+NANOGPT_HINT = (
+    "get nanoGPT with `git clone https://github.com/karpathy/nanoGPT` and pass --nanogpt DIR"
+)
+
+
 ROOT = Path(__file__).resolve().parents[1]
-SHARED = ROOT.parent / "shared"
 FINAL = re.compile(r"final validation loss ([0-9.]+) nats")
 
 

@@ -1,7 +1,8 @@
-"""The README's fine-tuning example: from scratch vs full fine-tune vs LoRA on Tiny Shakespeare.
+"""The fine-tuning example (docs/finetune.md): from scratch, full fine-tune and LoRA.
 
 Pretrains the default character model on the shipped WikiText-2 crop (`decoderlm train`, or
 takes an existing run with --base), then trains on a text file (Tiny Shakespeare by default)
+(--data; Tiny Shakespeare in the figures)
 three ways, each `decoderlm train` in a fresh process with the same batches per step:
 
     scratch  decoderlm train --data TEXT                           (the 'default' preset)
@@ -14,8 +15,8 @@ training process (ru_maxrss, bytes -> MiB), the training time, the final validat
 the whole split, and the validation loss at equal wall time (the last evaluation within the
 shortest run's training time, which includes its periodic evaluations).
 
-    python benchmarks/finetune_example.py [--base RUN] [--steps 300] [--eval-interval 50]
-    python benchmarks/finetune_example.py --tiny      # a seconds-long smoke run of the script
+    python benchmarks/finetune_example.py --data data/input.txt [--base RUN] [--steps 300]
+    python benchmarks/finetune_example.py --data data/input.txt --tiny   # a seconds-long smoke run
 
 The fine-tuned runs encode the text with the base's vocabulary (characters it lacks map to its
 unknown token and are counted in the output); the from-scratch run builds its own.
@@ -31,7 +32,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-SHAKESPEARE = Path(__file__).resolve().parents[2] / "shared/data/tinyshakespeare/input.txt"
+from common import SHAKESPEARE_HINT, require_file
+
 TINY_SHAPE = ["--n-layers", "1", "--d-model", "32", "--n-heads", "2", "--block-size", "32"]
 TINY_TRAIN = ["--batch-size", "4", "--eval-batches", "2", "--dtype", "float32"]
 
@@ -107,7 +109,7 @@ def main() -> None:
     parser.add_argument(
         "--base", type=Path, help="an existing run to fine-tune (default: pretrain)"
     )
-    parser.add_argument("--data", type=Path, default=SHAKESPEARE, help="the fine-tuning text")
+    parser.add_argument("--data", type=Path, help="the fine-tuning text, e.g. Tiny Shakespeare")
     parser.add_argument("--pretrain-steps", type=int, help="steps of the pretraining run")
     parser.add_argument("--steps", type=int, default=300, help="steps of each run")
     parser.add_argument("--eval-interval", type=int, default=50)
@@ -120,8 +122,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, help="keep the runs here (default: a temp dir)")
     parser.add_argument("--tiny", action="store_true", help="tiny model and steps (smoke test)")
     args = parser.parse_args()
-    if not args.data.is_file():
-        sys.exit(f"finetune_example: error: {args.data} not found; pass --data TEXT_FILE")
+    require_file(args.data, SHAKESPEARE_HINT)
     if args.base is not None and not (args.base / "config.json").is_file():
         sys.exit(f"finetune_example: error: --base {args.base} is not a run directory")
     shape = TINY_SHAPE if args.tiny else []

@@ -3,8 +3,8 @@
 
     python benchmarks/overhead.py [--repeats 5] [--steps 10] [--breakdown] [--train-flags="..."]
 
-Prints the median wall time of each and their ratio (the goal is a 10-step run within 3x the
-bare torch import). --breakdown adds one run under `python -X importtime` (the slowest
+Prints the median wall time of each and their ratio (a 10-step run against the bare torch
+import). --breakdown adds one run under `python -X importtime` (the slowest
 top-level imports) and one under cProfile (cumulative seconds of the phases: imports, the
 training loop, evaluation, checkpoints, plots, the sample). The plots are drawn by a child
 process while the report and the sample are made; cProfile sees the wait for it.

@@ -4,7 +4,7 @@ with seeds 1337, 1, 2 and 3 (the last --seed given wins; whole-split validation 
 each), and, for the seed-1337 model, nanoGPT's estimate (the mean loss of 20 random batches
 of 12 validation windows) drawn with 40 different generator seeds.
 
-    python benchmarks/recipe_spread.py
+    python benchmarks/recipe_spread.py --data data/input.txt   # Tiny Shakespeare's input.txt
 """
 
 from __future__ import annotations
@@ -17,16 +17,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from common import arguments, prepare_chars, require_file
-from train_speed import RECIPE, SHAKESPEARE
+from common import SHAKESPEARE_HINT, arguments, prepare_chars, require_file
+from train_speed import RECIPE
 
 
 def main() -> None:
     parser = arguments(__doc__)
-    parser.add_argument(
-        "--data", default=SHAKESPEARE, help="Tiny Shakespeare's input.txt (default: ../shared/data)"
-    )
-    data = require_file(parser.parse_args().data, "pass --data PATH/TO/tinyshakespeare/input.txt")
+    parser.add_argument("--data", help="Tiny Shakespeare's input.txt")
+    data = require_file(parser.parse_args().data, SHAKESPEARE_HINT)
     from decoderlm import DecoderLM
     from decoderlm.data.corpus import get_batch, load_token_dir
     from decoderlm.evaluate import evaluate_run

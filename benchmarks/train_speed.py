@@ -1,8 +1,12 @@
 """Training throughput on this machine: the nanoGPT CPU recipe, model FLOP utilisation of a
 larger model, and tokens/s and peak memory as the context grows.
 
-    python benchmarks/train_speed.py                   # all three parts
-    python benchmarks/train_speed.py --part recipe     # or mfu, or context
+    python benchmarks/train_speed.py --data data/input.txt                 # all three parts
+    python benchmarks/train_speed.py --part recipe --data data/input.txt   # or mfu, or context
+
+--data is Tiny Shakespeare's input.txt (the recipe part's corpus; the other parts need none):
+    curl -L -o data/input.txt \
+        https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt
 
 recipe: nanoGPT's Shakespeare-character CPU recipe (n_layers 4, n_heads 4, d_model 128,
     block_size 64, batch 12, lr 1e-3 with 100 warm-up steps and cosine decay to 1e-4 over
@@ -34,10 +38,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import prepare_chars, require_file
+from common import SHAKESPEARE_HINT, prepare_chars, require_file
 
-ROOT = Path(__file__).resolve().parents[1]
-SHAKESPEARE = ROOT.parent / "shared" / "data" / "tinyshakespeare" / "input.txt"
 RECIPE = [  # nanoGPT's architecture and optimizer (learned positions, GELU, AdamW)
     "--preset",
     "classic",
@@ -259,14 +261,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--part", choices=["recipe", "mfu", "context", "all"], default="all")
     parser.add_argument(
-        "--data",
-        type=Path,
-        default=SHAKESPEARE,
-        help="Tiny Shakespeare's input.txt (default: ../shared/data)",
+        "--data", type=Path, help="Tiny Shakespeare's input.txt (the recipe part needs it)"
     )
     args = parser.parse_args()
     if args.part in ("recipe", "all"):
-        require_file(args.data, "pass --data PATH/TO/tinyshakespeare/input.txt")
+        require_file(args.data, SHAKESPEARE_HINT)
         with tempfile.TemporaryDirectory() as work:
             recipe(args.data, Path(work))
     if args.part in ("mfu", "all"):

@@ -1,29 +1,31 @@
 """decoderlm against nanoGPT on nanoGPT's own CPU recipe, as whole processes, alternated.
 
-A: ../shared/peers/nanogpt/run_recipe.sh (nanoGPT's Shakespeare-character CPU recipe: 4 layers,
-4 heads, 128 wide, context 64, batch 12, --steps iterations). B: `decoderlm train` on the same
-characters (prepared once by `decoderlm prepare --tokenizer char`, the same 90/10 split) with
-the same shape, batch, context, schedule and steps (benchmarks/train_speed.py's RECIPE), plus
---train-flags (any option of ours, e.g. --train-flags="--dtype bfloat16 --pos-encoding rope").
-They alternate A B A B ... Both final models are scored by the same code: nanoGPT's checkpoint
-is loaded into a DecoderLM (its layout is GPT-2's with Linear layers) and both go through
-`decoderlm.evaluate.evaluate` over every non-overlapping 64-token window of the validation
-split, in float32.
+A: benchmarks/nanogpt_recipe.sh on a nanoGPT clone (--nanogpt DIR; its Shakespeare-character
+CPU recipe: 4 layers, 4 heads, 128 wide, context 64, batch 12, --steps iterations). B:
+`decoderlm train` on the same characters (--data, prepared once by `decoderlm prepare
+--tokenizer char`, the same 90/10 split) with the same shape, batch, context, schedule and
+steps (benchmarks/train_speed.py's RECIPE), plus --train-flags (any option of ours, e.g.
+--train-flags="--dtype bfloat16 --pos-encoding rope"). They alternate A B A B ... Both final
+models are scored by the same code: nanoGPT's checkpoint is loaded into a DecoderLM (its
+layout is GPT-2's with Linear layers) and both go through `decoderlm.evaluate.evaluate` over
+every non-overlapping 64-token window of the validation split, in float32.
 
-    python benchmarks/vs_nanogpt.py [--steps 2000] [--repeats 2] [--train-flags="..."]
-    python benchmarks/vs_nanogpt.py --main-job [--repeats 2]
+    git clone https://github.com/karpathy/nanoGPT ../nanoGPT
+    curl -L -o data/input.txt \
+        https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt
+    python benchmarks/vs_nanogpt.py --nanogpt ../nanoGPT --data data/input.txt [--steps 2000]
+        [--repeats 2] [--train-flags="..."]
+    python benchmarks/vs_nanogpt.py --nanogpt ../nanoGPT --data data/input.txt --main-job
 
 --main-job makes B the main job as users run it instead: `decoderlm train` with no flags but
 --out (the default preset on the shipped WikiText-2 crop), whose whole-split loss is on its
-own validation split; the figure is the wall-time ratio (the main job's goal: no longer than
-nanoGPT's CPU recipe on the same machine).
+own validation split; the figure is the wall-time ratio.
 
 --steps must be a multiple of 250: nanoGPT's recipe saves its checkpoint at its evaluations.
 
 Prints each run and a Markdown table: wall seconds (nanoGPT: its training process as
-run_recipe.sh times it; decoderlm: the whole `decoderlm train` process), the ratio, and the
-whole-split validation loss of each (nats/char). The goal: decoderlm >= 2.5x faster at a lower
-loss.
+nanogpt_recipe.sh times it; decoderlm: the whole `decoderlm train` process), the ratio, and
+the whole-split validation loss of each (nats/char).
 """
 
 from __future__ import annotations
@@ -37,7 +39,8 @@ import numpy as np
 import torch
 
 from common import (
-    SHARED,
+    NANOGPT_HINT,
+    SHAKESPEARE_HINT,
     TRAIN_FLAGS,
     arguments,
     decoderlm_train,
@@ -46,9 +49,9 @@ from common import (
     run_main,
     timed,
 )
-from train_speed import RECIPE, SHAKESPEARE
+from train_speed import RECIPE
 
-RUN_RECIPE = SHARED / "peers" / "nanogpt" / "run_recipe.sh"
+RUN_RECIPE = Path(__file__).resolve().parent / "nanogpt_recipe.sh"
 _NAMES = {"attn.c_attn": "attn.qkv", "attn.c_proj": "attn.proj", "mlp.c_fc": "mlp.fc"}
 _NAMES["mlp.c_proj"] = "mlp.proj"
 
@@ -89,8 +92,11 @@ def score(model, val_ids: np.ndarray) -> float:
     return evaluate(model.float(), torch.from_numpy(val_ids.astype(np.int64)), None, 64)
 
 
-def run_nanogpt(work: Path, steps: int) -> dict:
-    wall, stdout = timed(["bash", RUN_RECIPE], {"WORK": str(work), "MAX_ITERS": str(steps)})
+def run_nanogpt(work: Path, nanogpt: Path, text: Path, steps: int) -> dict:
+    """nanogpt_recipe.sh in `work`: {"wall_s" (its training process), "script_s", "val"
+    (decoderlm's whole-split score of nanoGPT's model), "own" (the script's own score)}."""
+    env = {"WORK": str(work), "MAX_ITERS": str(steps), "NANOGPT": str(nanogpt)}
+    wall, stdout = timed(["bash", RUN_RECIPE], {**env, "INPUT": str(text)})
     fields = dict(re.findall(r"^(\w+)=(\S+)", stdout, re.M))
     val = np.fromfile(work / "data" / "shakespeare_char" / "val.bin", dtype=np.uint16)
     model = nanogpt_as_decoderlm(work / "out-shakespeare-char" / "ckpt.pt")
@@ -120,6 +126,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--train-flags", **TRAIN_FLAGS)
     parser.add_argument("--main-job", action="store_true", help="B: `decoderlm train`, no flags")
+    parser.add_argument("--nanogpt", type=Path, help="a clone of karpathy/nanoGPT")
+    parser.add_argument("--data", type=Path, help="Tiny Shakespeare's input.txt")
     args = parser.parse_args()
     flags = args.train_flags
     if args.steps < 1 or args.steps % 250 or args.repeats < 1:
@@ -127,14 +135,15 @@ def main() -> None:
             "error: --steps must be a positive multiple of 250 (nanoGPT's recipe evaluates and "
             "saves its checkpoint every 250 iterations) and --repeats positive"
         )
-    require_file(RUN_RECIPE, "nanoGPT's recipe script is in ../shared/peers/nanogpt/")
-    require_file(SHAKESPEARE, "Tiny Shakespeare is ../shared/data/tinyshakespeare/input.txt")
+    nanogpt = require_file(args.nanogpt, NANOGPT_HINT, directory=True, flag="--nanogpt")
+    require_file(nanogpt / "train.py", NANOGPT_HINT)
+    text = require_file(args.data, SHAKESPEARE_HINT)
     nano, ours = [], []
     with tempfile.TemporaryDirectory() as work:
         work = Path(work)
-        tokens = prepare_chars(SHAKESPEARE, work / "tokens")
+        tokens = prepare_chars(text, work / "tokens")
         for i in range(args.repeats):  # A B A B ...
-            nano.append(run_nanogpt(work / f"nanogpt-{i}", args.steps))
+            nano.append(run_nanogpt(work / f"nanogpt-{i}", nanogpt, text, args.steps))
             print(f"round {i + 1} nanoGPT: {nano[-1]}")
             run = run_decoderlm(work / f"decoderlm-{i}", tokens, args.steps, flags, args.main_job)
             ours.append(run)

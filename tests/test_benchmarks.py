@@ -1,5 +1,7 @@
 """The benchmark scripts: each takes --help (argparse) and fails in one line when its data is
-missing. They run in one child process (torch imported once), as `python benchmarks/X.py`."""
+missing, and a benchmark that needs a peer or a corpus the repository does not hold says in
+that line how to get it. They run in one child process (torch imported once), as
+`python benchmarks/X.py`."""
 
 import json
 import subprocess
@@ -52,6 +54,7 @@ def test_every_benchmark_takes_help_and_fails_in_one_line_without_its_data(tmp_p
         [str(BENCHMARKS / "train_speed.py"), "--part", "recipe", "--data", missing],
         [str(BENCHMARKS / "recipe_spread.py"), "--data", missing],
         [str(BENCHMARKS / "versions.py"), missing, missing],
+        [str(BENCHMARKS / "finetune_example.py"), "--data", missing],
     ]
     results = _run(calls)
     for script in SCRIPTS:
@@ -62,3 +65,33 @@ def test_every_benchmark_takes_help_and_fails_in_one_line_without_its_data(tmp_p
             continue
         assert code == 2 and out == "" and err.count("\n") == 1, (key, err)
         assert "error:" in err and "missing.txt not found" in err, err
+
+
+# the scripts that need Tiny Shakespeare or a nanoGPT clone, run without them: nothing outside
+# the repository is a default, so each names the flag and how to get what it needs
+WITHOUT_PEERS = {
+    ("train_speed.py", "--part", "recipe"): ("--data is required", "curl -L -o data/input.txt"),
+    ("recipe_spread.py",): ("--data is required", "curl -L -o data/input.txt"),
+    ("finetune_example.py",): ("--data is required", "curl -L -o data/input.txt"),
+    ("vs_nanogpt.py",): ("--nanogpt is required", "git clone https://github.com/karpathy/nanoGPT"),
+}
+
+
+def test_a_benchmark_without_its_peer_or_corpus_says_how_to_get_it(tmp_path):
+    calls = [[str(BENCHMARKS / script), *args] for script, *args in WITHOUT_PEERS]
+    nanogpt = tmp_path / "nanoGPT"  # a directory that is not a nanoGPT clone
+    nanogpt.mkdir()
+    calls.append([str(BENCHMARKS / "vs_nanogpt.py"), "--nanogpt", str(nanogpt)])
+    results = _run(calls)
+    for (script, *args), (flag, how) in WITHOUT_PEERS.items():
+        code, out, err = results[" ".join([str(BENCHMARKS / script), *args])]
+        assert code == 2 and out == "" and err.count("\n") == 1, (script, err)
+        assert f"{script}: error: {flag}" in err and how in err, err
+    code, _, err = results[f"{BENCHMARKS / 'vs_nanogpt.py'} --nanogpt {nanogpt}"]
+    assert code == 2 and "train.py not found" in err and "git clone" in err, err
+
+
+def test_no_benchmark_defaults_to_a_path_outside_the_repository():
+    for path in [*BENCHMARKS.glob("*.py"), *BENCHMARKS.glob("*.sh"), BENCHMARKS / "README.md"]:
+        text = path.read_text(encoding="utf-8")
+        assert "../shared" not in text and '"shared"' not in text, path.name

@@ -208,8 +208,8 @@ def test_prepare_takes_several_data_flags(tmp_path, capsys):
     assert len(meta["sources"]) == 2, meta
 
 
-def test_the_readme_settings_file_for_train(tmp_path):
-    text = (Path(__file__).parents[1] / "README.md").read_text(encoding="utf-8")
+def test_the_documented_settings_file_for_train(tmp_path):
+    text = (Path(__file__).parents[1] / "docs" / "training.md").read_text(encoding="utf-8")
     example = text.split("# run.yaml:")[1].split("```")[0].split("\n", 1)[1]
     (tmp_path / "run.yaml").write_text(example)
     args = ["train", "--lr", "3e-4", "--config", str(tmp_path / "run.yaml")]

@@ -1,12 +1,17 @@
-"""The README's shell examples work for a newcomer, checked without running them: every
-`decoderlm` command line (also under torchrun or `python -m decoderlm`) parses with the real
-command's flags and values; every `benchmarks/` script exists and takes the flags given; every
-path given to a path flag exists in a fresh clone or is made by an earlier command of the
-README (`--out DIR`, a run's default `runs/NAME`, `mkdir`, `curl -o`, `> FILE`, a settings
-file shown as `# NAME.yaml:` at the top of a block); `path/to/` marks a path of the reader's.
+"""The examples of README.md, of every page of docs/ and of benchmarks/README.md work for a
+newcomer, checked without running them: every `decoderlm` command line (also under torchrun or
+`python -m decoderlm`) parses with the real command's flags and values; every `benchmarks/`
+script exists and takes the flags given; every path given to a path flag exists in a fresh
+clone or is made by an earlier command (`--out DIR`, a run's default `runs/NAME`, `mkdir`,
+`curl -o`, `> FILE`, a settings file shown as `# NAME.yaml:` at the top of a block); `path/to/`
+marks a path of the reader's. Each page is read after the README, on its own: it may use what
+the README's commands make and must make the rest itself. Every Python example compiles and
+every name it imports from decoderlm exists.
 """
 
+import ast
 import contextlib
+import importlib
 import io
 import re
 import shlex
@@ -18,6 +23,8 @@ from decoderlm.cli import COMMANDS, build_parser
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
+# the pages read after the README: the guide and the benchmarks' figures
+PAGES = sorted((ROOT / "docs").glob("*.md")) + [ROOT / "benchmarks" / "README.md"]
 PATH_FLAGS = {
     "--data",
     "--run",
@@ -68,10 +75,10 @@ def decoderlm_argv(words: list[str]) -> list[str] | None:
 
 
 class Walk:
-    """The README's commands in order, with the paths made so far and the problems found."""
+    """A page's commands in order, with the paths made so far and the problems found."""
 
-    def __init__(self):
-        self.made: set[str] = set()
+    def __init__(self, made: set[str] | None = None):
+        self.made: set[str] = set(made or ())
         self.problems: list[str] = []
 
     def known(self, path: str) -> bool:
@@ -160,10 +167,43 @@ class Walk:
                     self.problems.append(f"{script}: --data {value} is not made by the README")
 
 
-def walk(text: str) -> Walk:
-    state = Walk()
+def python_problems(body: str) -> list[str]:
+    """What is wrong with a Python example: a syntax error, or a name imported from decoderlm
+    that does not exist (the example is compiled and its imports resolved, not run)."""
+    try:
+        tree = ast.parse(body)
+    except SyntaxError as e:
+        return [f"python example: {e}"]
+    problems = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("decoderlm"):
+            try:
+                module = importlib.import_module(node.module)
+            except ImportError:
+                problems.append(f"python example: no module {node.module}")
+                continue
+            problems += [
+                f"python example: {node.module} has no {alias.name}"
+                for alias in node.names
+                if not hasattr(module, alias.name)
+            ]
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.startswith("decoderlm"):
+                    try:
+                        importlib.import_module(alias.name)
+                    except ImportError:
+                        problems.append(f"python example: no module {alias.name}")
+    return problems
+
+
+def walk(text: str, made: set[str] | None = None) -> Walk:
+    """Read a page's blocks in order, starting from the paths in `made`."""
+    state = Walk(made)
     for language, body in readme_blocks(text):
-        if language in ("yaml", "yml", "json", "toml"):
+        if language == "python":
+            state.problems += python_problems(body)
+        elif language in ("yaml", "yml", "json", "toml"):
             match = SETTINGS_FILE.match(body.strip())
             if match:
                 state.made.add(match.group(1))
@@ -176,6 +216,25 @@ def walk(text: str) -> Walk:
 def test_every_readme_command_parses_and_its_paths_exist_or_are_made_before():
     state = walk(README.read_text(encoding="utf-8"))
     assert not state.problems, "\n".join(state.problems)
+
+
+@pytest.fixture(scope="module")
+def made_by_readme() -> set[str]:
+    return walk(README.read_text(encoding="utf-8")).made
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_command_of_a_page_parses_after_the_readme(page, made_by_readme):
+    state = walk(page.read_text(encoding="utf-8"), made_by_readme)
+    assert not state.problems, "\n".join(state.problems)
+
+
+def test_the_pages_are_there_and_none_points_outside_the_repository():
+    names = {p.name for p in PAGES if p.parent.name == "docs"}
+    assert {"index.md", "training.md", "data.md", "models.md", "sampling.md", "lens.md"} <= names
+    assert {"finetune.md", "huggingface.md", "testing.md"} <= names
+    for page in [README, *PAGES]:
+        assert "../shared" not in page.read_text(encoding="utf-8"), page
 
 
 @pytest.mark.parametrize(
@@ -194,6 +253,27 @@ def test_every_readme_command_parses_and_its_paths_exist_or_are_made_before():
 def test_the_checker_finds_a_drifted_example(example, problem):
     state = walk(f"```bash\n{example}\n```\n")
     assert state.problems and problem in state.problems[0], state.problems
+
+
+@pytest.mark.parametrize(
+    "example,problem",
+    [
+        ("from decoderlm import DecoderLN", "decoderlm has no DecoderLN"),
+        ("from decoderlm.model.hooks import hook", "decoderlm.model.hooks has no hook"),
+        ("import decoderlm.nowhere", "no module decoderlm.nowhere"),
+        ("from decoderlm.nowhere import x", "no module decoderlm.nowhere"),
+        ("x = (", "python example"),
+    ],
+)
+def test_the_checker_finds_a_drifted_python_example(example, problem):
+    state = walk(f"```python\n{example}\n```\n")
+    assert state.problems and problem in state.problems[0], state.problems
+
+
+def test_a_page_starts_from_what_the_readme_made():
+    page = "```bash\ndecoderlm sample --run runs/default\n```\n"
+    assert walk(page, {"runs/default"}).problems == []
+    assert "runs/default" in walk(page).problems[0]
 
 
 def test_the_checker_follows_what_earlier_commands_make():

@@ -148,10 +148,10 @@ def load_gpt2(
             `ModelConfig.padded_vocab_size`), e.g. 50,304 to train GPT-2 as nanoGPT does.
 
     Raises:
-        FileNotFoundError: no config.json or weights. ValueError: not GPT-2, unsupported
-        options, unreadable weight files, missing / unexpected / mis-shaped tensors (named
-        in the message), conflicting tied weights, or vocab_size / padded_vocab_size that
-        do not fit the file's rows.
+        FileNotFoundError: no config.json or weights.
+        ValueError: not GPT-2, unsupported options, unreadable weight files, missing /
+            unexpected / mis-shaped tensors (named in the message), conflicting tied weights,
+            or vocab_size / padded_vocab_size that do not fit the file's rows.
     """
     directory = Path(directory)
     config = _config_from_hf(read_json(directory / "config.json"), directory / "config.json")
