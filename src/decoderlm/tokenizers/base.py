@@ -38,7 +38,8 @@ __all__ = [
 ]
 
 TOKENIZER_NAME = "decoderlm_tokenizer.json"
-HF_TOKENIZER_NAME = "tokenizer.json"  # Hugging Face's format; our own format before issue 11
+# Hugging Face's format; a run directory of the first format holds {"type": ...} under this name
+HF_TOKENIZER_NAME = "tokenizer.json"
 TOKENIZER_KINDS = ("char", "byte", "gpt2")
 END_OF_TEXT = "<|endoftext|>"
 DEFAULT_UNK_TOKEN = "\ufffd"  # U+FFFD REPLACEMENT CHARACTER, what decoders print for "unknown"

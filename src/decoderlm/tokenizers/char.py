@@ -22,8 +22,8 @@ class CharTokenizer(Tokenizer):
         chars: the vocabulary, one distinct single character per id.
         unk_token: None (no unknown token: text with characters outside the vocabulary cannot
             be encoded) or one of `chars`, the token that encode(text, unknown="unk") gives
-            every unknown character. Saved in tokenizer.json; files written before it existed
-            load with None.
+            every unknown character. Saved with the vocabulary; a saved vocabulary without
+            this field loads with None.
         special_tokens: strings (e.g. [END_OF_TEXT]) that take the ids after `chars`, in
             order (default: none); see `Tokenizer.encode` for how text holding them encodes.
 

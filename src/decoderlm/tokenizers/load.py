@@ -3,9 +3,9 @@
 A tokenizer is saved with the model as decoderlm_tokenizer.json ({"type": kind, ...fields}),
 so a checkpoint always decodes with its own vocabulary, and beside it as tokenizer.json in
 Hugging Face's format (see `hf_tokenizer`: `transformers.PreTrainedTokenizerFast(
-tokenizer_file=...)` gives the same ids). `load_tokenizer` reads decoderlm_tokenizer.json, or
-the tokenizer.json of a directory written before it existed ({"type": ...} under that name);
-`make_tokenizer` builds one by kind.
+tokenizer_file=...)` gives the same ids). `load_tokenizer` reads decoderlm_tokenizer.json, or,
+in a run directory of the first format (which has none), the {"type": ...} document it keeps
+under tokenizer.json; `make_tokenizer` builds one by kind.
 """
 
 from __future__ import annotations
@@ -52,8 +52,8 @@ def tokenizer_from_dict(data, source: str = "tokenizer") -> Tokenizer:
 
 def load_tokenizer(directory: str | Path) -> Tokenizer:
     """Load the tokenizer saved in a directory: char, byte or gpt2, from its
-    decoderlm_tokenizer.json, or from the tokenizer.json ({"type": ...}) of a directory
-    written before that file existed.
+    decoderlm_tokenizer.json, or, where that file is missing, from a tokenizer.json that holds
+    {"type": ...} (a run directory of the first format).
 
     Raises:
         FileNotFoundError: neither file in `directory`.
