@@ -46,7 +46,8 @@ def test_evaluate_is_deterministic_and_restores_train_mode():
 @pytest.fixture(scope="module")
 def crop_runs(tmp_path_factory):
     """Two tiny character models trained briefly on the shipped crop: with an unknown token in
-    the vocabulary (what `decoderlm train` builds) and without one (older runs)."""
+    the vocabulary (what `decoderlm train` builds) and without one (as in first-format run
+    directories)."""
     root = tmp_path_factory.mktemp("runs")
     with_unk = run_experiment(
         "seed-notebook",

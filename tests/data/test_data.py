@@ -57,7 +57,7 @@ def test_load_text_from_file_directory_and_errors(tmp_path):
     (wiki / "wiki.train.raw").write_text(" \n = Train = \n", encoding="utf-8")
     (wiki / "wiki.valid.raw").write_text("valid", encoding="utf-8")
     assert load_text(wiki)[0] == " \n = Train = \n"
-    plain = tmp_path / "splits"  # issue 11: the train.txt / valid.txt / test.txt layout
+    plain = tmp_path / "splits"  # a directory in the train.txt / valid.txt / test.txt layout
     plain.mkdir()
     for name in ("train.txt", "valid.txt", "test.txt"):
         (plain / name).write_text(name, encoding="utf-8")
@@ -74,7 +74,8 @@ def test_load_text_from_file_directory_and_errors(tmp_path):
 
 @pytest.mark.parametrize("n", [10, 16])
 def test_get_batch_refuses_too_short_data(n):
-    # pitfalls row 18
+    # a window needs block_size + 1 tokens (inputs and targets shifted by one): shorter data
+    # is refused at setup, naming its length and the need, instead of failing in randint
     with pytest.raises(ValueError, match=rf"has {n} tokens.*block_size \+ 1 = 17"):
         get_batch(torch.arange(n), 4, 16)
 
@@ -164,8 +165,8 @@ def test_batches_and_evaluation_from_a_memmap_equal_those_from_a_tensor(tmp_path
 
 
 def test_the_seed_experiment_data_are_unchanged_by_special_tokens():
-    # issue 11: the default run's char vocabulary has no end-of-text token, and its ids are
-    # the sorted-character ids of the embedded text, "<|endoftext|>" or not
+    # the default run's char vocabulary has no end-of-text token, and its ids are the
+    # sorted-character ids of the embedded text: special-token support changes nothing there
     from decoderlm.data.corpus import EMBEDDED_CORPUS, data_spec, load_corpus
 
     tokenizer, train_ids, val_ids, _, _ = load_corpus(data_spec(None, None, None, 0.1))

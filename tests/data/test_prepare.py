@@ -355,7 +355,7 @@ def test_a_token_dir_without_validation_tokens_is_noted_and_refused_by_train(tmp
     assert not (tmp_path / "run").exists()
 
 
-# --- documents, separators and split layouts (issue 11) -------------------------------------
+# --- documents, separators and split layouts ------------------------------------------------
 
 
 def _tiktoken_gpt2():

@@ -10,7 +10,8 @@ FOUR = torch.tensor([[0.1, 3.0, 0.2, 2.9]])  # softmax ~ [0.027, 0.495, 0.030, 0
 
 @pytest.mark.parametrize("pos_prompt,new", [(1, 200), (40, 10)])
 def test_generation_past_block_size_crops_the_context(pos_prompt, new):
-    # pitfalls row 1(a, b)
+    # learned positions index a table of block_size rows: a prompt plus new tokens longer than
+    # that must be cropped to the last 16 tokens before every call, not crash in the lookup
     model = tiny_model(block_size=16)
     seen, positions = [], []
     model.tok_emb.register_forward_pre_hook(lambda m, args: seen.append(args[0].size(1)))
@@ -43,7 +44,8 @@ def test_slide_by_drops_that_many_tokens_when_the_context_is_full(slide_by):
 @pytest.mark.parametrize("top_p", [0.0, 1e-9, 0.3])
 @pytest.mark.parametrize("top_k", [None, 2])
 def test_tiny_top_p_keeps_the_most_likely_token(top_p, top_k):
-    # pitfalls row 5
+    # a nucleus smaller than the top probability (or top_p = 0) must still keep the argmax,
+    # never fall back to token 0 or leave multinomial with all-zero weights
     for seed in range(100):
         g = torch.Generator().manual_seed(seed)
         assert sample_next(FOUR, 1.0, top_k, top_p, g).item() == 1
@@ -58,7 +60,8 @@ def test_top_p_and_top_k_keep_the_right_sets():
 
 
 def test_temperature_zero_is_greedy_and_negative_is_refused():
-    # pitfalls row 6
+    # temperature 0 means greedy (no division by zero, the same ids for every seed), a tiny
+    # temperature gives the same ids without overflow, and a negative one is refused
     logits = torch.zeros(1, 10)
     logits[0, 7] = 2.0
     for seed in range(10):
@@ -112,7 +115,8 @@ def test_same_seed_same_text_and_bad_controls():
 
 
 def test_generate_in_train_mode_is_deterministic_and_restores_the_mode():
-    # pitfalls row 17 (d)
+    # dropout must not reach sampling: greedy ids are the same twice from a model left in
+    # train mode, and the model is back in train mode afterwards
     model = tiny_model(dropout=0.3).train()
     prompt = torch.tensor([[1, 2, 3]])
     a = generate(model, prompt, 15, do_sample=False)
@@ -121,7 +125,8 @@ def test_generate_in_train_mode_is_deterministic_and_restores_the_mode():
 
 
 def test_non_finite_logits_and_bad_ids_name_the_step(monkeypatch):
-    # pitfalls row 10
+    # an out-of-range id from the sampler, or NaN logits, must raise an error naming the step
+    # (and the id, or the non-finite logits) instead of reaching decode
     model = tiny_model()
     calls = {"n": 0}
     original = model.forward_cached

@@ -47,7 +47,7 @@ def test_a_transformers_gpt2_loads_with_the_same_logits(tmp_path, tie):
     ref = hf_model(tie)
     ref.save_pretrained(tmp_path)
     model = load_gpt2(tmp_path)
-    assert model.config.activation == "gelu_tanh"  # pitfalls row 24: imported GPT-2 is tanh
+    assert model.config.activation == "gelu_tanh"  # GPT-2 was trained with the tanh GELU
     idx = torch.randint(0, 101, (2, 32))
     with torch.no_grad():
         expected = ref(idx).logits
@@ -55,8 +55,9 @@ def test_a_transformers_gpt2_loads_with_the_same_logits(tmp_path, tie):
 
 
 def test_old_layout_with_mask_buffers_and_a_bin_file(tmp_path):
-    # pitfalls row 23: no "transformer." prefix, attn.bias / attn.masked_bias buffers,
-    # pytorch_model.bin loaded with weights_only=True
+    # the layout of older GPT-2 checkpoints: no "transformer." prefix, the causal-mask buffers
+    # attn.bias / attn.masked_bias (ignored on load), pytorch_model.bin read with
+    # weights_only=True
     ref = hf_model()
     ref.save_pretrained(tmp_path)
     state = load_file(tmp_path / "model.safetensors")
@@ -149,7 +150,7 @@ def test_sample_command_reads_a_transformers_checkpoint(tmp_path, capsys):
 
 
 def test_gpt2_tokenizer_saves_and_a_char_model_refuses_it(tmp_path, capsys):
-    # pitfalls row 8: no silent pairing of a 65-character model with the 50,257-token BPE
+    # a 65-character model and the 50,257-token BPE do not fit together: refused, not paired
     from decoderlm import load_tokenizer
     from decoderlm.cli import main
 
@@ -318,7 +319,9 @@ def test_a_cropped_gpt2_gives_the_first_positions_of_the_full_one(tmp_path):
 
 
 def test_interleaved_rope_weights_convert_to_the_half_split_layout():
-    # pitfalls row 32: the two pairings agree once the q/k rows are permuted
+    # rotary embeddings pair dimensions either as adjacent pairs (interleaved) or as the two
+    # halves; weights of one layout give the same scores in the other once the q/k rows are
+    # permuted
     from decoderlm.io.hf import rope_interleaved_to_half
 
     torch.manual_seed(0)

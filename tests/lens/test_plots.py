@@ -6,7 +6,8 @@ from decoderlm.lens.plots import plot_attention, plot_loss
 
 @pytest.mark.parametrize("n_layers,n_heads", [(3, 2), (2, 3)])
 def test_attention_plot_has_one_labelled_panel_per_layer_and_head(tmp_path, n_layers, n_heads):
-    # pitfalls row 34
+    # n_layers != n_heads, both ways round, so a plot that confuses the layer and head axes
+    # shows up as the wrong panel count, titles or data
     att = np.random.default_rng(0).random((n_layers, n_heads, 5, 5))
     fig = plot_attention(att, tmp_path / "att.png")
     assert (tmp_path / "att.png").stat().st_size > 0

@@ -8,8 +8,9 @@ from decoderlm.presets import PRESETS
 from conftest import tiny_config
 
 
-def test_flops_conventions_of_the_pitfalls_table():
-    # pitfalls row 27: N = 104,256, L 2, H 4, Q 16, T 32
+def test_flops_per_token_of_tiny_under_the_palm_and_kaplan_conventions():
+    # the tiny model: N = 104,256 non-embedding parameters, L 2, H 4, Q 16, T 32. PaLM counts
+    # the full T x T attention (6N + 12 L H Q T); Kaplan halves that term for the causal mask
     cfg = tiny_config()
     palm = flops_per_token(cfg, 32, "palm")
     kaplan = flops_per_token(cfg, 32, "kaplan")

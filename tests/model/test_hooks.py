@@ -1,5 +1,5 @@
 """Hook points: named activations, read and replaced, free when nothing is attached; and run
-directories written before the hook points existed still load and give the same logits."""
+directories of the first format (tests/fixtures/run_v0) load and give the same logits."""
 
 import copy
 from pathlib import Path
@@ -32,10 +32,10 @@ BLOCK_HOOKS = [
 
 
 @pytest.mark.parametrize("name", ["gpt2-style", "llama-style"])
-def test_a_run_directory_written_before_the_redesign_gives_the_same_logits(name):
-    # frozen fixture: config.json, model.safetensors and tokenizer.json written by
-    # `decoderlm train` before the hook points existed, and the logits, attention maps and
-    # greedy tokens that code computed for fixed ids
+def test_a_first_format_run_directory_gives_the_same_logits(name):
+    # frozen fixture: config.json, model.safetensors and tokenizer.json of a first-format run
+    # directory, and the logits, attention maps and greedy tokens expected from it for fixed
+    # ids (computed when it was written)
     run = FIXTURES / name
     expected = load_file(str(run / "expected.safetensors"))
     model = DecoderLM.from_pretrained(run)

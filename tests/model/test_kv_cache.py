@@ -69,7 +69,8 @@ def test_positions_go_past_block_size_up_to_max_positions_then_slide(pos):
 
 @pytest.mark.parametrize("pos", ["learned", "rope"])
 def test_per_step_logits_and_positions_match_the_full_forward(pos):
-    # pitfalls row 11: 5-token prompt, 20 new tokens, position of step t is 5 + t
+    # cached decoding must place each new token after the tokens already cached (step t of a
+    # 5-token prompt is at position 5 + t) and give the full forward's logits at every step
     model = randomize(tiny_model(pos_encoding=pos), seed=2)
     with torch.no_grad():
         for p in model.parameters():
@@ -92,7 +93,8 @@ def test_per_step_logits_and_positions_match_the_full_forward(pos):
 
 
 def test_a_request_longer_than_the_cache_rolls_instead_of_failing():
-    # pitfalls row 2 (ii): block_size 16, prompt 10, 20 new tokens
+    # a prompt of 10 and 20 new tokens need 30 positions, more than block_size 16: the cache
+    # rolls and gives the ids of cropped no-cache greedy decoding, with no error mid-loop
     model = tiny_model(block_size=16)
     prompt = torch.randint(0, 65, (1, 10))
     out = generate(model, prompt, 20, do_sample=False)
@@ -102,7 +104,8 @@ def test_a_request_longer_than_the_cache_rolls_instead_of_failing():
 
 @pytest.mark.parametrize("pos", ["learned", "sinusoidal", "rope"])
 def test_left_padded_batch_matches_each_prompt_alone(pos):
-    # pitfalls row 13 (a): prompts of lengths 3 and 6, left-padded to 6
+    # prompts of lengths 3 and 6, the short one left-padded to 6: a pad query has no key to
+    # attend to, which must not give NaN, and the real tokens' logits must be unaffected
     model = randomize(tiny_model(pos_encoding=pos), seed=3)
     with torch.no_grad():
         for p in model.parameters():

@@ -82,7 +82,8 @@ def test_attention_maps_shape_rows_and_mask(n_layers, n_heads):
 
 
 def test_future_positions_get_exactly_zero_weight_with_large_negative_scores():
-    # pitfalls row 15(a): legitimate scores near -2e4 must still beat the mask
+    # the causal mask must beat legitimate scores near -2e4 (a fixed mask constant such as
+    # -1e4 would not): changing the future keys and values leaves the past bitwise unchanged
     torch.manual_seed(0)
     T, D = 6, 16
     q = torch.full((1, 1, T, D), 1.0)
@@ -99,7 +100,8 @@ def test_future_positions_get_exactly_zero_weight_with_large_negative_scores():
 
 
 def test_explicit_attention_is_finite_in_float16_with_large_dot_products():
-    # pitfalls row 16: raw q.k = 102,400 overflows float16 unless scaled first
+    # raw q.k = 102,400 exceeds float16's maximum (65,504): the scores must be scaled before
+    # the matmul or computed in float32
     q = torch.full((1, 1, 8, 64), 40.0, dtype=torch.float16)
     k = torch.full((1, 1, 8, 64), 40.0, dtype=torch.float16)
     v = torch.randn(1, 1, 8, 64).half()
@@ -111,7 +113,8 @@ def test_explicit_attention_is_finite_in_float16_with_large_dot_products():
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float16, 1e-2), (torch.bfloat16, 0.1)])
 def test_low_precision_forward_is_finite_and_close(dtype, tol):
-    # pitfalls row 15(b, c)
+    # the mask and softmax must not overflow into inf/NaN in float16 or bfloat16, and the
+    # logits stay close to float32's
     model = tiny_model()
     idx = torch.randint(0, 65, (2, 32))
     ref, _ = model(idx)
@@ -142,11 +145,13 @@ def test_numpy_reference_gives_the_same_logits(overrides):
     assert np.abs(expected).max() > 0.5  # the comparison is not between near-zero numbers
 
 
+# the tiny model's parameter counts, worked out by hand: tied 4,160 + 2,048 + 2 x 49,984 +
+# the final LayerNorm's 128; an untied head adds 65 x 64; without bias 104,832
 TINY_COUNTS = [({}, 106_304), ({"tie_embeddings": False}, 110_464), ({"bias": False}, 104_832)]
 
 
 @pytest.mark.parametrize("overrides,expected", TINY_COUNTS)
-def test_parameter_count_of_tiny_matches_the_pitfalls_table(overrides, expected):
+def test_parameter_count_of_tiny_tied_untied_and_without_bias(overrides, expected):
     model = tiny_model(**overrides)
     assert model.num_parameters() == expected
     assert count_parameters(model.config)["total"] == expected
@@ -266,7 +271,8 @@ def test_unknown_config_field_is_refused():
 
 
 def test_too_long_input_raises_clear_error_naming_block_size():
-    # pitfalls row 1(c)
+    # a forward on more tokens than there are positions raises a ValueError naming the
+    # limit (block_size, or max_positions where larger), not an embedding index error
     model = tiny_model(block_size=16)
     with pytest.raises(ValueError, match="T=17 exceeds block_size=16"):
         model(torch.zeros(1, 17, dtype=torch.long))
@@ -291,7 +297,8 @@ def test_out_of_vocabulary_ids_and_bad_dtypes_raise_value_error(tiny):
 
 
 def test_dropout_is_off_in_eval_mode():
-    # pitfalls row 17 (a, b)
+    # dropout must be off in eval mode: the same logits twice, and the same loss as a copy
+    # built with dropout 0.0
     model = tiny_model(dropout=0.2)
     idx = torch.randint(0, 65, (2, 32))
     assert torch.equal(model(idx)[0], model(idx)[0])

@@ -55,8 +55,9 @@ def test_closed_form_count_equals_the_modules_for_every_option(combo):
 
 @pytest.mark.parametrize("pos", ["sinusoidal", "rope"])
 def test_fixed_positions_have_no_parameters(pos):
-    # pitfalls row 25: TINY-sin / TINY-rope have 104,256 parameters, and the non-embedding
-    # count does not crash
+    # sinusoidal and rotary positions are computed, not learned: the tiny model has 104,256
+    # parameters with either, and the non-embedding count (no position table to subtract)
+    # is the same number
     model = tiny_model(pos_encoding=pos)
     assert model.num_parameters() == 104_256 == model.num_parameters(non_embedding=True)
     assert count_parameters(model.config)["total"] == 104_256
@@ -77,7 +78,8 @@ def test_causality_for_every_position_encoding(pos):
     [("gelu_tanh", (0.841192, -0.158808, -0.003637)), ("gelu", (0.841345, -0.158655, -0.004050))],
 )
 def test_gelu_variants_give_the_published_values(activation, expected):
-    # pitfalls row 24: a 1-wide MLP with unit weights is the activation itself
+    # GPT-2's tanh GELU and the exact erf GELU differ by up to ~4e-4; a 1-wide MLP with unit
+    # weights is the activation itself, checked against each one's published values
     mlp = MLP(
         ModelConfig(
             vocab_size=2,

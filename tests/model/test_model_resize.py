@@ -62,7 +62,8 @@ def test_padded_rows_never_reach_the_logits_the_loss_or_sampling(tied):
 
 
 def test_padded_parameter_counts():
-    # pitfalls row 25 with padding: the padded rows are parameters, counted once when tied
+    # the padded embedding rows are parameters: tied, they count once (the tiny model's
+    # 106,304 plus the padding); untied, once in the embedding and once in the head
     pad = (128 - 65) * 64
     for tied, expected in ((True, 106_304 + pad), (False, 110_464 + 2 * pad)):
         cfg = tiny_config(padded_vocab_size=128, tie_embeddings=tied)
@@ -113,7 +114,8 @@ def test_cropping_keeps_the_logits_of_short_inputs(options):
 
 
 def test_a_cropped_model_generates_past_its_context_and_saves(tmp_path):
-    # pitfalls row 1 on a model cropped from block_size 32 to 16
+    # a model cropped from block_size 32 to 16 crops the sampling context to 16 tokens too,
+    # refuses a 17-token forward by naming block_size, and saves its new size
     model = tiny_model().crop_block_size(16)
     seen = []
     model.tok_emb.register_forward_pre_hook(lambda m, args: seen.append(args[0].size(1)))

@@ -19,7 +19,8 @@ def test_sinusoidal_table_matches_the_formula():
 
 
 def test_rope_is_a_rotation_that_depends_only_on_relative_position():
-    # pitfalls row 32
+    # a rotation: the identity at position 0, norms kept, and the q.k score depends only on
+    # the distance between the two positions
     torch.manual_seed(0)
     cos, sin = rope_cos_sin(32, 16)
     q, k = torch.randn(2, 1, 1, 1, 16).unbind(0)  # the same q and k at every position

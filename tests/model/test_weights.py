@@ -107,14 +107,16 @@ def test_max_positions_is_saved_and_a_config_json_without_it_still_loads(tmp_pat
     assert DecoderLM.from_pretrained(tmp_path).config.max_positions == 48
     tiny_model().save_pretrained(tmp_path)
     config = json.loads((tmp_path / "config.json").read_text())
-    del config["model"]["max_positions"]  # written before these fields existed
+    del config["model"]["max_positions"]  # a config.json without them loads with defaults
     del config["model"]["padded_vocab_size"]
     (tmp_path / "config.json").write_text(json.dumps(config))
     assert DecoderLM.from_pretrained(tmp_path).config.max_positions == 32  # block_size
 
 
 def test_compiled_and_ddp_style_prefixes_are_stripped(tmp_path):
-    # pitfalls row 3
+    # torch.compile and DDP wrap the model and prefix every parameter name (_orig_mod.,
+    # module.): saved files hold none of them, prefixed files load with the same logits, and
+    # a key with _orig_mod only in its middle is left alone
     model = randomize(tiny_model())
     compiled = torch.compile(model)  # lazy: nothing is compiled until it is called
     save_model(compiled, tmp_path)

@@ -15,7 +15,8 @@ from decoderlm.tokenizers import DEFAULT_UNK_TOKEN
 
 
 def test_char_vocabulary_is_sorted_code_points_and_round_trips():
-    # pitfalls row 7
+    # the vocabulary of "hello world\n" is its 9 distinct characters in code-point order, and
+    # text made of them round-trips
     tok = CharTokenizer.from_text("hello world\n")
     assert tok.chars == ["\n", " ", "d", "e", "h", "l", "o", "r", "w"]
     assert tok.vocab_size == 9
@@ -85,7 +86,8 @@ def test_char_unknown_token_is_appended_and_optional(tmp_path):
     tok.save_pretrained(tmp_path)
     again = load_tokenizer(tmp_path)
     assert again.chars == tok.chars and again.unk_token == "\ufffd"
-    # tokenizer.json written before unk_token (and decoderlm_tokenizer.json) existed
+    # a first-format run directory: no decoderlm_tokenizer.json, and {"type": ...} without
+    # unk_token in tokenizer.json
     (tmp_path / "decoderlm_tokenizer.json").unlink()
     (tmp_path / "tokenizer.json").write_text(json.dumps({"type": "char", "chars": ["a", "b"]}))
     assert load_tokenizer(tmp_path).unk_token is None
@@ -103,7 +105,7 @@ def test_make_tokenizer_kinds():
     assert token_dtype(65_536) == np.uint16 and token_dtype(65_537) == np.uint32
 
 
-# --- special tokens, as tiktoken treats them (issue 11) ------------------------------------
+# --- special tokens, as tiktoken treats them -----------------------------------------------
 
 SPECIAL_TEXTS = ["plain text", "a<|endoftext|>b", "<|endoftext|><|endoftext|>", "x<|endoftext", ""]
 SPECIAL_MODES = [
@@ -188,7 +190,8 @@ def test_char_tokenizer_end_of_text_only_when_asked_and_follows_tiktoken(tmp_pat
     text = "a<|endoftext|>b plain text x"
     default = make_tokenizer("char", text)
     assert default.eot_token is None and default.special_tokens == {}
-    assert "special_tokens" not in default.to_dict()  # saved as before issue 11
+    # without special tokens the saved fields are chars and unk_token alone
+    assert "special_tokens" not in default.to_dict()
     tok = make_tokenizer("char", text, eot=True)
     assert tok.chars == default.chars and tok.eot_token == default.vocab_size
     assert tok.vocab_size == default.vocab_size + 1
@@ -208,7 +211,7 @@ def test_char_tokenizer_end_of_text_only_when_asked_and_follows_tiktoken(tmp_pat
     assert err.value.unknown == [("Z", 16)]
 
 
-# --- run files other tools read (issue 11) --------------------------------------------------
+# --- run files other tools read -------------------------------------------------------------
 
 
 @pytest.mark.parametrize("kind", ["char", "byte", "gpt2"])
@@ -236,7 +239,7 @@ def test_old_run_directories_and_hf_only_directories(tmp_path):
     from pathlib import Path
 
     fixture = Path(__file__).parents[1] / "fixtures" / "run_v0" / "gpt2-style"
-    old = load_tokenizer(fixture)  # written before decoderlm_tokenizer.json existed
+    old = load_tokenizer(fixture)  # first format: {"type": ...} in tokenizer.json
     assert old.kind == json.loads((fixture / "tokenizer.json").read_text())["type"]
     make_tokenizer("byte").save_pretrained(tmp_path)
     (tmp_path / "decoderlm_tokenizer.json").unlink()

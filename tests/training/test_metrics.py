@@ -64,7 +64,8 @@ def test_mfu_is_training_flops_times_tokens_per_s_over_the_peak():
     record = extras.add({"step": 1, "tokens_per_s": 1000.0}, grad_norm=0.5)
     assert record["mfu"] == pytest.approx(per_token * 1000.0 / (2 * 2.0e12))
     assert record["grad_norm"] == 0.5 and "val_bpb" not in record
-    # pitfalls row 27: TINY, a 1e12 FLOP/s peak, 1,000 tokens/s; causal (Kaplan) attention term
+    # the tiny model at 1,000 tokens/s on a 1e12 FLOP/s peak: 650,112 FLOPs per token (the
+    # causal, Kaplan attention term) give an MFU of 6.50112e-4
     one = RecordExtras(config, TrainConfig(peak_tflops=1.0), torch.device("cpu"))
     assert one.add({"tokens_per_s": 1000.0})["mfu"] == pytest.approx(6.50112e-4)
 

@@ -137,7 +137,8 @@ def test_user_mistakes_give_one_line_errors(tmp_path, capsys, args, message, mon
 
 
 def test_sample_with_unknown_characters_or_mismatched_tokenizer(tmp_path, capsys):
-    # pitfalls rows 7 and 8
+    # a prompt with characters outside the vocabulary names each one and its position; a
+    # tokenizer whose size differs from the model's vocabulary is refused, never used
     data, out = train_small(tmp_path)
     capsys.readouterr()
     assert main(["sample", "--run", str(out), "--prompt", "Zebra!"]) == 2

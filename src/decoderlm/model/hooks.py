@@ -5,7 +5,7 @@ gets a name (its module path, e.g. ``blocks.0.attn.hook_pattern``) and PyTorch's
 can read or replace it. With nothing attached, calling it returns its input and costs one
 Python call; under torch.compile it disappears.
 
-    logits, cache = run_with_cache(model, idx, names=["hook_pattern"])
+    logits, cache = run_with_cache(model, idx, names_filter=["hook_pattern"])
     cache["blocks.0.attn.hook_pattern"]          # [B, n_heads, T, T] float32
 
 The hook points of `decoderlm.model.model.DecoderLM` are listed in its docstring.
@@ -158,11 +158,7 @@ class ActivationCache(dict):
 
 @torch.no_grad()
 def run_with_cache(
-    model: nn.Module,
-    idx: torch.Tensor,
-    names_filter: Iterable[str] | Selector | None = None,
-    *,
-    names: Iterable[str] | Selector | None = None,
+    model: nn.Module, idx: torch.Tensor, names_filter: Iterable[str] | Selector | None = None
 ):
     """Run model(idx) and keep the activations at the selected hook points, and only those.
 
@@ -171,8 +167,7 @@ def run_with_cache(
         idx: [B, T] int64 token ids.
         names_filter: hook-point names: full ("blocks.0.attn.hook_pattern"), or a last part
             that selects it in every layer ("hook_pattern"), a list of these, or a predicate
-            on the full name; None keeps every hook point. `names` is the same (its older
-            spelling).
+            on the full name; None keeps every hook point.
 
     Returns:
         (what model(idx) returns, unchanged: the hooks only read, so the logits are those of
@@ -182,7 +177,7 @@ def run_with_cache(
         ValueError: a name matches no hook point.
     """
     cache = ActivationCache()
-    selected = _selected(model, names if names is not None else names_filter)
+    selected = _selected(model, names_filter)
 
     def keep(activation, name):
         cache[name] = activation.detach()
