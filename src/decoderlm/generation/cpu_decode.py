@@ -3,7 +3,7 @@
 Decoding multiplies one row (one new token) by every weight matrix: a matrix-vector product
 that reads each weight once, so its speed is the memory read rate. PyTorch's CPU F.linear
 reads one-row products well below that rate; the two forms here read faster (the figures are
-in the README, from benchmarks/gemv.py):
+in benchmarks/README.md, from benchmarks/gemv.py):
 
 - `rowwise_linear`: the product as a two-way batched matmul over halves of the weight's rows
   (float32, large weights);

@@ -313,7 +313,7 @@ def generate(model, idx: torch.Tensor, max_new_tokens: int, **options) -> torch.
             the window (llama.cpp's "context shift"); the model then sees between
             max_positions + 1 - k and max_positions tokens. Ignored with use_cache=False.
         compile: run each one-token step under torch.compile (needs a C++ compiler on the
-            CPU). The first call compiles; later ones decode faster (the README gives
+            CPU). The first call compiles; later ones decode faster (benchmarks/README.md gives
             figures). The tokens are those of compile=False up to float rounding (the
             products accumulate in another order). The compiled step is shared by every
             model of the process; torch keeps 8 variants of it (a model's dtype, batch of

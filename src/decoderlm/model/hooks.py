@@ -170,8 +170,10 @@ def run_with_cache(
             on the full name; None keeps every hook point.
 
     Returns:
-        (what model(idx) returns, unchanged: the hooks only read, so the logits are those of
-        model(idx)), `ActivationCache` {full name: activation tensor, detached}.
+        (what model(idx) returns: the hooks only read, so the logits are those of model(idx),
+        up to float rounding when hook_pattern is cached, because attention then takes its
+        explicit path instead of the fused kernel), `ActivationCache` {full name: activation
+        tensor, detached}.
 
     Raises:
         ValueError: a name matches no hook point.
