@@ -47,13 +47,15 @@ import socket
 import time
 import uuid
 from dataclasses import dataclass, field
+from pathlib import Path
 
-from ..errors import UserError
+from ..errors import NonNegativeInt, NotEmptyStr, PositiveInt, UserError
 from ..evaluate import token_logprobs
+from ..finetune.sources import load_model_and_tokenizer
 from ..generation.generate import TextStream, _decode_step
 from ..generation.scheduler import Scheduler, Sequence
 
-__all__ = ["ServeLimits", "create_app", "serve", "end_of_text"]
+__all__ = ["ServeLimits", "create_app", "run_server", "serve", "end_of_text"]
 
 # OpenAI completion fields we do not implement, with the values that ask for nothing from them
 _NO_OP_FIELDS = {
@@ -663,7 +665,7 @@ def _routes(app, served: _Served) -> None:
         return JSONResponse(body) if body is not None else JSONResponse({}, status_code=499)
 
 
-def serve(
+def run_server(
     model,
     tokenizer,
     model_name: str,
@@ -694,6 +696,67 @@ def serve(
         _warm_up(app.state.scheduler)
     print(f"serving {model_name} on http://{host}:{port} (POST /v1/completions)")
     uvicorn.run(app, host=host, port=port, log_level="info")
+
+
+def serve(
+    run: NotEmptyStr | None = None,
+    hf: NotEmptyStr | None = None,
+    device: str = "cpu",
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    served_model_name: NotEmptyStr | None = None,
+    max_tokens_limit: PositiveInt = 1024,
+    max_prompt_tokens: PositiveInt = 4096,
+    max_logprobs: NonNegativeInt = 5,
+    max_stop: NonNegativeInt = 16,
+    max_batch_size: PositiveInt = 8,
+    compile: bool = False,
+) -> int:
+    """An OpenAI-style HTTP API for a model.
+
+    Serve POST /v1/completions (with echo and logprobs), GET /v1/models, the tokenizer
+    endpoints POST /tokenize, POST /detokenize, GET /tokenizer_info (vLLM's shapes, which
+    lm-evaluation-harness reads) and GET /health; concurrent requests are decoded in one batch
+    (needs the [serve] extra: FastAPI and uvicorn). A prompt's <|endoftext|> is the
+    end-of-text token where the vocabulary has one, as in `decoderlm sample`.
+
+    Args:
+        run: a run directory (give --run or --hf).
+        hf: a Hugging Face GPT-2 checkpoint directory (config.json + model.safetensors);
+            GPT-2 BPE tokenizer.
+        device: cpu, cuda, ...
+        host: the address to listen on.
+        port: the TCP port to listen on, in [1, 65536).
+        served_model_name: the model id clients send (default: the directory's name).
+        max_tokens_limit: the largest max_tokens a request may ask for.
+        max_prompt_tokens: the longest prompt accepted, in tokens.
+        max_logprobs: the largest logprobs a request may ask for, at most 20.
+        max_stop: the most stop strings in a request.
+        max_batch_size: the most sequences decoded together; more requests wait.
+        compile: decode with torch.compile: faster per token after a one-time compile
+            at start (needs a C++ compiler on the CPU).
+
+    Returns:
+        0, the exit status, once the server stops.
+
+    Raises:
+        UserError / MissingFileError: a bad port or limit (before the model is loaded), not
+            one of run and hf, missing or damaged files.
+        OSError: the address cannot be listened on.
+    """
+    if not 1 <= port < 65536:
+        raise UserError(f"--port must be in [1, 65536), got {port}")
+    limits = ServeLimits(
+        max_tokens=max_tokens_limit,
+        max_prompt_tokens=max_prompt_tokens,
+        max_logprobs=max_logprobs,
+        max_stop=max_stop,
+        max_batch_size=max_batch_size,
+    )
+    model, tokenizer = load_model_and_tokenizer(run, hf, device)
+    name = served_model_name or Path(run or hf).resolve().name
+    run_server(model, tokenizer, name, host, port, limits, compile)
+    return 0
 
 
 def _warm_up(scheduler: Scheduler) -> None:
