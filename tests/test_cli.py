@@ -2,13 +2,27 @@
 command, one-line errors for bad flags, values and settings files."""
 
 import json
+import re
+import subprocess
+import sys
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Annotated, Any, Literal
 
 import pytest
 import yaml
 
 from decoderlm.cli import COMMANDS, main, parse
+from decoderlm.cli.flags import FlagError, command_flags, convert
 from decoderlm.data.prepare import prepare
+from decoderlm.errors import (
+    Fields,
+    NonNegativeInt,
+    NotEmptyPath,
+    NotEmptyStr,
+    PositiveInt,
+    UserError,
+)
 
 from conftest import one_line_error, quiet, tiny_model
 
@@ -387,3 +401,137 @@ def test_a_prompt_file_or_text_file_that_is_missing_or_a_directory_is_named_with
         argv = [command, "--run", str(run), flag]
         one_line_error(capsys, [*argv, str(tmp_path / "no.txt")], f"{flag} {tmp_path / 'no.txt'}")
         one_line_error(capsys, [*argv, str(tmp_path)], f"{flag} {tmp_path} is a directory")
+
+
+# --- a bug is not a user's mistake ---------------------------------------------------------
+
+
+def test_an_internal_error_in_a_command_shows_its_traceback_and_exits_1(monkeypatch):
+    # an error that is not a UserError (here a RuntimeError, as from torch) is a bug: the
+    # command keeps its traceback and does not exit 2, the status of a user's mistake
+    script = (
+        "import sys\n"
+        "import decoderlm.finetune.counts as counts\n"
+        "def broken(config):\n"
+        "    raise RuntimeError('broken on purpose')\n"
+        "counts.count_parameters = broken\n"
+        "from decoderlm.cli import main\n"
+        "sys.exit(main(['params', '--preset', 'default']))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert result.returncode == 1, result.stderr
+    assert "Traceback" in result.stderr and "RuntimeError: broken on purpose" in result.stderr
+    assert "decoderlm: error" not in result.stderr
+    # a plain ValueError is a bug too: main() raises it rather than printing one line
+    import decoderlm.finetune.counts as counts
+
+    def wrong(config):
+        raise ValueError("not a user's mistake")
+
+    monkeypatch.setattr(counts, "count_parameters", wrong)
+    with pytest.raises(ValueError, match="not a user's mistake"):
+        main(["params", "--preset", "default"])
+
+
+# --- flags from a function's signature ------------------------------------------------------
+
+
+@dataclass
+class Optim:
+    """How the test settings optimise."""
+
+    lr: float = 1e-3
+    """peak learning rate."""
+    warmup: NonNegativeInt = 0
+    """warm-up steps."""
+
+
+@dataclass
+class Settings:
+    """Settings of a test command, with a nested section.
+
+    Attributes:
+        seed: the seed.
+        optim: the optimiser's settings.
+        tags: labels; repeat the flag.
+    """
+
+    seed: int = 1
+    optim: Optim = field(default_factory=lambda: Optim(lr=0.5))
+    tags: list[Literal["a", "b"]] = field(default_factory=list)
+
+
+def command(
+    n: PositiveInt,
+    name: NotEmptyStr | None = None,
+    settings: Annotated[dict[str, Any] | None, Fields(Settings, "settings")] = None,
+    *,
+    log=print,
+) -> int:
+    """Run a test command.
+
+    What it does, at length.
+
+    Args:
+        n: how many.
+        name: what to call it.
+        settings: Settings fields to change.
+    """
+    return 0
+
+
+def test_nested_dataclass_fields_are_flat_flags_with_their_own_help(tmp_path):
+    parsed = command_flags("decoderlm t", command, {"name": "TEXT"}, {})
+    text = parsed.parser.format_help()
+    assert "What it does, at length." in text and "--name TEXT" in text
+    assert "--n N" in text and "how many. (required)" in text
+    for flag, help in (("--seed SEED", "the seed."), ("--lr LR", "peak learning rate.")):
+        assert flag in text and help in text, (flag, text)
+    assert "(default: 0.5)" in text  # the nested default of the parent's default, not Optim()'s
+    assert "settings settings (Optim):" in text and "How the test settings optimise." in text
+    assert "--optim" not in text and "--log" not in text  # a section; a Python-only parameter
+    argv = ["--n", "3", "--lr", "0.25", "--tags", "a", "--tags", "b", "--name", "x"]
+    assert parsed.parse(argv) == {"n": 3, "name": "x", "settings": {"lr": 0.25, "tags": ["a", "b"]}}
+    (tmp_path / "s.yaml").write_text("n: 2\nsettings:\n  warmup: 4\n  seed: 7\n")
+    assert parsed.parse(["--config", str(tmp_path / "s.yaml"), "--seed", "8"]) == {
+        "n": 2,
+        "settings": {"warmup": 4, "seed": 8},  # the flag wins
+    }
+    for argv, message in (
+        ([], "missing --n"),
+        (["--n", "0"], "argument --n: expected an integer > 0, got '0'"),
+        (["--n", "1", "--warmup", "-1"], "argument --warmup: expected an integer >= 0"),
+        (["--n", "1", "--name", ""], "expected a non-empty string or none, got ''"),
+        (["--n", "1", "--tags", "c"], "argument --tags: expected one of a, b, got 'c'"),
+        (["--n", "1", "--log", "x"], "unrecognized arguments: --log x"),
+    ):
+        with pytest.raises(FlagError, match=re.escape(message)):
+            parsed.parse(argv)
+    (tmp_path / "s.yaml").write_text("n: 2\nsettings:\n  optim: {lr: 1}\n")
+    with pytest.raises(UserError, match="unknown setting 'settings.optim'"):
+        parsed.parse(["--config", str(tmp_path / "s.yaml")])
+
+
+@pytest.mark.parametrize(
+    "hint,text,value",
+    [
+        (bool, "True", True),
+        (float, "1e-3", 1e-3),
+        (int | None, "none", None),
+        (int | str | None, "4", 4),
+        (int | str | None, "auto", "auto"),
+        (Literal["x", "y"] | None, "y", "y"),
+        (NotEmptyPath, "a/b", "a/b"),
+    ],
+)
+def test_flag_values_are_converted_by_their_type(hint, text, value):
+    assert convert(hint, text) == value
+
+
+@pytest.mark.parametrize(
+    "hint,value",
+    [(float, "nan"), (float, "inf"), (int, "1.5"), (bool, "maybe"), (str, 5), (int, True)],
+)
+def test_values_a_type_does_not_take_are_refused(hint, value):
+    with pytest.raises(ValueError):
+        convert(hint, value)

@@ -376,8 +376,8 @@ def prepare(
 
     Args:
         data: UTF-8 text files, or directories (their *.txt files, or the splits of a
-            train/valid/test directory, see `split_sources`), encoded in this order; repeat
-            --data for each (give --data or --dataset).
+            train/valid/test directory), encoded in this order; repeat --data for each (give
+            --data or --dataset).
         tokenizer: char: the corpus's characters (found in a first streaming pass) plus an
             unknown token U+FFFD appended after them; byte: the 256 UTF-8 bytes (any file);
             gpt2: GPT-2's BPE.

@@ -29,8 +29,11 @@ PresetName = Literal[tuple(sorted(PRESETS))]
 def list_presets() -> int:
     """List the named presets.
 
-    Prints each preset's name, parameter count (of its model with its own vocab_size),
-    description and settings. Returns 0, the exit status.
+    Each preset's name, parameter count (of its model with its own vocab_size), description
+    and settings.
+
+    Returns:
+        0, the exit status.
     """
     for name, preset in PRESETS.items():
         if not preset.model:  # "finetune": the model comes from --init-from
