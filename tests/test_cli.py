@@ -40,6 +40,20 @@ def test_every_command_has_help_with_dashed_flags(capsys, command):
         assert "--config" in text
 
 
+def test_the_command_list_imports_no_command_module():
+    # `decoderlm --help` reads the commands' summaries from their source: no torch to import
+    script = (
+        "import contextlib, io, sys\n"
+        "from decoderlm.cli import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()) as out:\n"
+        "    assert main(['--help']) == 0\n"
+        "assert 'Train a GPT-style model' in out.getvalue(), out.getvalue()\n"
+        "print(sorted(m for m in ('torch', 'decoderlm.training.run') if m in sys.modules))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert result.returncode == 0 and result.stdout.strip() == "[]", result.stderr
+
+
 def test_train_flags_are_flat_and_keep_their_meaning(capsys):
     assert main(["train", "--help"]) == 0
     text = capsys.readouterr().out

@@ -43,11 +43,20 @@ COMMANDS = {
     "inspect": "decoderlm.lens.report:inspect",
     "merge": "decoderlm.finetune.merge:merge",
 }
-METAVARS = {
-    **dict.fromkeys(("run", "hf", "out", "resume"), "DIR"),
-    **dict.fromkeys(("prompt_file", "model_config", "text_file"), "FILE"),
-    **dict.fromkeys(("stop", "text", "corrupt"), "TEXT"),
-    **{"init_from": "SRC", "data": "PATH", "dataset": "NAME"},
+METAVARS = {  # the flags shown with a word of what they take, not their name in capitals
+    "run": "DIR",
+    "hf": "DIR",
+    "out": "DIR",
+    "resume": "DIR",
+    "init_from": "SRC",
+    "data": "PATH",
+    "dataset": "NAME",
+    "prompt_file": "FILE",
+    "model_config": "FILE",
+    "text_file": "FILE",
+    "stop": "TEXT",
+    "text": "TEXT",
+    "corrupt": "TEXT",
 }
 
 
