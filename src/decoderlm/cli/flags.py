@@ -160,25 +160,27 @@ class Command:
     parser: Parser
     flags: dict[str, _Flag]  # by argparse dest: the parameter, or "parameter.field"
     sections: dict[str, str]  # a settings file's section -> its `Fields` parameter
+    required: dict[str, argparse.Action]  # the flags of parameters without a default
 
     def parse(self, argv: list[str]) -> dict[str, Any]:
         """The keyword arguments of the command line `argv` (the settings files it names,
         then its flags); only the settings given are there.
 
         Raises:
-            FlagError: a bad flag or value, or a missing required flag.
+            FlagError: a bad flag or value, or a required flag missing (from the settings
+                files too).
             UserError / MissingFileError: an unusable settings file.
         """
-        given = vars(self.parser.parse_args(argv))
+        config = Parser(add_help=False, allow_abbrev=False)
+        config.add_argument("--config", action="append", default=[])
         values = {}
-        for path in given.pop("config", []):
+        for path in config.parse_known_args(argv)[0].config:
             values.update(self._settings_file(path))
+        for dest, action in self.required.items():  # given by a settings file, or a flag
+            action.required = dest not in values
+        given = vars(self.parser.parse_args(argv))
+        given.pop("config", None)
         values.update(given)
-        missing = [
-            flag_name(f.name) for d, f in self.flags.items() if f.required and d not in values
-        ]
-        if missing:
-            raise FlagError("missing " + ", ".join(missing))
         kwargs: dict[str, Any] = {}
         for dest, value in values.items():
             flag = self.flags[dest]
@@ -205,12 +207,17 @@ class Command:
                 items = [(key, key, value)]
             for name, dest, item in items:
                 if dest not in self.flags or "." in key:
-                    raise UserError(
-                        f"unknown setting '{name}' in the settings file {path} (keys: the flags' "
-                        f"names, with underscores)"
-                    )
+                    raise UserError(self._unknown(name, path))
                 values[dest] = _file_value(self.flags[dest], item, path)
         return values
+
+    def _unknown(self, name: str, path: str) -> str:
+        """The message of a settings file's unknown key `name` (section.field in a section)."""
+        text = f"unknown setting '{name}' in the settings file {path}"
+        sections = [s for s, p in self.sections.items() if f"{p}.{name}" in self.flags]
+        if sections:  # a field written outside its section
+            return f"{text}; write it under `{sections[0]}:`"
+        return f"{text} (keys: the flags' names, with underscores)"
 
 
 def _file_value(flag: _Flag, value, path: str):
@@ -247,7 +254,7 @@ def command_flags(
     doc = docstring_parser.parse(function.__doc__ or "")
     description = doc.long_description or doc.short_description
     parser = Parser(prog=prog, description=description, allow_abbrev=False)
-    command, helps = Command(parser, {}, {}), _help(doc.params)
+    command, helps = Command(parser, {}, {}, {}), _help(doc.params)
     hints = typing.get_type_hints(function, include_extras=True)
     kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
     params = [p for p in inspect.signature(function).parameters.values() if p.kind in kinds]
@@ -308,11 +315,10 @@ def _add(command: Command, group, flag: _Flag, help: str, default, metavars) -> 
     ending with the default shown."""
     dest = f"{flag.section}.{flag.name}" if flag.section else flag.name
     choices = _choices(flag.hint)
-    if flag.required:
-        help += " (required)"
-    elif not (default is None or default is False or default == []):
+    if not flag.required and not (default is None or default is False or default == []):
         help += f" (default: {str(default).lower() if isinstance(default, bool) else default})"
     options = dict(dest=dest, default=argparse.SUPPRESS, type=_converter(flag.hint))
+    options.update(required=flag.required, help=help.replace("%", "%%").strip())
     if flag.hint is bool:
         options.update(nargs="?", const=True, metavar="true|false")
     else:
@@ -321,8 +327,10 @@ def _add(command: Command, group, flag: _Flag, help: str, default, metavars) -> 
     if flag.is_list:
         options["action"] = "append"
     words(flag.hint)  # a type no flag takes is refused now, not when the flag is given
-    group.add_argument(flag_name(flag.name), help=help.replace("%", "%%").strip(), **options)
+    action = group.add_argument(flag_name(flag.name), **options)
     command.flags[dest] = flag
+    if flag.required:
+        command.required[dest] = action
 
 
 def _choices(hint) -> list[str]:
