@@ -125,8 +125,8 @@ def main(argv: list[str] | None = None) -> int:
     except (UserError, OSError) as e:
         print(f"decoderlm: error: {e}", file=sys.stderr)
         return 2
-    if kwargs.get("nproc_per_node") and "LOCAL_RANK" not in os.environ:  # torchrun's workers
-        from ..training.launch import launch  # see LOCAL_RANK and run the command
+    if kwargs.get("nproc_per_node") and "LOCAL_RANK" not in os.environ:  # not a worker yet:
+        from ..training.launch import launch  # the workers run this same command line
 
         return launch(argv, kwargs["nproc_per_node"])
     return _run(name, kwargs)
