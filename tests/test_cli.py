@@ -2,13 +2,27 @@
 command, one-line errors for bad flags, values and settings files."""
 
 import json
+import re
+import subprocess
+import sys
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Annotated, Any, Literal
 
 import pytest
 import yaml
 
-from decoderlm.cli import COMMANDS, _settings_file_first, build_parser, main
+from decoderlm.cli import COMMANDS, main, parse
+from decoderlm.cli.flags import FlagError, command_flags, convert
 from decoderlm.data.prepare import prepare
+from decoderlm.errors import (
+    Fields,
+    NonNegativeInt,
+    NotEmptyPath,
+    NotEmptyStr,
+    PositiveInt,
+    UserError,
+)
 
 from conftest import one_line_error, quiet, tiny_model
 
@@ -24,6 +38,20 @@ def test_every_command_has_help_with_dashed_flags(capsys, command):
     assert not [f for f in flags if "_" in f.split("=")[0]], flags
     if command != "presets":
         assert "--config" in text
+
+
+def test_the_command_list_imports_no_command_module():
+    # `decoderlm --help` reads the commands' summaries from their source: no torch to import
+    script = (
+        "import contextlib, io, sys\n"
+        "from decoderlm.cli import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()) as out:\n"
+        "    assert main(['--help']) == 0\n"
+        "assert 'Train a GPT-style model' in out.getvalue(), out.getvalue()\n"
+        "print(sorted(m for m in ('torch', 'decoderlm.training.run') if m in sys.modules))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert result.returncode == 0 and result.stdout.strip() == "[]", result.stderr
 
 
 def test_train_flags_are_flat_and_keep_their_meaning(capsys):
@@ -51,8 +79,7 @@ def test_train_flags_are_flat_and_keep_their_meaning(capsys):
         assert f"{flag} " in text, flag
     assert "number of decoder blocks" in text  # field docstrings
     assert "--vocab-size VOCAB_SIZE" in text and "--padded-vocab-size" in text
-    parse = build_parser().parse_args
-    train = parse(
+    command, train = parse(
         [
             "train",
             "--grad-clip",
@@ -66,15 +93,14 @@ def test_train_flags_are_flat_and_keep_their_meaning(capsys):
             "2",
             "--lr",
             "1e-3",
-        ],
-        defaults=False,
-    ).train
-    assert train.as_dict() == {
-        "model": {"bias": False, "d_ff": None, "n_layers": 2},
-        "train": {"grad_clip": None, "compile": True, "lr": 1e-3},
+        ]
+    )
+    assert command == "train" and train == {
+        "model_overrides": {"bias": False, "d_ff": None, "n_layers": 2},
+        "train_overrides": {"grad_clip": None, "compile": True, "lr": 1e-3},
     }
-    assert parse(["train", "--compile", "true"], defaults=False).train.train.compile is True
-    assert parse(["train"], defaults=False).train.as_dict() == {}  # unset: the preset decides
+    assert parse(["train", "--compile", "true"])[1]["train_overrides"]["compile"] is True
+    assert parse(["train"])[1] == {}  # unset: the preset decides
 
 
 def test_a_settings_file_in_yaml_or_json_for_params(tmp_path, capsys):
@@ -159,7 +185,9 @@ def test_a_bad_settings_file_is_one_line(tmp_path, capsys, text, message):
 
 def test_bad_flags_and_values_are_one_line(tmp_path, capsys):
     one_line_error(
-        capsys, ["params", "--config", str(tmp_path / "none.yaml")], "--config: File does not exist"
+        capsys,
+        ["params", "--config", str(tmp_path / "none.yaml")],
+        f"--config {tmp_path / 'none.yaml'} not found",
     )
     one_line_error(
         capsys, ["params", "--preset", "gpt3"], "--preset: expected one of classic, default"
@@ -173,7 +201,7 @@ def test_bad_flags_and_values_are_one_line(tmp_path, capsys):
     one_line_error(capsys, ["params", "--model-config", str(tmp_path / "no.json")], "no.json")
     one_line_error(capsys, ["sample"], "give one of --run or --hf")
     one_line_error(capsys, ["prepare", "--data", "x"], "missing --out")
-    one_line_error(capsys, ["eval"], "missing --run")
+    one_line_error(capsys, ["eval"], "the following arguments are required: --run")
     one_line_error(capsys, ["train", "--n-layers"], "--n-layers: expected one argument")
     one_line_error(
         capsys,
@@ -181,7 +209,7 @@ def test_bad_flags_and_values_are_one_line(tmp_path, capsys):
         "--norm: expected one of layernorm, rmsnorm, got 'batchnorm'",
     )
     one_line_error(capsys, ["fit"], "invalid choice: 'fit'")
-    one_line_error(capsys, [], '"command"')
+    one_line_error(capsys, [], "required: COMMAND")
 
 
 def test_prepare_takes_several_data_flags(tmp_path, capsys):
@@ -213,16 +241,17 @@ def test_the_documented_settings_file_for_train(tmp_path):
     example = text.split("# run.yaml:")[1].split("```")[0].split("\n", 1)[1]
     (tmp_path / "run.yaml").write_text(example)
     args = ["train", "--lr", "3e-4", "--config", str(tmp_path / "run.yaml")]
-    settings = build_parser().parse_args(_settings_file_first(args), defaults=False).train
-    assert settings.preset == "default" and settings.out == "runs/shakespeare"
-    assert settings.model.as_dict() == {
+    settings = parse(args)[1]
+    assert settings["preset"] == "default" and settings["out"] == "runs/shakespeare"
+    assert settings["model_overrides"] == {
         "n_layers": 6,
         "d_model": 384,
         "n_heads": 6,
         "block_size": 256,
     }
-    assert settings.train.lr == 3e-4 and settings.train.min_lr == 1e-4  # the flag wins
-    assert settings.train.compile is True and settings.train.dtype == "bfloat16"
+    train = settings["train_overrides"]
+    assert train["lr"] == 3e-4 and train["min_lr"] == 1e-4  # the flag wins
+    assert train["compile"] is True and train["dtype"] == "bfloat16"
 
 
 def test_settings_file_then_command_line_overrides(tmp_path, capsys):
@@ -275,7 +304,7 @@ def test_settings_with_wrong_types_and_options_that_do_not_apply(tmp_path, capsy
         assert main(["train", "--config", str(settings), "--out", str(tmp_path / "x")]) == 2
         assert message in capsys.readouterr().err
     assert main(["train", "--config", str(tmp_path), "--out", str(tmp_path / "x")]) == 2
-    assert "--config: Path is not a file" in capsys.readouterr().err
+    assert f"--config {tmp_path} is a directory" in capsys.readouterr().err
     assert (
         main(
             [
@@ -320,14 +349,14 @@ def test_abbreviated_flags_are_refused(tmp_path, capsys):
     assert not (tmp_path / "r").exists()
 
 
-# --- one vocabulary everywhere (issue 11) ----------------------------------------------------
+# --- one vocabulary everywhere -----------------------------------------------------------------
 
 
 def test_version(capsys):
     import decoderlm
 
     with pytest.raises(SystemExit) as exit_:
-        build_parser().parse_args(["--version"])
+        parse(["--version"])
     assert exit_.value.code == 0
     capsys.readouterr()
     assert main(["--version"]) == 0
@@ -347,8 +376,8 @@ def test_dtype_names_are_the_same_in_params_and_train(capsys, short, long):
     assert reports[0] == reports[1] and reports[0]["dtype"] == long
     assert TrainConfig(dtype=short).dtype == long == TrainConfig(dtype=long).dtype
     for name in (short, long):
-        settings = build_parser().parse_args(["train", "--dtype", name], defaults=False)
-        assert settings.train.train.dtype == name  # accepted by train's parser
+        settings = parse(["train", "--dtype", name])[1]
+        assert settings["train_overrides"]["dtype"] == name  # accepted by train's parser
     with pytest.raises(ValueError, match="dtype must be one of"):
         TrainConfig(dtype="fp8")
 
@@ -386,3 +415,137 @@ def test_a_prompt_file_or_text_file_that_is_missing_or_a_directory_is_named_with
         argv = [command, "--run", str(run), flag]
         one_line_error(capsys, [*argv, str(tmp_path / "no.txt")], f"{flag} {tmp_path / 'no.txt'}")
         one_line_error(capsys, [*argv, str(tmp_path)], f"{flag} {tmp_path} is a directory")
+
+
+# --- a bug is not a user's mistake ---------------------------------------------------------
+
+
+def test_an_internal_error_in_a_command_shows_its_traceback_and_exits_1(monkeypatch):
+    # an error that is not a UserError (here a RuntimeError, as from torch) is a bug: the
+    # command keeps its traceback and does not exit 2, the status of a user's mistake
+    script = (
+        "import sys\n"
+        "import decoderlm.finetune.counts as counts\n"
+        "def broken(config):\n"
+        "    raise RuntimeError('broken on purpose')\n"
+        "counts.count_parameters = broken\n"
+        "from decoderlm.cli import main\n"
+        "sys.exit(main(['params', '--preset', 'default']))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert result.returncode == 1, result.stderr
+    assert "Traceback" in result.stderr and "RuntimeError: broken on purpose" in result.stderr
+    assert "decoderlm: error" not in result.stderr
+    # a plain ValueError is a bug too: main() raises it rather than printing one line
+    import decoderlm.finetune.counts as counts
+
+    def wrong(config):
+        raise ValueError("not a user's mistake")
+
+    monkeypatch.setattr(counts, "count_parameters", wrong)
+    with pytest.raises(ValueError, match="not a user's mistake"):
+        main(["params", "--preset", "default"])
+
+
+# --- flags from a function's signature ------------------------------------------------------
+
+
+@dataclass
+class Optim:
+    """How the test settings optimise."""
+
+    lr: float = 1e-3
+    """peak learning rate."""
+    warmup: NonNegativeInt = 0
+    """warm-up steps."""
+
+
+@dataclass
+class Settings:
+    """Settings of a test command, with a nested section.
+
+    Attributes:
+        seed: the seed.
+        optim: the optimiser's settings.
+        tags: labels; repeat the flag.
+    """
+
+    seed: int = 1
+    optim: Optim = field(default_factory=lambda: Optim(lr=0.5))
+    tags: list[Literal["a", "b"]] = field(default_factory=list)
+
+
+def command(
+    n: PositiveInt,
+    name: NotEmptyStr | None = None,
+    settings: Annotated[dict[str, Any] | None, Fields(Settings, "settings")] = None,
+    *,
+    log=print,
+) -> int:
+    """Run a test command.
+
+    What it does, at length.
+
+    Args:
+        n: how many.
+        name: what to call it.
+        settings: Settings fields to change.
+    """
+    return 0
+
+
+def test_nested_dataclass_fields_are_flat_flags_with_their_own_help(tmp_path):
+    parsed = command_flags("decoderlm t", command, {"name": "TEXT"}, {})
+    text = parsed.parser.format_help()
+    assert "What it does, at length." in text and "--name TEXT" in text
+    assert "usage: decoderlm t [-h] [--config FILE] --n N [--name TEXT]" in text  # --n required
+    for flag, help in (("--seed SEED", "the seed."), ("--lr LR", "peak learning rate.")):
+        assert flag in text and help in text, (flag, text)
+    assert "(default: 0.5)" in text  # the nested default of the parent's default, not Optim()'s
+    assert "settings settings (Optim):" in text and "How the test settings optimise." in text
+    assert "--optim" not in text and "--log" not in text  # a section; a Python-only parameter
+    argv = ["--n", "3", "--lr", "0.25", "--tags", "a", "--tags", "b", "--name", "x"]
+    assert parsed.parse(argv) == {"n": 3, "name": "x", "settings": {"lr": 0.25, "tags": ["a", "b"]}}
+    (tmp_path / "s.yaml").write_text("n: 2\nsettings:\n  warmup: 4\n  seed: 7\n")
+    assert parsed.parse(["--config", str(tmp_path / "s.yaml"), "--seed", "8"]) == {
+        "n": 2,
+        "settings": {"warmup": 4, "seed": 8},  # the flag wins
+    }
+    for argv, message in (
+        ([], "the following arguments are required: --n"),
+        (["--n", "0"], "argument --n: expected an integer > 0, got '0'"),
+        (["--n", "1", "--warmup", "-1"], "argument --warmup: expected an integer >= 0"),
+        (["--n", "1", "--name", ""], "expected a non-empty string or none, got ''"),
+        (["--n", "1", "--tags", "c"], "argument --tags: expected one of a, b, got 'c'"),
+        (["--n", "1", "--log", "x"], "unrecognized arguments: --log x"),
+    ):
+        with pytest.raises(FlagError, match=re.escape(message)):
+            parsed.parse(argv)
+    (tmp_path / "s.yaml").write_text("n: 2\nsettings:\n  optim: {lr: 1}\n")
+    with pytest.raises(UserError, match="unknown setting 'settings.optim'"):
+        parsed.parse(["--config", str(tmp_path / "s.yaml")])
+
+
+@pytest.mark.parametrize(
+    "hint,text,value",
+    [
+        (bool, "True", True),
+        (float, "1e-3", 1e-3),
+        (int | None, "none", None),
+        (int | str | None, "4", 4),
+        (int | str | None, "auto", "auto"),
+        (Literal["x", "y"] | None, "y", "y"),
+        (NotEmptyPath, "a/b", "a/b"),
+    ],
+)
+def test_flag_values_are_converted_by_their_type(hint, text, value):
+    assert convert(hint, text) == value
+
+
+@pytest.mark.parametrize(
+    "hint,value",
+    [(float, "nan"), (float, "inf"), (int, "1.5"), (bool, "maybe"), (str, 5), (int, True)],
+)
+def test_values_a_type_does_not_take_are_refused(hint, value):
+    with pytest.raises(ValueError):
+        convert(hint, value)

@@ -55,7 +55,7 @@ def crop_runs(tmp_path_factory):
         model_overrides=SMALL,
         train_overrides=SMALL_TRAIN,
         device="cpu",
-        progress=False,
+        no_progress=True,
         log=quiet,
     )
     with pytest.MonkeyPatch.context() as patch:
@@ -66,7 +66,7 @@ def crop_runs(tmp_path_factory):
             model_overrides=SMALL,
             train_overrides=SMALL_TRAIN,
             device="cpu",
-            progress=False,
+            no_progress=True,
             log=quiet,
         )
     assert load_tokenizer(with_unk.out_dir).unk_token == DEFAULT_UNK_TOKEN

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from decoderlm.cli import COMMANDS, build_parser
+from decoderlm.cli import COMMANDS, parse
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -132,7 +132,7 @@ class Walk:
             i += 1
         try:
             with contextlib.redirect_stdout(io.StringIO()):  # --help, --version
-                settings = build_parser().parse_args(parse_argv, defaults=False)
+                command, given = parse(parse_argv)
         except SystemExit as e:  # --help, --version
             if e.code != 0:
                 self.problems.append(f"{line}: exits {e.code}")
@@ -140,12 +140,10 @@ class Walk:
         except Exception as e:  # noqa: BLE001 - every parse error is a README problem
             self.problems.append(f"{line}: {str(e).splitlines()[0]}")
             return
-        self.record_outputs(argv, settings)
+        self.record_outputs(command, given)
 
-    def record_outputs(self, argv: list[str], settings) -> None:
-        command = settings.command
-        given = settings.get(command)
-        out = given.get("out") if given is not None else None
+    def record_outputs(self, command: str, given: dict) -> None:
+        out = given.get("out")
         if out:
             self.made.add(str(out).rstrip("/"))
         elif command == "train" and not given.get("resume"):

@@ -4,7 +4,7 @@
 of the ids (windows start at 0, T, 2T, ...; deterministic, no dropout), so the tokens scored
 are the n_windows * T targets 1 .. n_windows * T; the few tokens after the last full window
 are not scored, and `evaluate_run`'s report says how many were. Training logs the same loss
-on the validation split.
+on the validation split. `print_report` is the `decoderlm eval` command.
 """
 
 from __future__ import annotations
@@ -12,14 +12,15 @@ from __future__ import annotations
 import contextlib
 import math
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import torch
 
 from .data.corpus import check_split, is_token_dir, load_corpus, load_token_dir, windows
 from .data.prepare import encode_source, source_files
-from .errors import UserError
-from .files import read_json
+from .errors import NotEmptyStr, PositiveInt, UserError, checked_device
+from .files import json_text, read_json
 from .finetune.sources import check_vocab, load_model
 from .model.model import DecoderLM
 from .model.weights import CONFIG_NAME
@@ -32,6 +33,7 @@ __all__ = [
     "score_window_starts",
     "evaluate_run",
     "format_report",
+    "print_report",
 ]
 
 LN2 = math.log(2.0)  # nats per bit: bits = nats / LN2
@@ -281,3 +283,37 @@ def format_report(report: dict) -> str:
         mapped = f" (mapped to the unknown token {unk!r})" if unk is not None else ""
         lines.append(f"unknown characters: {report['unknown_characters']:,}{mapped}")
     return "\n".join(lines)
+
+
+def print_report(
+    run: NotEmptyStr,
+    data: NotEmptyStr | None = None,
+    split: Literal["val", "train"] | None = None,
+    json: bool = False,
+    device: str = "cpu",
+    batch_size: PositiveInt = 32,
+) -> int:
+    """Loss, bits per character and perplexity of a run.
+
+    Score a run on a whole split of its own data (--split), a prepared token directory or a
+    text file (--data): mean next-token loss over non-overlapping block_size windows.
+
+    Args:
+        run: a run directory.
+        data: a text file (scored whole, unknown characters mapped to the run's unknown token
+            and counted; its <|endoftext|> strings are ordinary text) or a prepared token
+            directory (default: the data the run was trained on).
+        split: split of the run's data or of a token directory (default: val).
+        json: print JSON instead of text.
+        device: cpu, cuda, ...
+        batch_size: windows per forward pass.
+
+    Returns:
+        0, the exit status.
+
+    Raises:
+        UserError / MissingFileError: as `evaluate_run`, and an unusable device.
+    """
+    report = evaluate_run(run, data, split, checked_device(device), batch_size)
+    print(json_text(report) if json else format_report(report))
+    return 0

@@ -30,7 +30,7 @@ def test_training_reads_a_prepared_token_directory(tmp_path, kind):
         model_overrides=SMALL,
         train_overrides=FAST,
         device="cpu",
-        progress=False,
+        no_progress=True,
         log=quiet,
     )
     config = json.loads((tmp_path / "run" / "config.json").read_text())
@@ -57,7 +57,7 @@ def test_a_larger_vocab_size_pads_and_a_smaller_one_is_refused(tmp_path):
     assert not (tmp_path / "no").exists()
     run = tmp_path / "run"
     run_experiment(
-        out=run, model_overrides={**small, "vocab_size": 50304}, progress=False, **common
+        out=run, model_overrides={**small, "vocab_size": 50304}, no_progress=True, **common
     )
     config = json.loads((run / "config.json").read_text())["model"]
     assert config["vocab_size"] == 50257 and config["padded_vocab_size"] == 50304
@@ -85,7 +85,7 @@ def test_a_one_process_run_imports_neither_distributed_checkpoint_nor_matplotlib
         "import sys\n"
         "from decoderlm.training.run import run_experiment\n"
         f"run_experiment(data={str(source)!r}, out={str(tmp_path / 'run')!r}, device='cpu',\n"
-        f"    model_overrides={SMALL!r}, train_overrides={FAST!r}, progress=False,\n"
+        f"    model_overrides={SMALL!r}, train_overrides={FAST!r}, no_progress=True,\n"
         "    log=lambda *a: None)\n"
         "watched = ('torch.distributed.checkpoint', 'matplotlib')\n"
         "print(sorted(m for m in watched if m in sys.modules))\n"

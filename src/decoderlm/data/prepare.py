@@ -38,10 +38,11 @@ import shutil
 import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 
-from ..errors import MissingFileError, UserError
+from ..errors import MissingFileError, NotEmptyPath, UserError, one_of
 from ..files import make_temp_dir, write_json
 from ..tokenizers import (
     DEFAULT_UNK_TOKEN,
@@ -352,53 +353,67 @@ def _describe(train: list, val: list, unused: list, dataset: str | None) -> list
 
 
 def prepare(
-    data: Iterable[str | Path] | None,
-    tokenizer: str,
-    out: str | Path,
+    data: list[NotEmptyPath] | None = None,
+    tokenizer: Literal["char", "byte", "gpt2"] = "char",
+    out: NotEmptyPath | None = None,
     val_fraction: float = 0.1,
     overwrite: bool = False,
     dataset: str | None = None,
+    eot: bool = False,
+    endoftext: Literal["text", "special", "error"] = "text",
+    *,
     chunk_bytes: int = CHUNK_BYTES,
     log=print,
-    eot: bool = False,
-    endoftext: str = "text",
 ) -> dict:
-    """Tokenize text files into a token directory `out` (see the module docstring).
+    """Tokenize text files into train.bin / val.bin.
+
+    Stream text files through a tokenizer into DIR/train.bin (the first 1 - F of the token
+    stream) and DIR/val.bin (the last F), np.uint16 or np.uint32, with DIR/meta.json; see
+    decoderlm.data.prepare. A directory with train/valid/test files (train.txt, valid.txt,
+    test.txt or WikiText's wiki.train.raw, ...) keeps its splits: train.bin from train,
+    val.bin from valid, test never read. Each file is a document: with several files, the
+    end-of-text token (GPT-2's <|endoftext|>, or --eot) follows each one.
 
     Args:
-        data: text files and directories (see `split_sources`); or None with `dataset`.
-        tokenizer: "char" (vocabulary of the corpus's characters, found in a first streaming
-            pass, plus the unknown token U+FFFD appended after them), "byte" or "gpt2".
-        out: the directory to create.
-        val_fraction: the last val_fraction of the token stream becomes val.bin, in [0, 1)
-            (unused when the input has a validation file, see `split_sources`).
-        overwrite: replace an existing token directory `out`.
-        dataset: a `wikitext` configuration (e.g. "wikitext-2-raw-v1") read through the
-            optional Hugging Face `datasets` package instead of files (held in memory).
+        data: UTF-8 text files, or directories (their *.txt files, or the splits of a
+            train/valid/test directory), encoded in this order; repeat --data for each (give
+            --data or --dataset).
+        tokenizer: char: the corpus's characters (found in a first streaming pass) plus an
+            unknown token U+FFFD appended after them; byte: the 256 UTF-8 bytes (any file);
+            gpt2: GPT-2's BPE.
+        out: the token directory to write (required).
+        val_fraction: the last F of the tokens form val.bin, in [0, 1) (unused when the
+            input has a valid file).
+        overwrite: replace a token directory already in --out.
+        dataset: e.g. wikitext-2-raw-v1 (train split) through the optional `datasets`
+            package (needs the network; held in memory).
+        eot: give a char or byte vocabulary the end-of-text token <|endoftext|> (its last
+            id; GPT-2 has it always).
+        endoftext: what the text's own <|endoftext|> strings are: text (ordinary
+            characters, the default), special (the end-of-text token: document separators)
+            or error (refused, tiktoken's default); special and error need an end-of-text
+            token (gpt2, or --eot).
         chunk_bytes: bytes read (characters, for `dataset`) per chunk.
-        eot: give a char or byte vocabulary the end-of-text token "<|endoftext|>" (its last
-            id); GPT-2 always has one. With several files it follows each of them.
-        endoftext: what the text's "<|endoftext|>" strings are: "text" (ordinary text, the
-            default), "special" (the end-of-text token) or "error" (refused, as tiktoken's
-            encode does by default).
+        log: prints the files read and the counts written.
 
     Returns:
         meta, the dict written to meta.json.
 
     Raises:
-        FileNotFoundError / ValueError: a missing or empty file, a file that is not UTF-8
-            (the byte offset; char and gpt2), a bad tokenizer or val_fraction, `out` a file or
-            already there without `overwrite`, a corpus too short for a train split,
-            endoftext "special" or "error" with a tokenizer without an end-of-text token,
-            endoftext "error" and a file holding one.
-        RuntimeError: `dataset` without the `datasets` package.
+        UserError / MissingFileError: no `out`; not one of `data` and `dataset`; a missing or
+            empty file, a file that is not UTF-8 (the byte offset; char and gpt2), a bad
+            tokenizer or val_fraction, `out` a file or already there without `overwrite`, a
+            corpus too short for a train split, endoftext "special" or "error" with a
+            tokenizer without an end-of-text token, endoftext "error" and a file holding one,
+            `dataset` without the `datasets` package.
     """
+    if out is None:
+        raise UserError("missing --out (the token directory to write)")
+    one_of(data=data or None, dataset=dataset)
     if tokenizer not in TOKENIZER_KINDS:
         raise UserError(f"unknown tokenizer {tokenizer!r}; use one of {list(TOKENIZER_KINDS)}")
     if not 0.0 <= val_fraction < 1.0:
         raise UserError(f"val_fraction must be in [0, 1), got {val_fraction}")
-    if (dataset is None) == (not data):
-        raise UserError("give data paths or a dataset name (one of the two)")
     if endoftext not in _SPECIAL_MODES:
         raise UserError(f"endoftext must be one of {list(_SPECIAL_MODES)}, got {endoftext!r}")
     if endoftext != "text" and tokenizer != "gpt2" and not eot:  # nothing to make or refuse
@@ -463,4 +478,9 @@ def prepare(
         f"wrote {out}/: {n_train:,} train + {n_total - n_train:,} val tokens ({tok.kind}, "
         f"vocab_size {tok.vocab_size}, {dtype.name}) from {len(sources)} document(s){separated}"
     )
+    if val_fraction == 0 and not val:
+        log(
+            "note: --val-fraction 0 leaves val.bin empty; `decoderlm train` needs a "
+            "validation split and will refuse this directory"
+        )
     return meta

@@ -1,5 +1,5 @@
-"""`merge_run` (`decoderlm merge`): a LoRA run's adapters folded into an ordinary model
-directory."""
+"""`merge_run`: a LoRA run's adapters folded into an ordinary model directory; `merge` is the
+`decoderlm merge` command."""
 
 from __future__ import annotations
 
@@ -7,11 +7,39 @@ import os
 import shutil
 from pathlib import Path
 
-from ..errors import UserError
+from ..errors import NotEmptyStr, UserError
 from ..files import make_temp_dir
 from ..model.weights import ADAPTER_NAME, WEIGHTS_NAME
 from ..tokenizers import load_tokenizer
 from .sources import adapter_config, load_model, weights_sha256
+
+__all__ = ["merge", "merge_run"]
+
+
+def merge(run: NotEmptyStr, out: NotEmptyStr) -> int:
+    """Merge a LoRA run's adapters into an ordinary model directory.
+
+    Write the model of a run trained with --lora-rank, its adapters folded into the weights
+    (W + (alpha / r) B A), as a model directory (model.safetensors, config.json, the
+    tokenizer files) whose logits equal the adapted model's; `sample`, `eval`, `serve` and
+    the GPT-2 export take it without the base model.
+
+    Args:
+        run: the LoRA run (or one of its checkpoints); its base model must be where the run
+            recorded it.
+        out: the new model directory (must not exist, or be empty).
+
+    Returns:
+        0, the exit status.
+
+    Raises:
+        UserError / MissingFileError: as `merge_run`.
+    """
+    print(
+        f"wrote {merge_run(run, out)}/: model.safetensors config.json tokenizer.json "
+        f"decoderlm_tokenizer.json"
+    )
+    return 0
 
 
 def merge_run(run: str | Path, out: str | Path) -> Path:

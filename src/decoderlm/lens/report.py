@@ -1,6 +1,8 @@
 """The lens report: one self-contained HTML file (`decoderlm inspect`, and report.html of a
 training run) and the same data as JSON beside it.
 
+`inspect` is the `decoderlm inspect` command: a model, a text, the report written.
+
 `build_report` runs the analyses of `decoderlm.lens.lens` on one text and gathers their results as
 JSON-ready data; `write_report` puts that data into the page template
 (templates/report.html: hand-written JavaScript and SVG, no library, nothing fetched), so
@@ -18,8 +20,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..errors import UserError
-from ..files import atomic_write
+from ..errors import NonNegativeInt, NotEmptyStr, PositiveInt, UserError, one_of
+from ..files import atomic_write, read_text
+from ..finetune.sources import load_model_and_tokenizer
 from ..model.model import DecoderLM
 from ..tokenizers import Tokenizer
 from .lens import (
@@ -34,7 +37,7 @@ from .lens import (
     token_byte_counts,
 )
 
-__all__ = ["build_report", "write_report", "quantize_attention", "unquantize_attention"]
+__all__ = ["build_report", "inspect", "write_report", "quantize_attention", "unquantize_attention"]
 
 _DATA_MARK = "/*REPORT_DATA*/null"
 
@@ -227,3 +230,63 @@ def unquantize_attention(data: str, n_layers: int, n_heads: int, T: int) -> np.n
     rows, cols = np.tril_indices(T)
     out[..., rows, cols] = flat / 255.0
     return out
+
+
+def inspect(
+    run: NotEmptyStr | None = None,
+    hf: NotEmptyStr | None = None,
+    text: str | None = None,
+    text_file: str | None = None,
+    out: NotEmptyStr = "report.html",
+    layers: list[NonNegativeInt] | None = None,
+    max_tokens: PositiveInt = 128,
+    corrupt: str | None = None,
+    device: str = "cpu",
+) -> int:
+    """Write an HTML report of what a model does on a text.
+
+    One self-contained HTML file (nothing fetched; opens offline) with views linked by
+    hovering a token: the text coloured by surprisal (bits) with the top guesses, the
+    attention of every layer and head, previous-token / duplicate-token / induction head
+    scores, the logit lens, the embedding map, and activation patching with --corrupt; the
+    same data as JSON beside it (same name, .json). See decoderlm.lens.report.
+
+    Args:
+        run: a run directory (give --run or --hf).
+        hf: a Hugging Face GPT-2 checkpoint directory (config.json + model.safetensors).
+        text: the text to look at (give --text or --text-file); its <|endoftext|> is the
+            end-of-text token where the vocabulary has one, as in a prompt.
+        text_file: a UTF-8 file holding the text.
+        out: the HTML file to write.
+        layers: layers whose attention maps are stored (default: all); repeat for several.
+        max_tokens: use the first N tokens of the text (at most the model's context).
+        corrupt: a corrupted text with as many tokens as the text (after --max-tokens): adds
+            the patching view (metric: the clean run's top next token against the corrupted
+            run's).
+        device: cpu, cuda, ...
+
+    Returns:
+        0, the exit status.
+
+    Raises:
+        UserError / MissingFileError: not one of run and hf, or of text and text_file; `out`
+            a directory or a .json name; missing or damaged files; a text the vocabulary
+            cannot encode, or too short.
+    """
+    one_of(text=text, text_file=text_file)
+    if Path(out).is_dir() or out.endswith("/") or Path(out).suffix == ".json":
+        raise UserError(
+            f"--out {out} must name the HTML file (its data go beside it as .json), "
+            f"e.g. --out {Path(out).with_suffix('') / 'report.html'}"
+        )
+    if text_file is not None:
+        text = read_text(text_file, "--text-file")
+    model, tokenizer = load_model_and_tokenizer(run, hf, device)
+    n = min(max_tokens, model.config.max_positions)
+    ids = tokenizer.encode(text, allowed_special="all")[:n]  # as a prompt
+    corrupted = None if corrupt is None else tokenizer.encode(corrupt, allowed_special="all")[:n]
+    title = f"{run or hf}: {tokenizer.decode(ids)[:80]!r}"
+    report = build_report(model, tokenizer, ids, layers, corrupted, title=title)
+    html, data = write_report(report, out)
+    print(f"wrote {html} ({html.stat().st_size:,} bytes) and {data} ({len(ids)} tokens)")
+    return 0

@@ -15,15 +15,17 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated, Any
 
 import numpy as np
 import torch
 
 from ..config import ModelConfig, TrainConfig
 from ..data.corpus import check_split, data_spec, load_corpus
-from ..errors import UserError
+from ..errors import Fields, NonNegativeInt, NotEmptyPath, PositiveInt, UserError, checked_device
 from ..evaluate import LN2
 from ..files import atomic_write, read_json
+from ..finetune.counts import PresetName
 from ..finetune.merge import merge_run
 from ..finetune.sources import finetune_config, load_model, load_source
 from ..finetune.trainable import lora_entry, prepare_trainable, trainable_counts
@@ -40,7 +42,7 @@ from .launch import resume_command
 from .loop import TrainResult, autocast_for, train
 from .metrics import bytes_per_token, check_sinks
 from .parallel import DistInfo, barrier, init_distributed
-from .threads import ThreadTuner, set_threads
+from .threads import ThreadTuner, parse_threads, set_threads
 
 __all__ = ["run_experiment", "RunSummary"]
 
@@ -117,60 +119,88 @@ class RunPlan:
 
 
 def run_experiment(
-    preset: str | None = None,
-    data: str | Path | None = None,
-    out: str | Path | None = None,
-    overwrite: bool = False,
-    max_chars: int | None = None,
+    preset: PresetName | None = None,
+    data: NotEmptyPath | None = None,
     dataset: str | None = None,
-    model_overrides: dict | None = None,
-    train_overrides: dict | None = None,
-    device: str | None = None,
-    progress: bool = True,
-    log=print,
-    resume: str | Path | None = None,
-    init_from: str | Path | None = None,
+    max_chars: NonNegativeInt | None = None,
+    out: NotEmptyPath | None = None,
+    overwrite: bool = False,
+    resume: NotEmptyPath | None = None,
+    init_from: NotEmptyPath | None = None,
     merge: bool = False,
+    device: str | None = None,
+    no_progress: bool = False,
+    nproc_per_node: PositiveInt | None = None,
     threads: int | str | None = None,
+    model_overrides: Annotated[dict[str, Any] | None, Fields(ModelConfig, "model")] = None,
+    train_overrides: Annotated[dict[str, Any] | None, Fields(TrainConfig, "train")] = None,
+    *,
+    log=print,
 ) -> RunSummary:
-    """Train a DecoderLM end to end (the seed experiment by default), then sample and plot.
+    """Train a GPT-style model.
 
-    Reads the corpus (the embedded WikiText-2 crop by default, a text file, or a directory
-    prepared by `decoderlm prepare`), builds the character vocabulary of text corpora,
-    splits 90/10, trains with the preset's settings plus overrides, and writes into the run
-    directory: metrics.jsonl and checkpoints/ while training, then model.safetensors,
-    config.json, tokenizer.json, loss.png, attention.png (every layer and head on the first 64
-    validation tokens), samples.txt (sample_chars tokens from sample_prompt) and report.html
-    with report.json (`decoderlm.lens.report` on the first 128 validation tokens).
-
-    Under torchrun every process calls this; rank 0 alone writes files and prints.
+    With no arguments: the 'default' preset, a character model of the embedded WikiText-2
+    crop. Settings come from the preset, then the settings file (--config FILE), then the
+    flags below (each ModelConfig / TrainConfig field). The run directory gets metrics.jsonl
+    and checkpoints/ while training, then model.safetensors, config.json, the tokenizer
+    files, loss.png, attention.png, samples.txt and report.html / report.json (the lens
+    report). Under torchrun every process runs this; rank 0 writes the files.
 
     Args:
-        preset: a name from `decoderlm.presets.PRESETS` (default "default").
-        data, dataset, max_chars: see `decoderlm.data.corpus.load_text`; max_chars defaults to
-            300,000 for a WikiText directory or dataset, all of a plain file.
-        out: the run directory; None picks runs/<preset> (or -2, -3, ... if taken).
-        overwrite: allow `out` to hold an earlier run, whose files (only those) are deleted
-            after every check, just before training.
-        model_overrides, train_overrides: ModelConfig / TrainConfig fields to change.
-        device: "cpu", "cuda", ...; None picks CUDA when available.
-        resume: a run directory to continue from its newest complete checkpoint; its model
-            config, preset and data are reused (contradicting overrides are refused), training
-            settings may be overridden (e.g. max_steps), and metrics.jsonl is appended to.
-        init_from: fine-tune: start from the weights of this decoderlm run directory or
-            Hugging Face GPT-2 directory (see `decoderlm.finetune.sources.load_source`), whose shape
-            and tokenizer the run takes (model overrides other than dropout are refused); the
-            preset defaults to "finetune"; config.json records the source in "init_from".
-        merge: after training a run with LoRA adapters, also write the merged model to
+        preset: named settings (default: 'default'; with --init-from, 'finetune').
+        data: a UTF-8 text file, a directory with wiki.train.raw or train.txt (its train
+            split), or a directory made by `decoderlm prepare` (default: the embedded first
+            300,000 characters of WikiText-2 raw, validation split).
+        dataset: e.g. wikitext-2-raw-v1 through the optional `datasets` package (needs the
+            network).
+        max_chars: use only the first N characters (0: all; default 300,000 for a WikiText
+            directory or dataset, all of a plain file).
+        out: run directory (default: runs/<preset>, or runs/<preset>-2, ... if taken).
+        overwrite: replace a run already in --out (its files, and only those, are deleted
+            after every check, just before training).
+        resume: continue the run in DIR from its newest checkpoint (settings such as
+            --max-steps may change; the model and data may not); metrics.jsonl is appended
+            to.
+        init_from: fine-tune: start from the weights of a decoderlm run directory or a
+            Hugging Face GPT-2 directory (config.json + model.safetensors or
+            pytorch_model.bin); the model's shape and tokenizer come from it (only --dropout
+            may change, and --block-size N may crop its context to N positions), the data
+            are encoded with its tokenizer, the optimizer and schedule start fresh, and the
+            preset defaults to 'finetune' (lr 3e-4, 20 warm-up steps, 300 steps; see
+            `decoderlm presets`; a preset's model settings do not apply).
+            With --lora-rank R the run trains LoRA adapters alone and saves them alone
+            (adapter.safetensors). config.json records the source in "init_from".
+        merge: after training with LoRA adapters, also write the merged model to
             <out>/merged/ (an ordinary model directory).
-        threads: CPU threads: None (torch's default), N, or "auto" (timed at the start, see
-            `decoderlm.training.threads.set_threads`, and followed while training, see
-            `ThreadTuner`).
+        device: cpu, cuda, ... (default: cuda if available).
+        no_progress: print neither the progress bar nor the evaluation lines (metrics.jsonl
+            still has them).
+        nproc_per_node: train with N processes on this machine, started through torchrun
+            (--standalone; DDP, or FSDP with --fsdp); Ctrl-C stops them all after a
+            checkpoint, as it stops one process. Under a torchrun of your own, leave it out.
+            The `decoderlm` command starts the processes; a Python caller runs under
+            torchrun instead.
+        threads: CPU threads: N (at most the machine's CPUs), or auto (time a few training
+            steps at 1, 2, ... threads on this machine as it is loaded now and keep the
+            fastest; while training, re-time them when steps slow down or every 300 steps
+            and move to the fastest); default torch's (the usable cores).
+            OMP_WAIT_POLICY=PASSIVE in the environment makes idle threads sleep instead of
+            spinning.
+        model_overrides: ModelConfig fields to change (`model` in a settings file).
+            Default: the preset's.
+        train_overrides: TrainConfig fields to change (`train` in a settings file).
+            Default: the preset's where it sets one, else the one shown.
+        log: prints the run's lines (rank 0 only).
+
+    Returns:
+        A RunSummary (val_loss and val_bpc None for an interrupted run).
 
     Raises:
-        ValueError / FileNotFoundError: bad settings, data or checkpoints (messages say what
+        UserError / MissingFileError: bad settings, data or checkpoints (messages say what
             to change).
     """
+    _check_arguments(model_overrides, train_overrides, resume, overwrite, nproc_per_node)
+    device, progress, threads = checked_device(device), not no_progress, parse_threads(threads)
     model_overrides, train_overrides = dict(model_overrides or {}), dict(train_overrides or {})
     info, device = init_distributed(device)
     log = info.main_only(log)
@@ -213,6 +243,20 @@ def run_experiment(
         if plotter is not None:
             plotter.close()
     return _summarize(plan, result, log)
+
+
+def _check_arguments(model_overrides, train_overrides, resume, overwrite, nproc_per_node):
+    """UserError for arguments of `run_experiment` that cannot go together or are not dicts."""
+    for name, fields in (("model", model_overrides), ("train", train_overrides)):
+        if not isinstance(fields, dict | None):
+            raise UserError(f"{name}_overrides must map fields to values, got {fields!r}")
+    if resume and overwrite:
+        raise UserError("--resume continues a run and --overwrite replaces one; pick one")
+    if nproc_per_node is not None and "LOCAL_RANK" not in os.environ:
+        raise UserError(
+            f"nproc_per_node={nproc_per_node} starts processes from the command line "
+            f"(`decoderlm train --nproc-per-node {nproc_per_node}`); run under torchrun instead"
+        )
 
 
 def _make_plan(request: dict, resume, init_from, merge: bool, info: DistInfo, log) -> RunPlan:
