@@ -73,9 +73,9 @@ def freeze(model: DecoderLM, spec: str) -> int:
 
 
 def prepare_trainable(model: DecoderLM, cfg: TrainConfig) -> list[str]:
-    """Add LoRA adapters (cfg.lora_rank; unless the model already has them) and freeze
-    parameters (cfg.freeze) as cfg asks, in place. The new adapters' A matrices draw from
-    torch's global RNG.
+    """Add LoRA adapters (cfg.finetune.lora_rank; unless the model already has them) and
+    freeze parameters (cfg.finetune.freeze) as cfg asks, in place. The new adapters' A
+    matrices draw from torch's global RNG.
 
     Returns:
         The names of the adapted layers ([] without LoRA).
@@ -84,16 +84,17 @@ def prepare_trainable(model: DecoderLM, cfg: TrainConfig) -> list[str]:
         ValueError: bad targets or freeze items (see `decoderlm.model.lora.apply_lora`, `freeze`),
             or nothing left to train.
     """
+    ft = cfg.finetune
     adapted = [n for n, m in model.named_modules() if isinstance(m, LoRALinear)]
-    if cfg.lora_rank is not None and not adapted:
-        alpha = cfg.lora_alpha if cfg.lora_alpha is not None else float(cfg.lora_rank)
+    if ft.lora_rank is not None and not adapted:
+        alpha = ft.lora_alpha if ft.lora_alpha is not None else float(ft.lora_rank)
         adapted = apply_lora(
-            model, cfg.lora_rank, alpha, parse_targets(cfg.lora_targets), cfg.lora_dropout
+            model, ft.lora_rank, alpha, parse_targets(ft.lora_targets), ft.lora_dropout
         )
-    if cfg.freeze:
-        freeze(model, cfg.freeze)
+    if ft.freeze:
+        freeze(model, ft.freeze)
     if not any(p.requires_grad for p in model.parameters()):
-        raise UserError(f"--freeze {cfg.freeze} leaves no parameter to train")
+        raise UserError(f"--freeze {ft.freeze} leaves no parameter to train")
     return adapted
 
 
@@ -107,8 +108,8 @@ def lora_entry(model: nn.Module, cfg: TrainConfig) -> dict | None:
     return {
         "rank": first.rank,
         "alpha": first.alpha,
-        "dropout": cfg.lora_dropout,
-        "targets": cfg.lora_targets,
+        "dropout": cfg.finetune.lora_dropout,
+        "targets": cfg.finetune.lora_targets,
         "modules": [n for n, _ in layers],
     }
 
