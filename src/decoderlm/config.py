@@ -591,32 +591,46 @@ class TrainConfig:
         return flat
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
-        """A TrainConfig from settings, the rest at their defaults. `data` is flat
-        ({"lr": 1e-3, "max_steps": 100}), nested ({"optim": {"lr": 1e-3}}) or both.
+    def flatten(cls, data: dict[str, Any]) -> dict[str, Any]:
+        """Settings as one flat dict: `data` flat ({"lr": 1e-3, "max_steps": 100}), nested
+        by section ({"optim": {"lr": 1e-3}}) or both; returns {"lr": 1e-3, ...}.
 
         Raises:
-            UserError: `data` is not a dict, a key names no setting (the message lists the
-                known ones), or a setting is invalid.
+            UserError: `data` is not a dict, or a key names no setting (the message lists the
+                known ones).
         """
         if not isinstance(data, dict):
             raise UserError(f"TrainConfig must be built from a dict, got {type(data).__name__}")
         sections, owner = cls.sections(), cls.section_of()
-        given: dict[str, dict[str, Any]] = {name: {} for name in sections}
+        flat: dict[str, Any] = {}
         unknown = []
         for key, value in data.items():
             if key in sections and isinstance(value, dict):
-                names = {f.name for f in dataclasses.fields(sections[key])}
-                unknown += [f"{key}.{k}" for k in value if k not in names]
-                given[key].update({k: v for k, v in value.items() if k in names})
+                unknown += [f"{key}.{k}" for k in value if owner.get(k) != key]
+                flat.update({k: v for k, v in value.items() if owner.get(k) == key})
             elif key in owner:
-                given[owner[key]][key] = value
+                flat[key] = value
             else:
                 unknown.append(key)
         if unknown:
             raise UserError(
                 f"unknown TrainConfig field(s) {sorted(unknown)}; known fields are {sorted(owner)}"
             )
+        return flat
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
+        """A TrainConfig from settings (flat, nested or both: see `flatten`), the rest at
+        their defaults.
+
+        Raises:
+            UserError: `data` is not a dict, a key names no setting (the message lists the
+                known ones), or a setting is invalid.
+        """
+        sections, owner = cls.sections(), cls.section_of()
+        given: dict[str, dict[str, Any]] = {name: {} for name in sections}
+        for key, value in cls.flatten(data).items():
+            given[owner[key]][key] = value
         return cls(**{name: sections[name](**given[name]) for name in sections})
 
     @classmethod

@@ -225,6 +225,7 @@ def run_experiment(
 
 def _make_plan(request: dict, resume, init_from, merge: bool, info: DistInfo, log) -> RunPlan:
     """The plan of a resumed run (`_resume_plan`) or a new one (`_new_plan`)."""
+    request["train_overrides"] = TrainConfig.flatten(request["train_overrides"])
     if resume is not None and init_from is not None:
         raise UserError(
             "--resume continues a run, which already records where it started; drop --init-from"
