@@ -90,6 +90,10 @@ def test_flat_and_nested_dicts_build_the_same_config_and_to_dict_is_flat():
     )
     mixed = TrainConfig.from_dict({"optim": {"lr": 1e-3}, "max_steps": 7, "sample_chars": 3})
     assert flat == nested == mixed
+    assert TrainConfig.flatten({"optim": {"lr": 1e-3}, "max_steps": 7}) == {
+        "lr": 1e-3,
+        "max_steps": 7,
+    }
     assert (flat.optim.lr, flat.steps.max_steps, flat.artifacts) == (1e-3, 7, ArtifactsConfig(3))
     assert all(not isinstance(v, dict) for v in flat.to_dict().values())
     assert TrainConfig.from_dict(flat.to_dict()) == flat
