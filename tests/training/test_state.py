@@ -432,7 +432,7 @@ def test_one_process_state_dicts_are_those_of_torch_distributed_checkpoint(
     )
     torch.manual_seed(0)
     model = DecoderLM(tiny_config()).train()
-    prepare_trainable(model, cfg)
+    prepare_trainable(model, cfg.finetune)
     if checkpointing:
         apply_activation_checkpointing(model)
     opt = configure_optimizer(model, cfg)

@@ -546,8 +546,8 @@ def _build_model(plan: RunPlan, info: DistInfo, device: torch.device) -> Decoder
         plan.base = None  # the run's model holds the weights now
     else:
         model = DecoderLM(plan.model_cfg)
-    prepare_trainable(model, plan.train_cfg)
-    plan.lora = lora_entry(model, plan.train_cfg)
+    prepare_trainable(model, plan.train_cfg.finetune)
+    plan.lora = lora_entry(model, plan.train_cfg.finetune)
     model = model.to(device)
     if info.world_size > 1:
         torch.manual_seed(plan.train_cfg.data.seed + info.rank)
