@@ -53,14 +53,23 @@ def sync(device: torch.device) -> None:
 
 def train_part(args, fsdp: bool = False) -> None:
     device, config = device_and_config(args)
-    cfg = TrainConfig(
-        batch_size=args.batch, dtype=args.dtype, compile=not args.no_compile, fsdp=fsdp, lr=1e-4
+    cfg = TrainConfig.from_dict(
+        dict(
+            batch_size=args.batch,
+            dtype=args.dtype,
+            compile=not args.no_compile,
+            fsdp=fsdp,
+            optimizer="adamw",
+            lr=1e-4,
+            schedule="constant",
+            grad_clip=None,
+        )
     )
     torch.manual_seed(0)
     model = DecoderLM(config).to(device).train()
     par = parallelize(model, cfg, DistInfo(), device)
     optimizer = configure_optimizer(model, cfg)
-    scaler = torch.amp.GradScaler(device.type, enabled=cfg.dtype == "float16")
+    scaler = torch.amp.GradScaler(device.type, enabled=cfg.compute.dtype == "float16")
     data = torch.randint(0, config.vocab_size, (1_000_000,))
     generator, autocast = torch.Generator().manual_seed(0), autocast_for(cfg, device)
     if device.type == "cuda":
@@ -79,17 +88,20 @@ def train_part(args, fsdp: bool = False) -> None:
     steps(3)  # warm-up (compilation)
     seconds = steps(args.steps)
     tokens_per_s = args.steps * args.batch * config.block_size / seconds
-    peak = peak_flops(device, cfg.dtype)
+    peak = peak_flops(device, cfg.compute.dtype)
     flops = flops_per_token(config)["training"]
     mfu = f"{flops * tokens_per_s / peak:.1%}" if peak else "n/a (unknown peak)"
-    print(f"train {cfg.dtype} fsdp={fsdp} compile={cfg.compile} on {device}: batch {args.batch}")
+    print(
+        f"train {cfg.compute.dtype} fsdp={fsdp} compile={cfg.compute.compile} on {device}: "
+        f"batch {args.batch}"
+    )
     print(f"  tokens/s {tokens_per_s:,.0f}, MFU {mfu}")
     if device.type == "cuda":
-        estimate = memory_bytes(config, args.batch, None, _DTYPE_NAMES[cfg.dtype])
+        estimate = memory_bytes(config, args.batch, None, _DTYPE_NAMES[cfg.compute.dtype])
         print(
             f"  peak allocated {torch.cuda.max_memory_allocated(device) / 2**30:.2f} GiB; "
             f"estimate training_peak {estimate['training_peak'] / 2**30:.2f} GiB "
-            f"(decoderlm params, {_DTYPE_NAMES[cfg.dtype]})"
+            f"(decoderlm params, {_DTYPE_NAMES[cfg.compute.dtype]})"
         )
     if scaler.is_enabled():
         taken = _adam_steps(optimizer)

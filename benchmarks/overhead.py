@@ -30,8 +30,9 @@ PHASES = {
     "plots.py:.*\\(wait\\)": "loss.png + attention.png: waiting for the child process",
     "generate.py:.*\\(generate\\)": "samples.txt (generation)",
     "training/optim.py:.*configure_optimizer": "building the optimizer (imports torch._dynamo)",
-    "training/run.py:.*_write_report": "report.html / report.json (the lens report)",
-    "training/run.py:.*_save_run": "everything after training (model, plots, sample, report)",
+    "training/artifacts.py:.*_write_report": "report.html / report.json (the lens report)",
+    "training/run.py:.*_save_run": "model.safetensors and the tokenizer files",
+    "training/artifacts.py:.*write_artifacts": "plots, sample and report after training",
     "training/metrics.py:.*peak_flops": "mfu peak (CPU matmul measured once)",
     "training/metrics.py:.*bytes_per_token": "val_bpb bytes count",
 }

@@ -155,7 +155,8 @@ def _steps_per_s(model, cfg_dtype: str, compiled: bool, batch: int, steps: int, 
     from decoderlm.config import TrainConfig
     from decoderlm.training.optim import configure_optimizer
 
-    optimizer = configure_optimizer(model, TrainConfig(lr=1e-4))
+    ADAMW = dict(optimizer="adamw", lr=1e-4, schedule="constant")
+    optimizer = configure_optimizer(model, TrainConfig.from_dict(ADAMW))
     step_model = torch.compile(model) if compiled else model
     T, V = model.config.block_size, model.config.vocab_size
     g = torch.Generator().manual_seed(0)
@@ -214,6 +215,7 @@ def status(key):  # bytes, from /proc/self/status
     for line in open("/proc/self/status"):
         if line.startswith(key + ":"):
             return int(line.split()[1]) * 1024
+ADAMW = dict(optimizer="adamw", lr=1e-4, schedule="constant")
 tiny = DecoderLM(ModelConfig(vocab_size=8, block_size=8, n_layers=1, n_heads=1, d_model=8))
 tiny(torch.zeros(1, 8, dtype=torch.long), torch.zeros(1, 8, dtype=torch.long))[1].backward()
 base = status("VmRSS")
@@ -222,7 +224,7 @@ with open("/proc/self/clear_refs", "w") as f:  # reset the peak (VmHWM) to the c
 T = int(sys.argv[1]); B = 16384 // T
 model = DecoderLM(ModelConfig(vocab_size=66, block_size=T, n_layers=4, n_heads=4, d_model=128,
                               bias=False)).train()
-opt = configure_optimizer(model, TrainConfig(lr=1e-4))
+opt = configure_optimizer(model, TrainConfig.from_dict(ADAMW))
 g = torch.Generator().manual_seed(0)
 def step():
     x = torch.randint(0, 66, (B, T), generator=g)

@@ -1,10 +1,13 @@
 """Configuration dataclasses.
 
-`ModelConfig` fixes the shape of a `DecoderLM`; `TrainConfig` fixes how it is trained.
-Both validate themselves on construction and raise `ValueError` naming the bad field, and
-both round-trip through plain dicts (`to_dict` / `from_dict`), which is how they are stored
-in a run directory's ``config.json``. The "Attributes:" sections of their docstrings are also
-the help of the `decoderlm train` flags.
+`ModelConfig` fixes the shape of a `DecoderLM`; `TrainConfig` fixes how it is trained, in
+sections (`DataConfig`, `OptimConfig`, `StepsConfig`, `EvalConfig`, `LoggingConfig`,
+`CheckpointConfig`, `ComputeConfig`, `FinetuneConfig`, `ArtifactsConfig`). They validate
+themselves on construction and raise `UserError` naming the bad field, and round-trip through
+plain dicts (`to_dict` / `from_dict`), which is how they are stored in a run directory's
+``config.json``. Each field's documentation (ModelConfig's "Attributes:" section, the
+docstring under each field of a TrainConfig section) is also the help of its
+`decoderlm train` flag.
 """
 
 from __future__ import annotations
@@ -17,7 +20,22 @@ from typing import Any, Literal
 
 from .errors import UserError
 
-__all__ = ["DTYPE_ALIASES", "DtypeName", "ModelConfig", "TrainConfig", "canonical_dtype"]
+__all__ = [
+    "DTYPE_ALIASES",
+    "ArtifactsConfig",
+    "CheckpointConfig",
+    "ComputeConfig",
+    "DataConfig",
+    "DtypeName",
+    "EvalConfig",
+    "FinetuneConfig",
+    "LoggingConfig",
+    "ModelConfig",
+    "OptimConfig",
+    "StepsConfig",
+    "TrainConfig",
+    "canonical_dtype",
+]
 
 
 def _from_dict(cls, data: dict[str, Any]):
@@ -273,167 +291,193 @@ class ModelConfig:
 
 
 @dataclass
-class TrainConfig:
-    """How a model is trained.
-
-    Attributes:
-        batch_size: sequences per micro-batch and process; each is block_size + 1 contiguous
-            tokens. An optimizer step sees batch_size * grad_accum_steps * world_size of them.
-        grad_accum_steps: micro-batches whose gradients are summed (averaged) before each
-            optimizer step.
-        max_steps: optimizer steps.
-        lr: peak learning rate of AdamW.
-        min_lr: learning rate at the end of the cosine or warm-up-stable-decay schedule.
-        warmup_steps: steps of linear warm-up from lr / warmup_steps to lr.
-        decay_steps: the cosine decay reaches min_lr at this step and stays there; None
-            means max_steps (nanoGPT's lr_decay_iters). Set it to stop a run early (max_steps)
-            and resume it later on the same schedule.
-        schedule: "cosine" (linear warm-up, then cosine decay to min_lr), "constant" (lr at
-            every step, no warm-up) or "wsd" (warm-up-stable-decay, a trapezoid: linear
-            warm-up, lr until the last cooldown_fraction of decay_steps, then linear decay to
-            min_lr; Hu et al. 2024, "MiniCPM", section 4).
-        cooldown_fraction: the share of decay_steps (default max_steps) that "wsd" spends
-            decaying, in (0, 1].
-        optimizer: "adamw" (every parameter) or "muon": torch.optim.Muon (Jordan et al. 2024;
-            momentum, then the update orthogonalised by Newton-Schulz iterations) for the
-            weight matrices of the Linear layers inside the blocks (attention and MLP), and
-            AdamW for the rest (embeddings, unembedding, norm gains, biases). Muon's decoupled
-            weight decay is weight_decay too. Not with fsdp or LoRA.
-        muon_lr: Muon's peak learning rate (the schedule scales it like lr).
-        muon_momentum: Muon's momentum coefficient (Nesterov).
-        weight_decay: AdamW decoupled weight decay, applied to weight matrices and
-            embeddings only (not to biases or LayerNorm gains).
-        beta1: AdamW's first moment coefficient (of the gradient's running mean).
-        beta2: AdamW's second moment coefficient (of the squared gradient's running mean).
-        grad_clip: clip the global gradient norm to this value; None disables clipping.
-        eval_interval: estimate the validation loss every this many steps (and at the end).
-        eval_batches: each validation estimate during training covers at most eval_batches
-            optimizer-step batches (batch_size * grad_accum_steps * world_size windows each)
-            of non-overlapping windows, spread evenly over the validation split; the same
-            windows however a step is split into micro-batches.
-        log_interval: write a metrics line every this many steps.
-        log: more places for the metrics.jsonl records: "csv" (metrics.csv) and/or
-            "tensorboard" (event files in tensorboard/, tags train/loss, val/loss, train/lr,
-            train/grad_norm, train/mfu, train/tokens_per_s, val/bpb; needs the optional
-            tensorboard package); repeat the flag for both.
-        peak_tflops: the device's peak TFLOP/s for the mfu metric (default: a table of
-            known GPUs, or a matmul peak measured once on the CPU).
-        dtype: "float32"; "bfloat16" for bfloat16 autocast; "float16" for float16 autocast
-            with a GradScaler (dynamic loss scaling). Weights and optimizer state stay float32.
-            "fp32", "bf16", "fp16" are the same (stored as the long names).
-        compile: wrap the model in torch.compile for training.
-        activation_checkpointing: recompute each block's activations in the backward pass
-            instead of storing them (less memory, about 1/3 more compute).
-        fsdp: with torchrun, shard parameters, gradients and optimizer state with FSDP2
-            (torch.distributed.fsdp.fully_shard) instead of replicating them with DDP.
-        checkpoint_interval: write a resumable checkpoint every this many steps (0: only at the
-            end and when interrupted).
-        keep_checkpoints: how many of the newest checkpoints to keep.
-        val_fraction: fraction of the corpus held out for validation (the last part).
-        seed: seeds torch for initialisation, batches and dropout.
-        sample_chars: characters sampled into samples.txt after training.
-        sample_prompt: prompt of that sample.
-        freeze: parameters that do not train, a comma-separated list of groups: embeddings
-            (token embedding, position table; with tie_embeddings also the unembedding),
-            head (the unembedding), norms (every norm's gain and bias), blocks (all decoder
-            blocks), blocks:I or blocks:I-J (blocks I to J inclusive, 0-based), or a
-            parameter-name pattern with * (e.g. blocks.*.attn.*); None trains everything.
-            The optimizer holds only the parameters that train.
-        lora_rank: add LoRA adapters of this rank r (Hu et al. 2021) to the lora_targets
-            layers and train only them (None: no adapters).
-        lora_alpha: LoRA's alpha: the update is (alpha / r) B A; None means alpha = r.
-        lora_targets: the linear layers that get adapters, comma-separated ends of module
-            names: qkv, proj (attn.proj and mlp.proj), attn.proj, mlp.proj, fc, gate.
-        lora_dropout: dropout probability on the adapters' input (training mode only).
-    """
+class DataConfig:
+    """What each optimizer step trains on, and the split it is measured on."""
 
     batch_size: int = 32
+    """Sequences per micro-batch and process; each is block_size + 1 contiguous tokens. An
+    optimizer step sees batch_size * grad_accum_steps * world_size of them."""
     grad_accum_steps: int = 1
-    max_steps: int = 400
-    lr: float = 2e-4
-    min_lr: float = 2e-5
-    warmup_steps: int = 0
-    decay_steps: int | None = None
-    schedule: Literal["cosine", "constant", "wsd"] = "constant"
-    cooldown_fraction: float = 0.2
-    optimizer: Literal["adamw", "muon"] = "adamw"
-    muon_lr: float = 0.02
-    muon_momentum: float = 0.95
-    weight_decay: float = 1e-2
-    beta1: float = 0.9
-    beta2: float = 0.999
-    grad_clip: float | None = None
-    eval_interval: int = 100
-    eval_batches: int = 20
-    log_interval: int = 10
-    log: list[Literal["csv", "tensorboard"]] = dataclasses.field(default_factory=list)
-    peak_tflops: float | None = None
-    dtype: DtypeName = "float32"
-    compile: bool = False
-    activation_checkpointing: bool = False
-    fsdp: bool = False
-    checkpoint_interval: int = 500
-    keep_checkpoints: int = 2
+    """Micro-batches whose gradients are summed (averaged) before each optimizer step."""
     val_fraction: float = 0.1
+    """Fraction of the corpus held out for validation (the last part)."""
     seed: int = 1337
-    sample_chars: int = 600
-    sample_prompt: str = "T"
-    freeze: str | None = None
-    lora_rank: int | None = None
-    lora_alpha: float | None = None
-    lora_targets: str = "qkv"
-    lora_dropout: float = 0.0
+    """Seeds torch for initialisation, batches and dropout."""
 
     def __post_init__(self) -> None:
-        _check_int(
-            self,
-            "batch_size",
-            "grad_accum_steps",
-            "max_steps",
-            "eval_interval",
-            "eval_batches",
-            "log_interval",
-            "keep_checkpoints",
-        )
-        _check_int(self, "warmup_steps", "sample_chars", "checkpoint_interval", low=0)
-        _check_bool(self, "compile", "activation_checkpointing", "fsdp")
-        if self.decay_steps is not None:
-            _check_int(self, "decay_steps")
+        _check_int(self, "batch_size", "grad_accum_steps")
         _check_int(self, "seed", low=0, high=2**63)
+        _check_real(self, "val_fraction", 0.0, 1.0, low_open=True, high_open=True)
+
+
+@dataclass
+class OptimConfig:
+    """The optimizer: its kind, peak learning rates, weight decay, moments and clipping."""
+
+    optimizer: Literal["adamw", "muon"] = "muon"
+    """"adamw" (every parameter) or "muon": torch.optim.Muon (Jordan et al. 2024; momentum,
+    then the update orthogonalised by Newton-Schulz iterations) for the weight matrices of
+    the Linear layers inside the blocks (attention and MLP), and AdamW for the rest
+    (embeddings, unembedding, norm gains, biases). Muon's decoupled weight decay is
+    weight_decay too. Not with fsdp or LoRA."""
+    lr: float = 3e-3
+    """Peak learning rate of AdamW."""
+    muon_lr: float = 0.02
+    """Muon's peak learning rate (the schedule scales it like lr)."""
+    muon_momentum: float = 0.95
+    """Muon's momentum coefficient (Nesterov)."""
+    weight_decay: float = 0.1
+    """AdamW decoupled weight decay, applied to weight matrices and embeddings only (not to
+    biases or LayerNorm gains)."""
+    beta1: float = 0.9
+    """AdamW's first moment coefficient (of the gradient's running mean)."""
+    beta2: float = 0.99
+    """AdamW's second moment coefficient (of the squared gradient's running mean)."""
+    grad_clip: float | None = 1.0
+    """Clip the global gradient norm to this value; None disables clipping."""
+
+    def __post_init__(self) -> None:
         _check_choices(self)
-        self.dtype = canonical_dtype(self.dtype)
         _check_real(self, "lr", 0.0, low_open=True)
-        if self.schedule in ("cosine", "wsd"):
-            _check_real(self, "min_lr", 0.0, self.lr)
-        _check_real(self, "cooldown_fraction", 0.0, 1.0, low_open=True)
         _check_real(self, "muon_lr", 0.0, low_open=True)
         _check_real(self, "muon_momentum", 0.0, 1.0, high_open=True)
-        if self.optimizer == "muon" and self.fsdp:
-            raise UserError(
-                "optimizer 'muon' orthogonalises whole weight matrices, which fsdp shards; "
-                "use --fsdp false (DDP) or --optimizer adamw"
-            )
-        if self.optimizer == "muon" and self.lora_rank is not None:
-            raise UserError(
-                "optimizer 'muon' trains the blocks' weight matrices, which LoRA freezes; "
-                "use --optimizer adamw with --lora-rank"
-            )
         _check_real(self, "weight_decay", 0.0)
         _check_real(self, "beta1", 0.0, 1.0, high_open=True)
         _check_real(self, "beta2", 0.0, 1.0, high_open=True)
         if self.grad_clip is not None:
             _check_real(self, "grad_clip", 0.0, low_open=True)
-        _check_real(self, "val_fraction", 0.0, 1.0, low_open=True, high_open=True)
-        if self.peak_tflops is not None:
-            _check_real(self, "peak_tflops", 0.0, low_open=True)
+
+
+@dataclass
+class StepsConfig:
+    """How many optimizer steps, and the learning rate's course over them."""
+
+    max_steps: int = 500
+    """Optimizer steps."""
+    schedule: Literal["cosine", "constant", "wsd"] = "wsd"
+    """"cosine" (linear warm-up, then cosine decay to min_lr), "constant" (lr at every step,
+    no warm-up) or "wsd" (warm-up-stable-decay, a trapezoid: linear warm-up, lr until the
+    last cooldown_fraction of decay_steps, then linear decay to min_lr; Hu et al. 2024,
+    "MiniCPM", section 4)."""
+    warmup_steps: int = 100
+    """Steps of linear warm-up from lr / warmup_steps to lr."""
+    decay_steps: int | None = None
+    """The decay reaches min_lr at this step and stays there; None means max_steps (nanoGPT's
+    lr_decay_iters). Set it to stop a run early (max_steps) and resume it later on the same
+    schedule."""
+    cooldown_fraction: float = 0.4
+    """The share of decay_steps (default max_steps) that "wsd" spends decaying, in (0, 1]."""
+    min_lr: float = 3e-4
+    """Learning rate at the end of the cosine or warm-up-stable-decay schedule, in [0, lr]."""
+
+    def __post_init__(self) -> None:
+        _check_choices(self)
+        _check_int(self, "max_steps")
+        _check_int(self, "warmup_steps", low=0)
+        if self.decay_steps is not None:
+            _check_int(self, "decay_steps")
+        _check_real(self, "cooldown_fraction", 0.0, 1.0, low_open=True)
+
+
+@dataclass
+class EvalConfig:
+    """The validation estimates made while training."""
+
+    eval_interval: int = 250
+    """Estimate the validation loss every this many steps (and at the end)."""
+    eval_batches: int = 20
+    """Each validation estimate during training covers at most eval_batches optimizer-step
+    batches (batch_size * grad_accum_steps * world_size windows each) of non-overlapping
+    windows, spread evenly over the validation split; the same windows however a step is
+    split into micro-batches."""
+
+    def __post_init__(self) -> None:
+        _check_int(self, "eval_interval", "eval_batches")
+
+
+@dataclass
+class LoggingConfig:
+    """The metrics records: how often, where to, and the peak behind the mfu metric."""
+
+    log_interval: int = 10
+    """Write a metrics line every this many steps."""
+    log: list[Literal["csv", "tensorboard"]] = dataclasses.field(default_factory=list)
+    """More places for the metrics.jsonl records: "csv" (metrics.csv) and/or "tensorboard"
+    (event files in tensorboard/, tags train/loss, val/loss, train/lr, train/grad_norm,
+    train/mfu, train/tokens_per_s, val/bpb; needs the optional tensorboard package); repeat
+    the flag for both."""
+    peak_tflops: float | None = None
+    """The device's peak TFLOP/s for the mfu metric (default: a table of known GPUs, or a
+    matmul peak measured once on the CPU)."""
+
+    def __post_init__(self) -> None:
+        _check_int(self, "log_interval")
         if not isinstance(self.log, list) or not set(self.log) <= {"csv", "tensorboard"}:
             raise UserError(f"log must be a list of 'csv' and 'tensorboard', got {self.log!r}")
-        if not isinstance(self.sample_prompt, str):
-            raise UserError(f"sample_prompt must be text, got {self.sample_prompt!r}")
-        self._check_finetuning()
+        if self.peak_tflops is not None:
+            _check_real(self, "peak_tflops", 0.0, low_open=True)
 
-    def _check_finetuning(self) -> None:
-        """Raise ValueError for bad freeze / LoRA settings."""
+
+@dataclass
+class CheckpointConfig:
+    """The resumable checkpoints written into the run directory's checkpoints/."""
+
+    checkpoint_interval: int = 500
+    """Write a resumable checkpoint every this many steps (0: only at the end and when
+    interrupted)."""
+    keep_checkpoints: int = 2
+    """How many of the newest checkpoints to keep."""
+
+    def __post_init__(self) -> None:
+        _check_int(self, "checkpoint_interval", low=0)
+        _check_int(self, "keep_checkpoints")
+
+
+@dataclass
+class ComputeConfig:
+    """How the computation runs: number format, compilation, recomputation, sharding."""
+
+    dtype: DtypeName = "bfloat16"
+    """"float32"; "bfloat16" for bfloat16 autocast; "float16" for float16 autocast with a
+    GradScaler (dynamic loss scaling). Weights and optimizer state stay float32. "fp32",
+    "bf16", "fp16" are the same (stored as the long names)."""
+    compile: bool = False
+    """Wrap the model in torch.compile for training."""
+    activation_checkpointing: bool = False
+    """Recompute each block's activations in the backward pass instead of storing them (less
+    memory, about 1/3 more compute)."""
+    fsdp: bool = False
+    """With torchrun, shard parameters, gradients and optimizer state with FSDP2
+    (torch.distributed.fsdp.fully_shard) instead of replicating them with DDP."""
+
+    def __post_init__(self) -> None:
+        _check_bool(self, "compile", "activation_checkpointing", "fsdp")
+        self.dtype = canonical_dtype(self.dtype)
+
+
+@dataclass
+class FinetuneConfig:
+    """Which parameters train: frozen groups, and LoRA adapters."""
+
+    freeze: str | None = None
+    """Parameters that do not train, a comma-separated list of groups: embeddings (token
+    embedding, position table; with tie_embeddings also the unembedding), head (the
+    unembedding), norms (every norm's gain and bias), blocks (all decoder blocks), blocks:I
+    or blocks:I-J (blocks I to J inclusive, 0-based), or a parameter-name pattern with *
+    (e.g. blocks.*.attn.*); None trains everything. The optimizer holds only the parameters
+    that train."""
+    lora_rank: int | None = None
+    """Add LoRA adapters of this rank r (Hu et al. 2021) to the lora_targets layers and train
+    only them (None: no adapters)."""
+    lora_alpha: float | None = None
+    """LoRA's alpha: the update is (alpha / r) B A; None means alpha = r."""
+    lora_targets: str = "qkv"
+    """The linear layers that get adapters, comma-separated ends of module names: qkv, proj
+    (attn.proj and mlp.proj), attn.proj, mlp.proj, fc, gate."""
+    lora_dropout: float = 0.0
+    """Dropout probability on the adapters' input (training mode only)."""
+
+    def __post_init__(self) -> None:
         if self.lora_rank is not None:
             _check_int(self, "lora_rank", high=2**31)
         if self.lora_alpha is not None:
@@ -446,9 +490,156 @@ class TrainConfig:
             ):
                 raise UserError(f"{name} must be a non-empty comma-separated list, got {value!r}")
 
+
+@dataclass
+class ArtifactsConfig:
+    """The sample written after training (`decoderlm.training.artifacts.write_artifacts`);
+    training itself never reads these."""
+
+    sample_chars: int = 600
+    """Characters (tokens) sampled into samples.txt after training."""
+    sample_prompt: str = "T"
+    """Prompt of that sample."""
+
+    def __post_init__(self) -> None:
+        _check_int(self, "sample_chars", low=0)
+        if not isinstance(self.sample_prompt, str):
+            raise UserError(f"sample_prompt must be text, got {self.sample_prompt!r}")
+
+
+def _section(cls):
+    """A TrainConfig field holding a new `cls` with its defaults."""
+    return dataclasses.field(default_factory=cls)
+
+
+@dataclass
+class TrainConfig:
+    """How a model is trained, in sections; the defaults are what `decoderlm train` runs.
+
+    Every setting lives in one section (``cfg.optim.lr``, ``cfg.steps.max_steps``, ...) and
+    its name is unique across sections, so a flat dict of settings (a settings file's
+    ``train:``, the command line's flags, config.json["train"]) says where each one goes:
+    `from_dict` takes flat or nested dicts, `to_dict` writes the flat one.
+
+    Attributes:
+        data: batches, the validation split and the seed (`DataConfig`).
+        optim: the optimizer (`OptimConfig`).
+        steps: the number of steps and the learning-rate schedule (`StepsConfig`).
+        evaluation: validation estimates while training (`EvalConfig`).
+        logging: the metrics records (`LoggingConfig`).
+        checkpointing: resumable checkpoints (`CheckpointConfig`).
+        compute: number format, compilation, recomputation, sharding (`ComputeConfig`).
+        finetune: frozen parameters and LoRA adapters (`FinetuneConfig`).
+        artifacts: the sample written after training (`ArtifactsConfig`).
+
+    Raises:
+        UserError: a setting is out of range or not one of its choices (the message names
+            it), min_lr is above lr with a decaying schedule, or Muon is asked for with fsdp
+            or LoRA.
+    """
+
+    data: DataConfig = _section(DataConfig)
+    optim: OptimConfig = _section(OptimConfig)
+    steps: StepsConfig = _section(StepsConfig)
+    evaluation: EvalConfig = _section(EvalConfig)
+    logging: LoggingConfig = _section(LoggingConfig)
+    checkpointing: CheckpointConfig = _section(CheckpointConfig)
+    compute: ComputeConfig = _section(ComputeConfig)
+    finetune: FinetuneConfig = _section(FinetuneConfig)
+    artifacts: ArtifactsConfig = _section(ArtifactsConfig)
+
+    def __post_init__(self) -> None:
+        for name, cls in self.sections().items():
+            if not isinstance(getattr(self, name), cls):
+                raise UserError(
+                    f"TrainConfig.{name} must be a {cls.__name__}, got {getattr(self, name)!r}"
+                )
+        if self.steps.schedule in ("cosine", "wsd"):
+            _check_real(self.steps, "min_lr", 0.0, self.optim.lr)
+        if self.optim.optimizer == "muon" and self.compute.fsdp:
+            raise UserError(
+                "optimizer 'muon' orthogonalises whole weight matrices, which fsdp shards; "
+                "use --fsdp false (DDP) or --optimizer adamw"
+            )
+        if self.optim.optimizer == "muon" and self.finetune.lora_rank is not None:
+            raise UserError(
+                "optimizer 'muon' trains the blocks' weight matrices, which LoRA freezes; "
+                "use --optimizer adamw with --lora-rank"
+            )
+
+    @classmethod
+    def sections(cls) -> dict[str, type]:
+        """{section name: its dataclass}, in order: {"data": DataConfig, ...}."""
+        hints = typing.get_type_hints(cls)
+        return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+
+    @classmethod
+    def section_of(cls) -> dict[str, str]:
+        """{setting name: the section holding it}: {"lr": "optim", "max_steps": "steps", ...}."""
+        return {
+            f.name: section
+            for section, section_cls in cls.sections().items()
+            for f in dataclasses.fields(section_cls)
+        }
+
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """Every setting in one flat dict, {"batch_size": 32, ..., "sample_prompt": "T"}
+        (config.json["train"]'s format)."""
+        flat: dict[str, Any] = {}
+        for name in self.sections():
+            flat.update(dataclasses.asdict(getattr(self, name)))
+        return flat
+
+    @classmethod
+    def flatten(cls, data: dict[str, Any]) -> dict[str, Any]:
+        """Settings as one flat dict: `data` flat ({"lr": 1e-3, "max_steps": 100}), nested
+        by section ({"optim": {"lr": 1e-3}}) or both; returns {"lr": 1e-3, ...}.
+
+        Raises:
+            UserError: `data` is not a dict, or a key names no setting (the message lists the
+                known ones).
+        """
+        if not isinstance(data, dict):
+            raise UserError(f"TrainConfig must be built from a dict, got {type(data).__name__}")
+        sections, owner = cls.sections(), cls.section_of()
+        flat: dict[str, Any] = {}
+        unknown = []
+        for key, value in data.items():
+            if key in sections and isinstance(value, dict):
+                unknown += [f"{key}.{k}" for k in value if owner.get(k) != key]
+                flat.update({k: v for k, v in value.items() if owner.get(k) == key})
+            elif key in owner:
+                flat[key] = value
+            else:
+                unknown.append(key)
+        if unknown:
+            raise UserError(
+                f"unknown TrainConfig field(s) {sorted(unknown)}; known fields are {sorted(owner)}"
+            )
+        return flat
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
-        return _from_dict(cls, data)
+        """A TrainConfig from settings (flat, nested or both: see `flatten`), the rest at
+        their defaults.
+
+        Raises:
+            UserError: `data` is not a dict, a key names no setting (the message lists the
+                known ones), or a setting is invalid.
+        """
+        sections, owner = cls.sections(), cls.section_of()
+        given: dict[str, dict[str, Any]] = {name: {} for name in sections}
+        for key, value in cls.flatten(data).items():
+            given[owner[key]][key] = value
+        return cls(**{name: sections[name](**given[name]) for name in sections})
+
+    @classmethod
+    def from_stored(cls, data: dict[str, Any]) -> TrainConfig:
+        """The TrainConfig a run directory's config.json["train"] (or a checkpoint's) holds.
+        Such a dict lists every setting its run trained with; one without "optimizer" trained
+        with AdamW alone.
+
+        Raises:
+            UserError: as `from_dict`.
+        """
+        return cls.from_dict({"optimizer": "adamw", **data})

@@ -12,7 +12,8 @@ __all__ = ["Preset", "PRESETS", "get_preset"]
 
 @dataclass(frozen=True)
 class Preset:
-    """A named model (ModelConfig fields) and, for the runnable ones, training settings.
+    """A named model (ModelConfig fields) and the training settings (TrainConfig fields)
+    that differ from TrainConfig's defaults.
 
     `decoderlm train --preset NAME` trains a character model of that shape: vocab_size is then
     set from the corpus's tokenizer. A preset without a model ("finetune") has training
@@ -25,36 +26,28 @@ class Preset:
 
 
 # the seed experiment's model (vocab_size 139: the embedded corpus's 138 characters plus an
-# unknown-character id) and the previous default's training ('classic'), which 'default' builds on
+# unknown-character id)
 SEED_MODEL = dict(vocab_size=139, block_size=96, n_layers=3, n_heads=4, d_model=128)
-CLASSIC_TRAIN = dict(
-    batch_size=32,
-    max_steps=1800,
-    lr=3e-3,
-    min_lr=3e-4,
-    warmup_steps=100,
-    schedule="cosine",
-    weight_decay=0.1,
-    beta2=0.99,
-    grad_clip=1.0,
-    dtype="bfloat16",
-    eval_interval=300,
-)
 
+# Each preset's `train` lists only the TrainConfig settings it changes: the TrainConfig
+# defaults are the 'default' recipe (what `decoderlm train` runs).
 PRESETS: dict[str, Preset] = {
     "seed-notebook": Preset(
         description="the original seed experiment's run exactly: 3 layers x 128 wide, 4 heads, "
         "context 96, batch 32, 400 steps of AdamW at lr 2e-4, weight decay 1e-2, no schedule, "
-        "no clipping (vocab_size 139: the embedded corpus's 138 characters plus an "
+        "no clipping, float32 (vocab_size 139: the embedded corpus's 138 characters plus an "
         "unknown-character id)",
         model=SEED_MODEL,
         train=dict(
-            batch_size=32,
             max_steps=400,
+            optimizer="adamw",
             lr=2e-4,
+            min_lr=2e-5,
             warmup_steps=0,
             schedule="constant",
+            cooldown_fraction=0.2,
             weight_decay=1e-2,
+            beta2=0.999,
             grad_clip=None,
             dtype="float32",
             eval_interval=100,
@@ -62,12 +55,12 @@ PRESETS: dict[str, Preset] = {
     ),
     "default": Preset(
         description="what `decoderlm train` runs: the seed model's shape (3 layers x 128 wide, "
-        "4 heads, context 96, batch 32, dropout 0.05) with every option that wins together in "
-        "the README's ablation at equal wall time (rotary positions, QK-norm, ReLU^2 MLP, "
-        "zero-initialised output projections, logits soft-capped at 15), trained 500 steps: "
-        "Muon (lr 0.02) for the block matrices and AdamW (lr 3e-3, weight decay 0.1, beta2 "
-        "0.99) for the rest, 100 warm-up steps then constant until the last 40% decay to a "
-        "tenth (WSD), clipping at 1.0, bfloat16 autocast",
+        "4 heads, context 96, batch 32, dropout 0.05) with rotary positions, QK-norm, a "
+        "ReLU^2 MLP, zero-initialised output projections and logits soft-capped at 15, "
+        "trained 500 steps: Muon (lr 0.02) for the block matrices and AdamW (lr 3e-3, weight "
+        "decay 0.1, beta2 0.99) for the rest, 100 warm-up steps then constant until the last "
+        "40% decay to a tenth (WSD), clipping at 1.0, bfloat16 autocast (the TrainConfig "
+        "defaults)",
         model=dict(
             **SEED_MODEL,
             dropout=0.05,
@@ -77,23 +70,20 @@ PRESETS: dict[str, Preset] = {
             zero_init_proj=True,
             logit_softcap=15.0,
         ),
-        train={
-            **CLASSIC_TRAIN,
-            "max_steps": 500,
-            "schedule": "wsd",
-            "cooldown_fraction": 0.4,
-            "optimizer": "muon",
-            "eval_interval": 250,
-        },
     ),
     "classic": Preset(
-        description="the default before the options of modern recipes won the ablation: the "
-        "same model with learned positions and a GELU MLP, trained 1,800 steps of AdamW "
-        "with warm-up + cosine decay from lr 3e-3 to 3e-4, weight decay 0.1, beta2 0.99, "
-        "clipping at 1.0, bfloat16 autocast (the ablation's base; GPT-2's architecture, so "
-        "its runs export to the GPT-2 format)",
+        description="GPT-2's architecture at the seed model's size (learned positions, a GELU "
+        "MLP, dropout 0.05), trained 1,800 steps of AdamW with warm-up + cosine decay from "
+        "lr 3e-3 to 3e-4, weight decay 0.1, beta2 0.99, clipping at 1.0, bfloat16 autocast; "
+        "its runs export to the GPT-2 format",
         model=dict(**SEED_MODEL, dropout=0.05),
-        train=CLASSIC_TRAIN,
+        train=dict(
+            max_steps=1800,
+            optimizer="adamw",
+            schedule="cosine",
+            cooldown_fraction=0.2,
+            eval_interval=300,
+        ),
     ),
     **{
         name: Preset(
@@ -154,20 +144,19 @@ PRESETS: dict[str, Preset] = {
 # the 'default' recipe, gentler: for `decoderlm train --init-from SRC`, whose model comes from SRC
 PRESETS["finetune"] = Preset(
     description="what `decoderlm train --init-from SRC` runs: the model of SRC (its shape "
-    "and tokenizer), trained 300 steps with a 20-step warm-up then cosine decay from lr "
-    "3e-4 to 3e-5 (a tenth of 'default'), no weight decay (it would pull the weights "
+    "and tokenizer), trained 300 steps of AdamW with a 20-step warm-up then cosine decay "
+    "from lr 3e-4 to 3e-5 (a tenth of 'default'), no weight decay (it would pull the weights "
     "towards 0, not towards the pretrained ones), clipping at 1.0, bfloat16 autocast",
-    train={
-        **PRESETS["default"].train,
-        "optimizer": "adamw",  # Muon is not for LoRA adapters, and moves pretrained weights far
-        "schedule": "cosine",
-        "max_steps": 300,
-        "lr": 3e-4,
-        "min_lr": 3e-5,
-        "warmup_steps": 20,
-        "weight_decay": 0.0,
-        "eval_interval": 50,
-    },
+    train=dict(
+        optimizer="adamw",  # Muon is not for LoRA adapters, and moves pretrained weights far
+        schedule="cosine",
+        max_steps=300,
+        lr=3e-4,
+        min_lr=3e-5,
+        warmup_steps=20,
+        weight_decay=0.0,
+        eval_interval=50,
+    ),
 )
 
 

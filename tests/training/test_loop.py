@@ -13,17 +13,24 @@ from conftest import tiny_config
 
 
 def trained(data, val, batch_size: int, accumulation: int, max_steps: int, eval_interval: int):
-    """(TrainResult, model): TINY (seed 0) trained at lr 1e-3, logging every step."""
+    """(TrainResult, model): TINY (seed 0) trained by AdamW at a constant lr 1e-3 in float32,
+    unclipped, logging every step."""
     torch.manual_seed(0)
     model = DecoderLM(tiny_config())
-    cfg = TrainConfig(
-        batch_size=batch_size,
-        grad_accum_steps=accumulation,
-        max_steps=max_steps,
-        lr=1e-3,
-        log_interval=1,
-        eval_interval=eval_interval,
-        eval_batches=1,
+    cfg = TrainConfig.from_dict(
+        dict(
+            batch_size=batch_size,
+            grad_accum_steps=accumulation,
+            max_steps=max_steps,
+            optimizer="adamw",
+            lr=1e-3,
+            schedule="constant",
+            grad_clip=None,
+            dtype="float32",
+            log_interval=1,
+            eval_interval=eval_interval,
+            eval_batches=1,
+        )
     )
     return train(model, cfg, data, val, progress=False), model
 
@@ -56,7 +63,9 @@ def test_the_validation_estimate_does_not_depend_on_the_micro_batch_split():
 
 def test_progress_false_prints_nothing(capsys):
     data = torch.randint(0, 65, (2000,), generator=torch.Generator().manual_seed(3))
-    cfg = TrainConfig(batch_size=2, max_steps=2, log_interval=1, eval_interval=1, eval_batches=1)
+    cfg = TrainConfig.from_dict(
+        dict(batch_size=2, max_steps=2, log_interval=1, eval_interval=1, eval_batches=1)
+    )
     for progress in (False, True):
         torch.manual_seed(0)
         result = train(DecoderLM(tiny_config()), cfg, data[:1500], data[1500:], progress=progress)

@@ -3,7 +3,6 @@ computations, the CSV and TensorBoard sinks, and the seed-notebook run unchanged
 
 import copy
 import csv
-import dataclasses
 import importlib.util
 import json
 import math
@@ -43,7 +42,7 @@ def _hand_norm(model, cfg):
 
 @pytest.mark.parametrize("clip", [None, 0.01])
 def test_grad_norm_is_the_norm_before_clipping_and_leaves_an_unclipped_step_unchanged(clip):
-    cfg = TrainConfig(batch_size=4, lr=1e-3, grad_clip=clip)
+    cfg = TrainConfig.from_dict(dict(batch_size=4, lr=1e-3, grad_clip=clip))
     torch.manual_seed(0)
     model = DecoderLM(tiny_config()).train()
     expected = _hand_norm(model, cfg)
@@ -58,7 +57,9 @@ def test_grad_norm_is_the_norm_before_clipping_and_leaves_an_unclipped_step_unch
 
 def test_mfu_is_training_flops_times_tokens_per_s_over_the_peak():
     config = tiny_config()
-    extras = RecordExtras(config, TrainConfig(peak_tflops=2.0), torch.device("cpu"), world_size=2)
+    extras = RecordExtras(
+        config, TrainConfig.from_dict({"peak_tflops": 2.0}), torch.device("cpu"), world_size=2
+    )
     N = DecoderLM(config).num_parameters(non_embedding=True)  # tied: the matmul parameters
     per_token = 3 * (2 * N + 2 * config.n_layers * config.block_size * config.d_model)
     record = extras.add({"step": 1, "tokens_per_s": 1000.0}, grad_norm=0.5)
@@ -66,7 +67,7 @@ def test_mfu_is_training_flops_times_tokens_per_s_over_the_peak():
     assert record["grad_norm"] == 0.5 and "val_bpb" not in record
     # the tiny model at 1,000 tokens/s on a 1e12 FLOP/s peak: 650,112 FLOPs per token (the
     # causal, Kaplan attention term) give an MFU of 6.50112e-4
-    one = RecordExtras(config, TrainConfig(peak_tflops=1.0), torch.device("cpu"))
+    one = RecordExtras(config, TrainConfig.from_dict({"peak_tflops": 1.0}), torch.device("cpu"))
     assert one.add({"tokens_per_s": 1000.0})["mfu"] == pytest.approx(6.50112e-4)
 
 
@@ -98,10 +99,10 @@ def test_val_bpb_is_bits_per_token_over_utf8_bytes_per_token():
 def test_csv_and_tensorboard_sinks_hold_the_records(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    cfg = TrainConfig(
+    cfg = TrainConfig.from_dict(dict(
         batch_size=4, max_steps=6, log_interval=2, eval_interval=3, eval_batches=2,
         log=["csv", "tensorboard"], checkpoint_interval=0, sample_chars=0,
-    )  # fmt: skip
+    ))  # fmt: skip
     torch.manual_seed(0)
     model = DecoderLM(tiny_config())
     train(model, cfg, DATA[:2500], DATA[2500:], tmp_path, False, log=quiet, val_bytes_per_token=1.5)
@@ -149,15 +150,17 @@ def test_seed_notebook_run_is_unchanged():
     the seed notebook's loop does: plain AdamW at a constant lr, no clipping."""
     preset = get_preset("seed-notebook")
     config = ModelConfig.from_dict(preset.model)
-    cfg = dataclasses.replace(TrainConfig.from_dict(preset.train), max_steps=3, eval_interval=3)
+    cfg = TrainConfig.from_dict({**preset.train, "max_steps": 3, "eval_interval": 3})
     assert (config.mlp, config.qk_norm, config.zero_init_proj, config.logit_softcap) == (
         "gelu", False, False, None,
     )  # fmt: skip
-    assert (cfg.optimizer, cfg.schedule, cfg.grad_clip, cfg.log) == ("adamw", "constant", None, [])
+    recipe = (cfg.optim.optimizer, cfg.steps.schedule, cfg.optim.grad_clip, cfg.logging.log)
+    assert recipe == ("adamw", "constant", None, [])
+    assert (cfg.compute.dtype, cfg.optim.lr, cfg.optim.weight_decay) == ("float32", 2e-4, 1e-2)
     data = torch.randint(0, 139, (3000,), generator=torch.Generator().manual_seed(1))
-    torch.manual_seed(cfg.seed)
+    torch.manual_seed(cfg.data.seed)
     notebook = DecoderLM(config).train()
-    torch.manual_seed(cfg.seed)
+    torch.manual_seed(cfg.data.seed)
     trained = DecoderLM(config)
     decay = [p for p in notebook.parameters() if p.dim() >= 2]
     flat = [p for p in notebook.parameters() if p.dim() < 2]
@@ -166,7 +169,7 @@ def test_seed_notebook_run_is_unchanged():
         lr=2e-4,
         fused=True,
     )
-    g, losses = torch.Generator().manual_seed(cfg.seed), []
+    g, losses = torch.Generator().manual_seed(cfg.data.seed), []
     for _ in range(3):
         starts = torch.randint(len(data[:2700]) - 96, (32,), generator=g)
         x = torch.stack([data[s : s + 96] for s in starts])
@@ -185,7 +188,9 @@ def test_seed_notebook_run_is_unchanged():
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_bfloat16_training_records_grad_norm_and_mfu():
-    cfg = TrainConfig(batch_size=4, max_steps=4, log_interval=2, eval_interval=4, dtype="bfloat16")
+    cfg = TrainConfig.from_dict(
+        dict(batch_size=4, max_steps=4, log_interval=2, eval_interval=4, dtype="bfloat16")
+    )
     torch.manual_seed(0)
     model = DecoderLM(tiny_config()).cuda()
     result = train(model, cfg, DATA[:2500].cuda(), DATA[2500:].cuda(), None, False, log=quiet)

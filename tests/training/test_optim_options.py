@@ -25,7 +25,10 @@ from conftest import one_line_error, tiny_model
 
 corpus, one_thread = test_state.corpus, test_state.one_thread  # its fixtures, shared here
 
-MUON = dict(optimizer="muon", lr=1e-3, muon_lr=0.01, weight_decay=0.0)
+# Muon at a constant lr, AdamW with torch's default betas for the rest
+MUON = dict(
+    optimizer="muon", lr=1e-3, muon_lr=0.01, weight_decay=0.0, schedule="constant", beta2=0.999
+)
 
 
 def _backward(model):
@@ -40,7 +43,7 @@ def test_muon_gets_exactly_the_blocks_linear_weights_chosen_by_module():
     chosen = sorted(names[id(p)] for p in muon_parameters(model))
     kinds = ("attn.qkv", "attn.proj", "mlp.fc", "mlp.gate", "mlp.proj")
     assert chosen == sorted(f"blocks.{i}.{k}.weight" for i in range(2) for k in kinds)
-    opt = configure_optimizer(model, TrainConfig(**MUON))
+    opt = configure_optimizer(model, TrainConfig.from_dict(MUON))
     muon_ids = {id(p) for p in opt.param_groups[0]["params"]}
     for name in ("tok_emb.weight", "pos_emb.weight", "lm_head.weight"):  # 2-D, not hidden
         assert id(model.get_parameter(name)) not in muon_ids
@@ -60,7 +63,7 @@ def test_muon_update_is_orthogonalised_and_adamw_steps_the_rest_as_plain_adamw()
     qkv = model.blocks[0].attn.qkv.weight
     qkv.grad = u @ torch.diag(torch.logspace(0, -2, 64)) @ v.T
     before = qkv.detach().clone()
-    configure_optimizer(model, TrainConfig(**MUON)).step()
+    configure_optimizer(model, TrainConfig.from_dict(MUON)).step()
     update = (before - qkv.detach()) / (0.01 * math.sqrt(192 / 64))  # Muon's lr adjustment
     s = torch.linalg.svdvals(update)
     assert s.min() > 0.6 and s.max() < 1.3, s  # quintic Newton-Schulz: all near 1
@@ -82,7 +85,7 @@ def test_muon_update_is_orthogonalised_and_adamw_steps_the_rest_as_plain_adamw()
 
 
 def test_muon_lr_follows_the_schedule_and_state_survives_a_round_trip():
-    cfg = TrainConfig(**{**MUON, "schedule": "wsd", "warmup_steps": 2, "max_steps": 10})
+    cfg = TrainConfig.from_dict({**MUON, "schedule": "wsd", "warmup_steps": 2, "max_steps": 10})
     model = tiny_model()
     opt = configure_optimizer(model, cfg)
     assert isinstance(opt, MuonWithAdamW)
@@ -104,12 +107,19 @@ def test_muon_without_trainable_hidden_matrices_is_refused():
     for p in muon_parameters(model):
         p.requires_grad_(False)
     with pytest.raises(ValueError, match="optimizer 'muon' needs trainable weight matrices"):
-        configure_optimizer(model, TrainConfig(optimizer="muon"))
+        configure_optimizer(model, TrainConfig.from_dict({"optimizer": "muon"}))
 
 
 def test_wsd_schedule_is_a_trapezoid():
-    cfg = TrainConfig(
-        lr=1e-3, min_lr=1e-4, warmup_steps=10, max_steps=110, schedule="wsd", cooldown_fraction=0.2
+    cfg = TrainConfig.from_dict(
+        dict(
+            lr=1e-3,
+            min_lr=1e-4,
+            warmup_steps=10,
+            max_steps=110,
+            schedule="wsd",
+            cooldown_fraction=0.2,
+        )
     )
     lrs = [lr_at(s, cfg) for s in range(130)]
     assert lrs[:10] == pytest.approx([1e-3 * (s + 1) / 10 for s in range(10)])  # warm-up

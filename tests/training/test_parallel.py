@@ -150,6 +150,7 @@ CFG = dict(
     eval_interval=100,
     eval_batches=1,
     dtype="float32",
+    optimizer="adamw",  # the tolerances below are Adam's
     seed=3,
 )
 
@@ -181,7 +182,8 @@ def _accumulating_rank(rank, world, port, out_dir, data):
     info, _ = init_distributed("cpu")
     torch.manual_seed(0)
     model = DecoderLM(tiny_config())
-    result = train(model, TrainConfig(**CFG), data[:1800], data[1800:], progress=False, info=info)
+    cfg = TrainConfig.from_dict(CFG)
+    result = train(model, cfg, data[:1800], data[1800:], progress=False, info=info)
     torch.save(
         {
             "params": model.state_dict(),
@@ -200,9 +202,8 @@ def test_gradient_accumulation_syncs_once_per_step_and_matches_one_process(tmp_p
     ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(2)]
     torch.manual_seed(0)
     reference = DecoderLM(tiny_config())  # one process, the same 16 sequences per step
-    result = train(
-        reference, TrainConfig(**{**CFG, "batch_size": 4}), data[:1800], data[1800:], progress=False
-    )
+    cfg = TrainConfig.from_dict({**CFG, "batch_size": 4})
+    result = train(reference, cfg, data[:1800], data[1800:], progress=False)
     expected = [r["train_loss"] for r in result.metrics]
     assert ranks[0]["losses"] == ranks[1]["losses"]  # the logged loss is the global mean
     assert ranks[0]["losses"] == pytest.approx(expected, abs=1e-6)
@@ -248,14 +249,19 @@ def test_compiled_training_matches_eager(tmp_path):
     for compiled in (False, True):
         torch.manual_seed(0)
         model = DecoderLM(tiny_config(n_layers=1))
-        cfg = TrainConfig(
-            batch_size=4,
-            max_steps=3,
-            lr=1e-3,
-            log_interval=1,
-            eval_interval=100,
-            eval_batches=1,
-            compile=compiled,
+        cfg = TrainConfig.from_dict(
+            dict(
+                batch_size=4,
+                max_steps=3,
+                optimizer="adamw",
+                lr=1e-3,
+                schedule="constant",
+                dtype="float32",
+                log_interval=1,
+                eval_interval=100,
+                eval_batches=1,
+                compile=compiled,
+            )
         )
         result = train(model, cfg, data[:1800], data[1800:], progress=False)
         losses.append([r["train_loss"] for r in result.metrics])
@@ -266,7 +272,7 @@ def test_compiled_training_matches_eager(tmp_path):
 def test_written_out_attention_is_chosen_only_for_bfloat16_on_the_cpu_up_to_128():
     def impls(dtype, device="cpu", block_size=128):
         model = DecoderLM(tiny_config(block_size=block_size))
-        choose_attention(model, TrainConfig(dtype=dtype), torch.device(device))
+        choose_attention(model, TrainConfig.from_dict({"dtype": dtype}), torch.device(device))
         return {getattr(block.attn, "impl", "sdpa") for block in model.blocks}
 
     assert impls("bfloat16") == {"explicit"}

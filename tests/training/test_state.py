@@ -146,7 +146,9 @@ def test_stop_after_10_steps_and_resume_in_a_new_process_is_exact(corpus, uninte
     second = cli("train", "--resume", out, "--max-steps", "20")
     assert second.returncode == 0, second.stderr
     assert "resuming from" in second.stdout
-    cfg = TrainConfig(lr=1e-3, min_lr=1e-4, warmup_steps=5, schedule="cosine", max_steps=20)
+    cfg = TrainConfig.from_dict(
+        dict(lr=1e-3, min_lr=1e-4, warmup_steps=5, schedule="cosine", max_steps=20)
+    )
     assert records(out)[10]["lr"] == lr_at(10, cfg)  # the first resumed step's lr
     assert_same_run(uninterrupted, out)
     end_a = load_trainer_state(list_checkpoints(uninterrupted)[-1])
@@ -362,14 +364,14 @@ def test_train_state_round_trip_continues_exactly():
     """state_dict() after two steps, loaded into another model's TrainState, continues with
     the same losses and weights as the original: model, optimizer, window generator and
     dropout RNG all come back."""
-    cfg = TrainConfig(batch_size=2, max_steps=4, lr=1e-3, dtype="float32")
+    cfg = TrainConfig.from_dict(dict(batch_size=2, max_steps=4, lr=1e-3, dtype="float32"))
     data = torch.randint(0, 65, (500,), generator=torch.Generator().manual_seed(0))
 
     def new_state(seed):
         torch.manual_seed(seed)
         model = DecoderLM(tiny_config(dropout=0.1)).train()
         scaler = torch.amp.GradScaler("cpu", enabled=False)
-        generator = torch.Generator().manual_seed(cfg.seed)
+        generator = torch.Generator().manual_seed(cfg.data.seed)
         optimizer = configure_optimizer(model, cfg)
         return TrainState(model, optimizer, scaler, generator, cfg, DistInfo())
 
@@ -425,10 +427,12 @@ def test_one_process_state_dicts_are_those_of_torch_distributed_checkpoint(
     from decoderlm.finetune.trainable import prepare_trainable
     from decoderlm.training.parallel import apply_activation_checkpointing
 
-    cfg = TrainConfig(batch_size=2, lr=1e-3, dtype="float32", optimizer=optimizer, freeze=freeze)
+    cfg = TrainConfig.from_dict(
+        dict(batch_size=2, lr=1e-3, dtype="float32", optimizer=optimizer, freeze=freeze)
+    )
     torch.manual_seed(0)
     model = DecoderLM(tiny_config()).train()
-    prepare_trainable(model, cfg)
+    prepare_trainable(model, cfg.finetune)
     if checkpointing:
         apply_activation_checkpointing(model)
     opt = configure_optimizer(model, cfg)

@@ -40,9 +40,8 @@ def test_auto_picks_a_candidate_and_changes_no_weight_gradient_or_rng():
     rng = torch.get_rng_state()
     lines = []
     data = torch.randint(0, 65, (500,), generator=torch.Generator().manual_seed(0))
-    chosen = set_threads(
-        "auto", model, TrainConfig(batch_size=2), data, contextlib.nullcontext, lines.append
-    )
+    cfg = TrainConfig.from_dict({"batch_size": 2})
+    chosen = set_threads("auto", model, cfg, data, contextlib.nullcontext, lines.append)
     assert chosen in thread_candidates() and torch.get_num_threads() == chosen
     assert len(lines) == 1 and lines[0].startswith(f"threads: auto chose {chosen}")
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())

@@ -1,5 +1,6 @@
 """Which parameters train: `prepare_trainable` adds LoRA adapters (`decoderlm.model.lora`) and
-freezes parameter groups as a `TrainConfig` asks; `trainable_counts` counts the result."""
+freezes parameter groups as a `FinetuneConfig` (TrainConfig.finetune) asks; `trainable_counts`
+counts the result."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import re
 
 import torch.nn as nn
 
-from ..config import TrainConfig
+from ..config import FinetuneConfig
 from ..errors import UserError
 from ..model.lora import LoRALinear, apply_lora, is_lora_key, parse_targets
 from ..model.model import DecoderLM, RMSNorm
@@ -72,10 +73,10 @@ def freeze(model: DecoderLM, spec: str) -> int:
     return sum(p.numel() for p in model.parameters() if not p.requires_grad)
 
 
-def prepare_trainable(model: DecoderLM, cfg: TrainConfig) -> list[str]:
-    """Add LoRA adapters (cfg.lora_rank; unless the model already has them) and freeze
-    parameters (cfg.freeze) as cfg asks, in place. The new adapters' A matrices draw from
-    torch's global RNG.
+def prepare_trainable(model: DecoderLM, ft: FinetuneConfig) -> list[str]:
+    """Add LoRA adapters (ft.lora_rank; unless the model already has them) and freeze
+    parameters (ft.freeze) as `ft` (a TrainConfig's finetune section) asks, in place. The new
+    adapters' A matrices draw from torch's global RNG.
 
     Returns:
         The names of the adapted layers ([] without LoRA).
@@ -85,19 +86,19 @@ def prepare_trainable(model: DecoderLM, cfg: TrainConfig) -> list[str]:
             or nothing left to train.
     """
     adapted = [n for n, m in model.named_modules() if isinstance(m, LoRALinear)]
-    if cfg.lora_rank is not None and not adapted:
-        alpha = cfg.lora_alpha if cfg.lora_alpha is not None else float(cfg.lora_rank)
+    if ft.lora_rank is not None and not adapted:
+        alpha = ft.lora_alpha if ft.lora_alpha is not None else float(ft.lora_rank)
         adapted = apply_lora(
-            model, cfg.lora_rank, alpha, parse_targets(cfg.lora_targets), cfg.lora_dropout
+            model, ft.lora_rank, alpha, parse_targets(ft.lora_targets), ft.lora_dropout
         )
-    if cfg.freeze:
-        freeze(model, cfg.freeze)
+    if ft.freeze:
+        freeze(model, ft.freeze)
     if not any(p.requires_grad for p in model.parameters()):
-        raise UserError(f"--freeze {cfg.freeze} leaves no parameter to train")
+        raise UserError(f"--freeze {ft.freeze} leaves no parameter to train")
     return adapted
 
 
-def lora_entry(model: nn.Module, cfg: TrainConfig) -> dict | None:
+def lora_entry(model: nn.Module, ft: FinetuneConfig) -> dict | None:
     """config.json's "lora" entry of a model with adapters (None without): rank, alpha,
     dropout, targets (as given) and modules (the adapted layers' names)."""
     layers = [(n, m) for n, m in model.named_modules() if isinstance(m, LoRALinear)]
@@ -107,8 +108,8 @@ def lora_entry(model: nn.Module, cfg: TrainConfig) -> dict | None:
     return {
         "rank": first.rank,
         "alpha": first.alpha,
-        "dropout": cfg.lora_dropout,
-        "targets": cfg.lora_targets,
+        "dropout": ft.lora_dropout,
+        "targets": ft.lora_targets,
         "modules": [n for n, _ in layers],
     }
 

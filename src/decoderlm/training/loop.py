@@ -13,8 +13,8 @@ far, all ranks), elapsed_s, tokens_per_s, grad_norm (of the logged step, before 
 (when the device's peak is known), and on evaluation steps val_loss (nats), val_bpc (val_loss
 / ln 2, bits per token), val_bpb (bits per UTF-8 byte of the validation text; see
 `decoderlm.training.metrics`, which also writes the records to metrics.csv and TensorBoard,
-cfg.log), induction_score (per layer, the best head's) and probe_second_half_loss (nats) on a
-repeated random-token probe (`decoderlm.lens.lens.probe_metrics`).
+cfg.logging.log), induction_score (per layer, the best head's) and probe_second_half_loss
+(nats) on a repeated random-token probe (`decoderlm.lens.lens.probe_metrics`).
 """
 
 from __future__ import annotations
@@ -63,10 +63,11 @@ class TrainResult:
 
 
 def autocast_for(cfg: TrainConfig, device: torch.device):
-    """A factory of the mixed-precision context of cfg.dtype (bfloat16 / float16 autocast;
+    """A factory of the mixed-precision context of cfg.compute.dtype (bfloat16 / float16 autocast;
     nothing for float32)."""
-    if cfg.dtype in ("bfloat16", "float16"):
-        return lambda: torch.autocast(device_type=device.type, dtype=getattr(torch, cfg.dtype))
+    dtype = cfg.compute.dtype
+    if dtype in ("bfloat16", "float16"):
+        return lambda: torch.autocast(device_type=device.type, dtype=getattr(torch, dtype))
     return contextlib.nullcontext
 
 
@@ -95,11 +96,12 @@ def micro_batches(
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """This rank's (x, y) [batch_size, block_size] windows of each micro-step of one optimizer
     step (see the module docstring)."""
-    for _ in range(cfg.grad_accum_steps):
+    batch_size = cfg.data.batch_size
+    for _ in range(cfg.data.grad_accum_steps):
         starts = torch.randint(
-            len(train_ids) - block_size, (cfg.batch_size * info.world_size,), generator=generator
+            len(train_ids) - block_size, (batch_size * info.world_size,), generator=generator
         )
-        mine = starts[info.rank * cfg.batch_size : (info.rank + 1) * cfg.batch_size]
+        mine = starts[info.rank * batch_size : (info.rank + 1) * batch_size]
         yield windows(train_ids, mine, block_size)
 
 
@@ -107,7 +109,8 @@ def eval_window_count(cfg: TrainConfig, info: DistInfo) -> int:
     """Windows of each validation estimate during training: eval_batches batches of one
     optimizer step (batch_size * grad_accum_steps * world_size sequences), so how a step is
     split into micro-batches and processes does not change which windows are scored."""
-    return cfg.eval_batches * cfg.batch_size * cfg.grad_accum_steps * info.world_size
+    data = cfg.data
+    return cfg.evaluation.eval_batches * data.batch_size * data.grad_accum_steps * info.world_size
 
 
 def train_step(
@@ -129,17 +132,18 @@ def train_step(
     Returns:
         This rank's mean loss over the micro-batches, a detached scalar tensor.
     """
+    accum, clip = cfg.data.grad_accum_steps, cfg.optim.grad_clip
     step_loss = torch.zeros((), device=par.device)
     for micro, (x, y) in enumerate(batches):
-        with gradient_sync(par, last=micro == cfg.grad_accum_steps - 1):
+        with gradient_sync(par, last=micro == accum - 1):
             with autocast():
                 _, loss = par.step_module(x.to(par.device), y.to(par.device))
-            scaler.scale(loss / cfg.grad_accum_steps).backward()
+            scaler.scale(loss / accum).backward()
         step_loss += loss.detach()
     norm = None
-    if cfg.grad_clip is not None:
+    if clip is not None:
         scaler.unscale_(optimizer)
-        norm = torch.nn.utils.clip_grad_norm_(par.model.parameters(), cfg.grad_clip)
+        norm = torch.nn.utils.clip_grad_norm_(par.model.parameters(), clip)
     elif grad_norms is not None:
         scaler.unscale_(optimizer)  # what scaler.step would do first
         grads = [p.grad for p in par.model.parameters() if p.grad is not None]
@@ -149,7 +153,7 @@ def train_step(
     scaler.step(optimizer)
     scaler.update()
     optimizer.zero_grad(set_to_none=True)
-    step_loss /= cfg.grad_accum_steps
+    step_loss /= accum
     return step_loss
 
 
@@ -176,7 +180,7 @@ class MetricsLog:
             self.sink = open(run_dir / "metrics.jsonl", "a", encoding="utf-8")
             self.sinks = Sinks(run_dir, cfg, first_step)
         self.bar = tqdm(
-            total=cfg.max_steps,
+            total=cfg.steps.max_steps,
             initial=first_step,
             disable=not self.show,
             unit="step",
@@ -195,8 +199,8 @@ class MetricsLog:
         self.bar.set_postfix(
             loss=f"{loss:.3f}", tok_s=f"{tokens / max(state.elapsed(), 1e-9):,.0f}", refresh=False
         )
-        is_eval = done % cfg.eval_interval == 0 or done == cfg.max_steps
-        if not (done % cfg.log_interval == 0 or is_eval):
+        is_eval = done % cfg.evaluation.eval_interval == 0 or done == cfg.steps.max_steps
+        if not (done % cfg.logging.log_interval == 0 or is_eval):
             return
         record = {
             "step": done,
@@ -238,12 +242,12 @@ def _initial_state(
     run_dir: Path | None,
 ) -> TrainState:
     """A new TrainState (AdamW, a loss scaler for float16, the window generator seeded with
-    cfg.seed), or the checkpoint's when resuming."""
+    cfg.data.seed), or the checkpoint's when resuming."""
     state = TrainState(
         model,
         configure_optimizer(model, cfg),
-        torch.amp.GradScaler(model.device.type, enabled=cfg.dtype == "float16"),
-        torch.Generator().manual_seed(cfg.seed),
+        torch.amp.GradScaler(model.device.type, enabled=cfg.compute.dtype == "float16"),
+        torch.Generator().manual_seed(cfg.data.seed),
         cfg,
         info,
         log,
@@ -256,11 +260,12 @@ def _initial_state(
 
 def _check_can_continue(step: int, cfg: TrainConfig, run_dir: Path | None) -> None:
     """A resumed run must have steps left (or a final model still to write)."""
-    if step > cfg.max_steps or (
-        step == cfg.max_steps and run_dir is not None and (run_dir / "model.safetensors").exists()
+    max_steps = cfg.steps.max_steps
+    if step > max_steps or (
+        step == max_steps and run_dir is not None and (run_dir / "model.safetensors").exists()
     ):
         raise UserError(
-            f"the checkpoint is at step {step} and max_steps is {cfg.max_steps}; "
+            f"the checkpoint is at step {step} and max_steps is {max_steps}; "
             f"pass a larger --max-steps to train further"
         )
 
@@ -279,11 +284,12 @@ def _check_finite(loss: float, step: int, lr: float, run_dir: Path | None) -> fl
 
 def _checkpoint_due(step: int, cfg: TrainConfig, run_dir: Path | None) -> bool:
     """A periodic checkpoint after `step` (the last step's is written after the loop)."""
+    interval = cfg.checkpointing.checkpoint_interval
     return (
         run_dir is not None
-        and bool(cfg.checkpoint_interval)
-        and step % cfg.checkpoint_interval == 0
-        and step < cfg.max_steps
+        and bool(interval)
+        and step % interval == 0
+        and step < cfg.steps.max_steps
     )
 
 
@@ -350,7 +356,8 @@ def train(
     state = _initial_state(model, cfg, info, log, resume, run_dir)
     autocast, first_step = autocast_for(cfg, device), state.step
     eval_windows = eval_window_count(cfg, info)
-    validate = functools.partial(evaluate, model, val_ids, eval_windows, cfg.batch_size, autocast)
+    batch_size = cfg.data.batch_size
+    validate = functools.partial(evaluate, model, val_ids, eval_windows, batch_size, autocast)
     extras = RecordExtras(model.config, cfg, device, info.world_size, val_bytes_per_token)
     metrics = MetricsLog(run_dir, cfg, info, progress, first_step, extras)
     norms: list = []
@@ -361,7 +368,7 @@ def train(
     model.train()
     try:
         with stop_requests() as stop:
-            for step in range(first_step, cfg.max_steps):
+            for step in range(first_step, cfg.steps.max_steps):
                 lr = set_lr(state.optimizer, lr_at(step, cfg))
                 started = time.perf_counter()
                 batches = micro_batches(train_ids, state.generator, cfg, info, T)
@@ -389,7 +396,7 @@ def train(
     if not interrupted:  # the whole split, evaluated once
         val_loss = _whole_split_loss(metrics.records, state.step, eval_windows, len(val_ids), T)
         if val_loss is None:
-            val_loss = evaluate(model, val_ids, None, cfg.batch_size, autocast)
+            val_loss = evaluate(model, val_ids, None, batch_size, autocast)
     elapsed = state.elapsed()
     return TrainResult(
         val_loss, metrics.records, elapsed, rate, state.step, interrupted, checkpoint

@@ -131,7 +131,7 @@ class RecordExtras:
 
     Args:
         config: the model's ModelConfig (for the FLOPs per token).
-        cfg: the TrainConfig (dtype, peak_tflops).
+        cfg: the TrainConfig (compute.dtype, logging.peak_tflops).
         device: this process's device.
         world_size: processes training together.
         val_bytes_per_token: UTF-8 bytes per validation token (`bytes_per_token`); None
@@ -147,7 +147,7 @@ class RecordExtras:
         val_bytes_per_token: float | None = None,
     ):
         self.flops = flops_per_token(config)["training"]
-        peak = peak_flops(device, cfg.dtype, cfg.peak_tflops)
+        peak = peak_flops(device, cfg.compute.dtype, cfg.logging.peak_tflops)
         self.peak = None if peak is None else peak * world_size
         self.val_bytes_per_token = val_bytes_per_token
 
@@ -164,8 +164,8 @@ class RecordExtras:
 
 
 def check_sinks(cfg: TrainConfig) -> None:
-    """Raise ValueError when a sink of cfg.log needs a package that is not installed."""
-    if "tensorboard" in cfg.log and importlib.util.find_spec("tensorboard") is None:
+    """Raise ValueError when a sink of cfg.logging.log needs a package that is not installed."""
+    if "tensorboard" in cfg.logging.log and importlib.util.find_spec("tensorboard") is None:
         raise UserError(
             "--log tensorboard needs the tensorboard package: pip install "
             "'decoderlm[tensorboard]' (or drop --log tensorboard)"
@@ -173,7 +173,7 @@ def check_sinks(cfg: TrainConfig) -> None:
 
 
 class Sinks:
-    """metrics.csv and TensorBoard event files of a run directory, as cfg.log asks.
+    """metrics.csv and TensorBoard event files of a run directory, as cfg.logging.log asks.
 
     A resumed run (first_step > 0) keeps the CSV rows up to first_step and tells TensorBoard
     to drop the events after it (purge_step), so neither repeats the steps done again.
@@ -182,12 +182,12 @@ class Sinks:
     def __init__(self, run_dir: Path, cfg: TrainConfig, first_step: int = 0):
         check_sinks(cfg)
         self.csv_file = self.writer = None
-        if "csv" in cfg.log:
+        if "csv" in cfg.logging.log:
             self.csv_file = _open_csv(run_dir / "metrics.csv", first_step)
             self.csv = csv.DictWriter(self.csv_file, CSV_COLUMNS, extrasaction="ignore")
             if self.csv_file.tell() == 0:
                 self.csv.writeheader()
-        if "tensorboard" in cfg.log:
+        if "tensorboard" in cfg.logging.log:
             from torch.utils.tensorboard import SummaryWriter
 
             self.writer = SummaryWriter(

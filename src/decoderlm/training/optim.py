@@ -12,7 +12,7 @@ import math
 
 import torch
 
-from ..config import TrainConfig
+from ..config import OptimConfig, TrainConfig
 from ..errors import UserError
 
 __all__ = ["lr_at", "set_lr", "configure_optimizer", "MuonWithAdamW", "muon_parameters"]
@@ -21,7 +21,8 @@ __all__ = ["lr_at", "set_lr", "configure_optimizer", "MuonWithAdamW", "muon_para
 def lr_at(step: int, cfg: TrainConfig) -> float:
     """Learning rate of optimizer step `step` (0-based).
 
-    "constant": cfg.lr. "cosine": linear warm-up lr * (step + 1) / warmup_steps over the first
+    cfg.optim.lr is the peak; cfg.steps holds the schedule and its lengths.
+    "constant": lr. "cosine": linear warm-up lr * (step + 1) / warmup_steps over the first
     warmup_steps steps, then min_lr + (lr - min_lr) * (1 + cos(pi * progress)) / 2 with
     progress going from 0 to 1 over the steps up to decay_steps (default max_steps), then 1
     (Loshchilov & Hutter 2017, eq. 5). "wsd": the same warm-up, then lr until the last
@@ -29,18 +30,19 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
     which it falls linearly, lr + (min_lr - lr) * (step - start + 1) / cooldown, reaching
     min_lr at step decay_steps - 1 and staying there.
     """
-    if cfg.schedule == "constant":
-        return cfg.lr
-    if step < cfg.warmup_steps:
-        return cfg.lr * (step + 1) / cfg.warmup_steps
-    if cfg.schedule == "wsd":
-        total = cfg.decay_steps or cfg.max_steps
-        cooldown = max(1, round(cfg.cooldown_fraction * total))
+    lr, s = cfg.optim.lr, cfg.steps
+    if s.schedule == "constant":
+        return lr
+    if step < s.warmup_steps:
+        return lr * (step + 1) / s.warmup_steps
+    if s.schedule == "wsd":
+        total = s.decay_steps or s.max_steps
+        cooldown = max(1, round(s.cooldown_fraction * total))
         progress = min(1.0, max(0, step - (total - cooldown) + 1) / cooldown)
-        return cfg.lr + (cfg.min_lr - cfg.lr) * progress
-    decay_steps = max(1, (cfg.decay_steps or cfg.max_steps) - 1 - cfg.warmup_steps)
-    progress = min(1.0, (step - cfg.warmup_steps) / decay_steps)
-    return cfg.min_lr + 0.5 * (cfg.lr - cfg.min_lr) * (1.0 + math.cos(math.pi * progress))
+        return lr + (s.min_lr - lr) * progress
+    decay_steps = max(1, (s.decay_steps or s.max_steps) - 1 - s.warmup_steps)
+    progress = min(1.0, (step - s.warmup_steps) / decay_steps)
+    return s.min_lr + 0.5 * (lr - s.min_lr) * (1.0 + math.cos(math.pi * progress))
 
 
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> float:
@@ -64,15 +66,15 @@ def configure_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim
     The fused AdamW kernel (one kernel for all parameters) is used on CPU and CUDA; FSDP's
     sharded parameters use the default multi-tensor implementation.
 
-    cfg.optimizer "muon": `MuonWithAdamW`, Muon for `muon_parameters(model)` and the above for
+    cfg.optim.optimizer "muon": `MuonWithAdamW`, Muon for `muon_parameters(model)` and the above for
     the rest.
 
     Raises:
         ValueError: "muon" and the model has no trainable weight matrix inside its blocks.
     """
     params = [p for p in model.parameters() if p.requires_grad]
-    fused = not cfg.fsdp and all(p.device.type in ("cpu", "cuda") for p in params)
-    if cfg.optimizer == "muon":
+    fused = not cfg.compute.fsdp and all(p.device.type in ("cpu", "cuda") for p in params)
+    if cfg.optim.optimizer == "muon":
         hidden = muon_parameters(model)
         if not hidden:
             raise UserError(
@@ -81,16 +83,19 @@ def configure_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim
             )
         hidden_ids = {id(p) for p in hidden}
         rest = [p for p in params if id(p) not in hidden_ids]
-        return MuonWithAdamW(hidden, _adamw_groups(rest, cfg), cfg, fused)
+        return MuonWithAdamW(hidden, _adamw_groups(rest, cfg.optim), cfg, fused)
     return torch.optim.AdamW(
-        _adamw_groups(params, cfg), lr=lr_at(0, cfg), betas=(cfg.beta1, cfg.beta2), fused=fused
+        _adamw_groups(params, cfg.optim),
+        lr=lr_at(0, cfg),
+        betas=(cfg.optim.beta1, cfg.optim.beta2),
+        fused=fused,
     )
 
 
-def _adamw_groups(params: list, cfg: TrainConfig) -> list[dict]:
+def _adamw_groups(params: list, optim: OptimConfig) -> list[dict]:
     """AdamW's two groups: weight decay on parameters of 2 or more dimensions, none on 1-D."""
     return [
-        {"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
+        {"params": [p for p in params if p.dim() >= 2], "weight_decay": optim.weight_decay},
         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
     ]
 
@@ -123,21 +128,23 @@ class MuonWithAdamW(torch.optim.Optimizer):
     Args:
         hidden: the 2-D weights for Muon (`muon_parameters`).
         adamw_groups: AdamW's parameter groups (weight decay set per group).
-        cfg: lr, muon_lr, muon_momentum, weight_decay, beta1, beta2 and the schedule.
+        cfg: the TrainConfig: its optim section (lr, muon_lr, muon_momentum, weight_decay,
+            beta1, beta2) and the schedule (`lr_at`).
         fused: use the fused AdamW kernel.
     """
 
     def __init__(self, hidden: list, adamw_groups: list[dict], cfg: TrainConfig, fused: bool):
-        self.lr_scale = cfg.muon_lr / cfg.lr
+        optim = cfg.optim
+        self.lr_scale = optim.muon_lr / optim.lr
         lr = lr_at(0, cfg)
         self.muon = torch.optim.Muon(
             [{"params": hidden, "lr_scale": self.lr_scale}],
             lr=lr * self.lr_scale,
-            weight_decay=cfg.weight_decay,
-            momentum=cfg.muon_momentum,
+            weight_decay=optim.weight_decay,
+            momentum=optim.muon_momentum,
         )
         self.adamw = torch.optim.AdamW(
-            adamw_groups, lr=lr, betas=(cfg.beta1, cfg.beta2), fused=fused
+            adamw_groups, lr=lr, betas=(optim.beta1, optim.beta2), fused=fused
         )
         super().__init__(self.muon.param_groups + self.adamw.param_groups, defaults={})
         self._link()

@@ -89,7 +89,7 @@ def choose_attention(model: DecoderLM, cfg: TrainConfig, device: torch.device) -
     probabilities are small for T <= 128. Everywhere else the fused kernel ("sdpa") keeps
     memory linear in T.
     """
-    if device.type == "cpu" and cfg.dtype == "bfloat16" and model.config.block_size <= 128:
+    if device.type == "cpu" and cfg.compute.dtype == "bfloat16" and model.config.block_size <= 128:
         for block in model.blocks:
             block.attn.impl = "explicit"
 
@@ -135,10 +135,10 @@ def parallelize(
         ValueError: fsdp in a single process.
     """
     choose_attention(model, cfg, device)
-    if cfg.activation_checkpointing:
+    if cfg.compute.activation_checkpointing:
         apply_activation_checkpointing(model)
     ddp = None
-    if cfg.fsdp:
+    if cfg.compute.fsdp:
         if info.world_size == 1 and not dist.is_initialized():
             raise UserError("fsdp needs several processes: run under torchrun, or set fsdp false")
         from torch.distributed.fsdp import fully_shard  # imported here: DTensor is slow to import
@@ -154,9 +154,9 @@ def parallelize(
         step_module = ddp
     else:
         step_module = model
-    if cfg.compile:
+    if cfg.compute.compile:
         step_module = torch.compile(step_module)
-    return Parallelized(model, device, step_module, ddp, cfg.fsdp)
+    return Parallelized(model, device, step_module, ddp, cfg.compute.fsdp)
 
 
 def gradient_sync(par: Parallelized, last: bool):

@@ -3,13 +3,14 @@
 `run_experiment` decides what to train (a new run from a preset and overrides, or a resumed
 one from its newest checkpoint), checks and prepares the run directory, builds the model,
 calls `loop.train`, then writes the run's files: model.safetensors, config.json,
-tokenizer.json (Hugging Face's format), decoderlm_tokenizer.json, loss.png, attention.png,
-samples.txt and report.html / report.json (the lens report; metrics.jsonl and checkpoints/ are
-written while training).
+tokenizer.json (Hugging Face's format) and decoderlm_tokenizer.json, then the post-run step
+`artifacts.write_artifacts` (loss.png, attention.png, samples.txt, report.html / report.json;
+metrics.jsonl and checkpoints/ are written while training).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -17,10 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
-import numpy as np
 import torch
 
-from ..config import ModelConfig, TrainConfig
+from ..config import FinetuneConfig, ModelConfig, TrainConfig
 from ..data.corpus import check_split, data_spec, load_corpus
 from ..errors import Fields, NonNegativeInt, NotEmptyPath, PositiveInt, UserError, checked_device
 from ..evaluate import LN2
@@ -29,14 +29,12 @@ from ..finetune.counts import PresetName
 from ..finetune.merge import merge_run
 from ..finetune.sources import finetune_config, load_model, load_source
 from ..finetune.trainable import lora_entry, prepare_trainable, trainable_counts
-from ..generation.generate import generate
 from ..lens.plots import Plotter
-from ..lens.report import build_report, write_report
-from ..model.hooks import run_with_cache
 from ..model.model import DecoderLM
 from ..model.weights import ADAPTER_NAME, list_checkpoints
 from ..presets import get_preset
 from ..tokenizers import CharTokenizer, Tokenizer, load_tokenizer
+from .artifacts import write_artifacts
 from .checkpoints import latest_checkpoint, load_trainer_state
 from .launch import resume_command
 from .loop import TrainResult, autocast_for, train
@@ -63,7 +61,7 @@ _RUN_FILES = (
     "adapter.safetensors",
     "merged",
 )
-_FINETUNE_FIELDS = ("freeze", "lora_rank", "lora_alpha", "lora_targets", "lora_dropout")
+_FINETUNE_FIELDS = tuple(f.name for f in dataclasses.fields(FinetuneConfig))
 
 
 @dataclass
@@ -236,7 +234,17 @@ def run_experiment(
             on_step=tuner.step_done if tuner else None,
         )
         if info.is_main and not result.interrupted:
-            _save_run(model, result, plan, info, device, log, plotter)
+            final = _save_run(model, result, plan, info, device)
+            write_artifacts(
+                final,
+                plan.tokenizer,
+                plan.train_cfg.artifacts,
+                plan.val_ids,
+                plan.out_dir,
+                plan.train_cfg.data.seed,
+                plotter,
+                log,
+            )
             if merge:
                 log(f"merged model: {merge_run(plan.out_dir, plan.out_dir / 'merged')}")
     finally:
@@ -261,6 +269,7 @@ def _check_arguments(model_overrides, train_overrides, resume, overwrite, nproc_
 
 def _make_plan(request: dict, resume, init_from, merge: bool, info: DistInfo, log) -> RunPlan:
     """The plan of a resumed run (`_resume_plan`) or a new one (`_new_plan`)."""
+    request["train_overrides"] = TrainConfig.flatten(request["train_overrides"])
     if resume is not None and init_from is not None:
         raise UserError(
             "--resume continues a run, which already records where it started; drop --init-from"
@@ -269,7 +278,7 @@ def _make_plan(request: dict, resume, init_from, merge: bool, info: DistInfo, lo
         plan = _resume_plan(Path(resume), info, log, **request)
     else:
         plan = _new_plan(**request, init_from=init_from, log=log)
-    if merge and plan.train_cfg.lora_rank is None:
+    if merge and plan.train_cfg.finetune.lora_rank is None:
         raise UserError("--merge merges LoRA adapters; this run has none (give --lora-rank R)")
     return plan
 
@@ -297,12 +306,12 @@ def _new_plan(
         )
     train_cfg = TrainConfig.from_dict(settings)
     lora_only = [k for k in ("lora_alpha", "lora_targets", "lora_dropout") if k in train_overrides]
-    if lora_only and train_cfg.lora_rank is None:
+    if lora_only and train_cfg.finetune.lora_rank is None:
         flags = ", ".join("--" + k.replace("_", "-") for k in lora_only)
         raise UserError(
             f"{flags} set LoRA adapters, which this run has none of; give --lora-rank R"
         )
-    spec = data_spec(data, dataset, max_chars, train_cfg.val_fraction)
+    spec = data_spec(data, dataset, max_chars, train_cfg.data.val_fraction)
     if spec["token_dir"] and (max_chars or "val_fraction" in train_overrides):
         raise UserError(
             "--max-chars and --val-fraction do not apply to a prepared token "
@@ -407,7 +416,7 @@ def _resume_plan(
     finetuning = {k: v for k, v in train_overrides.items() if k in _FINETUNE_FIELDS}
     _check_same("fine-tuning settings", saved["train"], finetuning)
     model_cfg = ModelConfig.from_dict(saved["model"])
-    train_cfg = TrainConfig.from_dict({**saved["train"], **train_overrides})
+    train_cfg = TrainConfig.from_stored({**saved["train"], **train_overrides})
     tokenizer, train_ids, val_ids, source, fingerprint = load_corpus(spec, tokenizer)
     if spec.get("fingerprint") not in (None, fingerprint):
         raise UserError(
@@ -450,10 +459,11 @@ def _resumed_data_spec(saved: dict, config_path: Path, data, given: dict) -> dic
 def _note_schedule_change(saved_train: dict, train_cfg: TrainConfig, log) -> None:
     """Say so when a resumed cosine or wsd schedule now decays over another number of steps."""
     old_decay = saved_train.get("decay_steps") or saved_train["max_steps"]
-    new_decay = train_cfg.decay_steps or train_cfg.max_steps
-    if train_cfg.schedule in ("cosine", "wsd") and new_decay != old_decay:
+    steps = train_cfg.steps
+    new_decay = steps.decay_steps or steps.max_steps
+    if steps.schedule in ("cosine", "wsd") and new_decay != old_decay:
         log(
-            f"note: the {train_cfg.schedule} schedule now decays over {new_decay} steps instead of "
+            f"note: the {steps.schedule} schedule now decays over {new_decay} steps instead of "
             f"{old_decay}; pass --decay-steps {old_decay} to keep the original schedule"
         )
 
@@ -511,7 +521,7 @@ def _check_plan(plan: RunPlan, info: DistInfo, overwrite: bool) -> None:
     """Refuse what cannot train: fsdp in one process, splits shorter than one window, a run
     directory that cannot be used (LoRA targets or --freeze items that name nothing are
     refused by `_build_model`, also before the run directory is touched)."""
-    if plan.train_cfg.fsdp and info.world_size == 1:
+    if plan.train_cfg.compute.fsdp and info.world_size == 1:
         raise UserError(
             "fsdp needs several processes: run under torchrun (`torchrun "
             "--nproc_per_node N -m decoderlm train ...`), or pass --fsdp false to "
@@ -571,7 +581,7 @@ def _prepare_run_dir(out_dir: Path, resumed_step: int | None, log) -> None:
 def _build_model(plan: RunPlan, info: DistInfo, device: torch.device) -> DecoderLM:
     """The model to train on `device`: new (seeded with the training seed) or the checkpoint's.
     Every rank starts from the same weights and then draws its own dropout."""
-    torch.manual_seed(plan.train_cfg.seed)
+    torch.manual_seed(plan.train_cfg.data.seed)
     if plan.checkpoint is not None:
         model = plan.resumed
     elif plan.base is not None:
@@ -580,11 +590,11 @@ def _build_model(plan: RunPlan, info: DistInfo, device: torch.device) -> Decoder
         plan.base = None  # the run's model holds the weights now
     else:
         model = DecoderLM(plan.model_cfg)
-    prepare_trainable(model, plan.train_cfg)
-    plan.lora = lora_entry(model, plan.train_cfg)
+    prepare_trainable(model, plan.train_cfg.finetune)
+    plan.lora = lora_entry(model, plan.train_cfg.finetune)
     model = model.to(device)
     if info.world_size > 1:
-        torch.manual_seed(plan.train_cfg.seed + info.rank)
+        torch.manual_seed(plan.train_cfg.data.seed + info.rank)
     return model
 
 
@@ -599,8 +609,8 @@ def _log_start(plan: RunPlan, model: DecoderLM, info: DistInfo, device: torch.de
         f"d_model {cfg.d_model}, n_heads {cfg.n_heads}, block_size "
         f"{cfg.block_size}"
         + (f", vocabulary padded to {cfg.padded_vocab_size} rows" if cfg.padded_vocab_size else "")
-        + f"); preset {plan.preset!r}, {train_cfg.max_steps} steps, "
-        f"{train_cfg.dtype} on {device}"
+        + f"); preset {plan.preset!r}, {train_cfg.steps.max_steps} steps, "
+        f"{train_cfg.compute.dtype} on {device}"
         + (f" x {info.world_size} processes" if info.world_size > 1 else "")
         + (f"; resuming from {plan.checkpoint}" if plan.checkpoint else "")
     )
@@ -615,21 +625,13 @@ def _log_start(plan: RunPlan, model: DecoderLM, info: DistInfo, device: torch.de
                 if lora
                 else ""
             )
-            + (f"; frozen: {plan.train_cfg.freeze}" if plan.train_cfg.freeze else "")
+            + (f"; frozen: {train_cfg.finetune.freeze}" if train_cfg.finetune.freeze else "")
         )
 
 
-def _save_run(
-    model: DecoderLM,
-    result: TrainResult,
-    plan: RunPlan,
-    info: DistInfo,
-    device: torch.device,
-    log,
-    plotter: Plotter,
-) -> None:
-    """Write the trained model, its tokenizer and the artifacts into the run directory (rank
-    0). Under torchrun the full weights are read back from the last checkpoint."""
+def _save_run(model: DecoderLM, result: TrainResult, plan: RunPlan, info: DistInfo, device):
+    """Write the trained model and its tokenizer into the run directory (rank 0); returns the
+    model written. Under torchrun the full weights are read back from the last checkpoint."""
     final = (
         load_model(result.checkpoint, map_location=str(device), merge=False)
         if info.world_size > 1
@@ -637,13 +639,7 @@ def _save_run(
     )
     final.save_pretrained(plan.out_dir, plan.extra)
     plan.tokenizer.save_pretrained(plan.out_dir)
-    metrics = [
-        json.loads(line)
-        for line in (plan.out_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
-    ]
-    _write_artifacts(
-        final, plan.tokenizer, plan.train_cfg, metrics, plan.val_ids, plan.out_dir, log, plotter
-    )
+    return final
 
 
 def _summarize(plan: RunPlan, result: TrainResult, log) -> RunSummary:
@@ -687,72 +683,3 @@ def _summarize(plan: RunPlan, result: TrainResult, log) -> RunSummary:
         ]
     log(f"wrote {plan.out_dir}/: {' '.join(written)}")
     return summary
-
-
-@torch.no_grad()
-def attention_maps(model: DecoderLM, idx: torch.Tensor) -> torch.Tensor:
-    """Every layer's attention probabilities for idx [1, T] in eval mode: [n_layers, n_heads,
-    T, T] float32 on the CPU."""
-    model.eval()
-    _, cache = run_with_cache(model, idx.to(model.device), ["hook_pattern"])
-    return torch.stack(list(cache.values()))[:, 0].cpu()  # hook order is layer order
-
-
-def _write_report(model: DecoderLM, tokenizer, val_ids, out_dir: Path) -> None:
-    """report.html / report.json of the final model on the first 128 validation tokens."""
-    n = min(128, model.config.max_positions, len(val_ids))
-    ids = [int(i) for i in np.asarray(val_ids[:n])]
-    title = f"{out_dir.name}: the first {n} validation tokens"
-    write_report(build_report(model, tokenizer, ids, title=title), out_dir / "report.html")
-
-
-def _write_artifacts(
-    model: DecoderLM,
-    tokenizer,
-    cfg: TrainConfig,
-    metrics: list[dict],
-    val_ids,
-    out_dir: Path,
-    log,
-    plotter: Plotter,
-) -> None:
-    """loss.png, attention.png (every layer and head on the first 64 validation tokens),
-    report.html / report.json (the lens report on the first 128 validation tokens) and
-    samples.txt (sample_chars tokens from sample_prompt) in out_dir. The plots are drawn by
-    `plotter`'s process while the report and the sample are made here."""
-    n = min(64, model.config.block_size, len(val_ids))
-    window = torch.tensor(np.asarray(val_ids[:n], dtype=np.int64))[None, :]
-    plotter.draw(
-        metrics,
-        out_dir / "loss.png",
-        attention_maps(model, window).numpy(),
-        out_dir / "attention.png",
-        title=f"attention on validation tokens 0-{n - 1}: {tokenizer.decode(window[0])!r}",
-    )
-    threads = torch.get_num_threads()
-    torch.set_num_threads(max(1, threads - 1))  # a core for the plots: no waits at barriers
-    try:
-        _write_report(model, tokenizer, val_ids, out_dir)
-        _write_sample(model, tokenizer, cfg, window, out_dir, log)
-    finally:
-        torch.set_num_threads(threads)
-        plotter.wait()
-
-
-def _write_sample(model: DecoderLM, tokenizer, cfg: TrainConfig, window, out_dir: Path, log):
-    """samples.txt: cfg.sample_chars tokens sampled from cfg.sample_prompt (from the first
-    validation token when the prompt has characters outside the vocabulary)."""
-    try:
-        prompt = tokenizer.encode(cfg.sample_prompt, allowed_special="all")
-    except ValueError:  # the prompt has characters outside a character vocabulary
-        prompt = []
-        log(
-            f"note: sample_prompt {cfg.sample_prompt!r} has characters outside the vocabulary; "
-            f"samples.txt starts from the first validation token instead"
-        )
-    idx = torch.tensor([prompt or window[0, :1].tolist()], dtype=torch.long)
-    # past a full context the window slides by half of it at a time: one forward pass over
-    # the window per max_positions // 2 new tokens instead of one per token
-    slide_by = max(1, model.config.max_positions // 2)
-    out = generate(model, idx.to(model.device), cfg.sample_chars, seed=cfg.seed, slide_by=slide_by)
-    (out_dir / "samples.txt").write_text(tokenizer.decode(out[0]), encoding="utf-8")

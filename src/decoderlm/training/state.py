@@ -134,9 +134,8 @@ class TrainState:
         self.model, self.optimizer = model, optimizer
         self.scaler, self.generator = scaler, generator
         self.cfg, self.info, self.log = cfg, info, log
-        self.tokens_per_step = (
-            cfg.batch_size * cfg.grad_accum_steps * info.world_size * model.config.block_size
-        )
+        sequences = cfg.data.batch_size * cfg.data.grad_accum_steps * info.world_size
+        self.tokens_per_step = sequences * model.config.block_size
         self.step, self.loss_sum, self.loss_n = 0, 0.0, 0
         self._elapsed_before, self._start = 0.0, time.perf_counter()
 
@@ -251,7 +250,7 @@ class TrainState:
                         "tokenizer": files.get("tokenizer"),
                         "trainer_state": state,
                     },
-                    self.cfg.keep_checkpoints,
+                    self.cfg.checkpointing.keep_checkpoints,
                 )
             except OSError as e:
                 last_good = list_checkpoints(run_dir)[-1:]

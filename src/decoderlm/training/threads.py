@@ -90,7 +90,7 @@ def set_threads(
     if model.device.type != "cpu":
         return torch.get_num_threads()
     T, rng = model.config.block_size, torch.get_rng_state()
-    x, y = windows(train_ids, torch.arange(cfg.batch_size) % (len(train_ids) - T), T)
+    x, y = windows(train_ids, torch.arange(cfg.data.batch_size) % (len(train_ids) - T), T)
     was_training, timings = model.training, {}
     model.train()
     for n in thread_candidates():
@@ -100,7 +100,7 @@ def set_threads(
     torch.set_rng_state(rng)
     best = min(timings, key=timings.get)
     torch.set_num_threads(best)
-    rates = ", ".join(f"{n}: {cfg.batch_size * T / s:,.0f}" for n, s in timings.items())
+    rates = ", ".join(f"{n}: {cfg.data.batch_size * T / s:,.0f}" for n, s in timings.items())
     log(f"threads: auto chose {best} (forward + backward tokens/s by threads: {rates})")
     return best
 
