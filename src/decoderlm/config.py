@@ -512,14 +512,15 @@ def _section(cls):
     return dataclasses.field(default_factory=cls)
 
 
-@dataclass
+@dataclass(init=False)
 class TrainConfig:
     """How a model is trained, in sections; the defaults are what `decoderlm train` runs.
 
     Every setting lives in one section (``cfg.optim.lr``, ``cfg.steps.max_steps``, ...) and
     its name is unique across sections, so a flat dict of settings (a settings file's
     ``train:``, the command line's flags, config.json["train"]) says where each one goes:
-    `from_dict` takes flat or nested dicts, `to_dict` writes the flat one.
+    ``TrainConfig(lr=1e-3, max_steps=100)`` and `from_dict` (flat or nested dicts) put each
+    setting in its section, and `to_dict` writes the flat dict.
 
     Attributes:
         data: batches, the validation split and the seed (`DataConfig`).
@@ -547,6 +548,34 @@ class TrainConfig:
     compute: ComputeConfig = _section(ComputeConfig)
     finetune: FinetuneConfig = _section(FinetuneConfig)
     artifacts: ArtifactsConfig = _section(ArtifactsConfig)
+
+    def __init__(self, **settings: Any) -> None:
+        """TrainConfig(lr=1e-3, max_steps=100): settings by name, each put in its section;
+        a whole section may be given too (TrainConfig(optim=OptimConfig(lr=1e-3))), and the
+        settings named beside it replace its values. The rest keep their defaults.
+
+        Raises:
+            UserError: a name that is no setting or section (the message lists the known
+                ones), a section that is not its dataclass, or an invalid setting.
+        """
+        sections, owner = self.sections(), self.section_of()
+        given: dict[str, dict[str, Any]] = {name: {} for name in sections}
+        unknown = sorted(k for k in settings if k not in sections and k not in owner)
+        if unknown:
+            raise UserError(
+                f"unknown TrainConfig field(s) {unknown}; known fields are {sorted(owner)}"
+            )
+        for key, value in settings.items():
+            if key in owner:
+                given[owner[key]][key] = value
+        for name, cls in sections.items():
+            section = settings.get(name)
+            if section is None:
+                section = cls(**given[name])
+            elif isinstance(section, cls) and given[name]:
+                section = dataclasses.replace(section, **given[name])
+            setattr(self, name, section)
+        self.__post_init__()
 
     def __post_init__(self) -> None:
         for name, cls in self.sections().items():
@@ -627,11 +656,7 @@ class TrainConfig:
             UserError: `data` is not a dict, a key names no setting (the message lists the
                 known ones), or a setting is invalid.
         """
-        sections, owner = cls.sections(), cls.section_of()
-        given: dict[str, dict[str, Any]] = {name: {} for name in sections}
-        for key, value in cls.flatten(data).items():
-            given[owner[key]][key] = value
-        return cls(**{name: sections[name](**given[name]) for name in sections})
+        return cls(**cls.flatten(data))
 
     @classmethod
     def from_stored(cls, data: dict[str, Any]) -> TrainConfig:

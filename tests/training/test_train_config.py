@@ -101,6 +101,20 @@ def test_flat_and_nested_dicts_build_the_same_config_and_to_dict_is_flat():
     assert direct.optim.lr == 1e-3 and direct.steps == TrainConfig().steps
 
 
+def test_settings_by_name_go_to_their_sections():
+    # TrainConfig(lr=..., max_steps=...) is how Python callers write a recipe: each name lands
+    # in its section, and a whole section given beside names keeps what the names don't change
+    cfg = TrainConfig(lr=1e-3, max_steps=7, sample_chars=3)
+    assert cfg == TrainConfig.from_dict({"lr": 1e-3, "max_steps": 7, "sample_chars": 3})
+    assert (cfg.optim.lr, cfg.steps.max_steps, cfg.artifacts.sample_chars) == (1e-3, 7, 3)
+    both = TrainConfig(optim=OptimConfig(lr=1e-3, weight_decay=0.5), lr=2e-3)
+    assert (both.optim.lr, both.optim.weight_decay) == (2e-3, 0.5)
+    with pytest.raises(UserError, match=r"unknown TrainConfig field\(s\) \['lrr'\]"):
+        TrainConfig(lrr=1e-3)
+    with pytest.raises(UserError, match="TrainConfig.optim must be a OptimConfig"):
+        TrainConfig(optim={"lr": 1e-3})
+
+
 def test_unknown_settings_are_refused_listing_the_known_ones():
     with pytest.raises(UserError, match=r"unknown TrainConfig field\(s\) \['lrr'\]; known fields"):
         TrainConfig.from_dict({"lrr": 1e-3})

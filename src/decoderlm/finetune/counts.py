@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 import torch
 
-from ..config import DtypeName, ModelConfig, TrainConfig, canonical_dtype
+from ..config import DtypeName, FinetuneConfig, ModelConfig, canonical_dtype
 from ..errors import NotEmptyStr, PositiveInt, one_of
 from ..files import json_text, read_settings
 from ..model.analysis import count_parameters, flops_per_token, memory_bytes
@@ -165,7 +165,7 @@ def _trainable_report(config: ModelConfig, given: dict, saved: dict | None) -> d
         return None
     with torch.device("meta"):
         model = DecoderLM(config)
-        prepare_trainable(model, TrainConfig.from_dict(settings))
+        prepare_trainable(model, FinetuneConfig(**settings))
     counts = trainable_counts(model)
     layers = [m for m in model.modules() if isinstance(m, LoRALinear)]
     shapes = [(m.out_features, m.in_features) for m in layers]
