@@ -37,7 +37,10 @@ from common import require_file
 DECODE = """
 import time, torch
 from decoderlm import DecoderLM, ModelConfig
-from decoderlm.generation.generate import generate
+try:
+    from decoderlm.generation.generate import generate
+except ImportError:  # a checkout from before the subsystem folders
+    from decoderlm.generate import generate
 torch.manual_seed(0)
 model = DecoderLM(ModelConfig(vocab_size=50257, block_size=1024, n_layers={n_layers},
                               n_heads={n_heads}, d_model={d_model})).eval()
@@ -99,9 +102,18 @@ def _import_as(src: str, name: str):
     return module
 
 
+def _generate_of(package: str):
+    """`generate` of a decoderlm package, wherever its checkout keeps it."""
+    import importlib
+
+    try:
+        return importlib.import_module(package + ".generation.generate").generate
+    except ModuleNotFoundError:  # a checkout from before the subsystem folders
+        return importlib.import_module(package + ".generate").generate
+
+
 def in_process(old_src: str, new_src: str, rounds: int = 20) -> None:
     """Alternate the two versions in one process; print the median times and their ratio."""
-    import importlib
     import time
 
     import torch
@@ -146,8 +158,7 @@ def in_process(old_src: str, new_src: str, rounds: int = 20) -> None:
                 jobs[tag] = step
             else:
                 model.eval()
-                name = versions[tag].__name__ + ".generate"
-                gen = importlib.import_module(name).generate
+                gen = _generate_of(versions[tag].__name__)
                 prompt = torch.randint(0, 50257, (1, 32))
                 jobs[tag] = lambda gen=gen, model=model, p=prompt: gen(
                     model, p, 64, do_sample=False

@@ -2,12 +2,26 @@ import contextlib
 import socket
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
 
 from decoderlm import DecoderLM, ModelConfig
 from decoderlm.model.hooks import run_with_cache
+
+# the team's real corpora beside the checkout (../shared/data), when present; tests that read
+# them skip without them
+SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+SHAKESPEARE = SHARED_DATA / "tinyshakespeare" / "input.txt"
+WIKI = SHARED_DATA / "wikitext-2-raw"
+needs_shared = pytest.mark.skipif(
+    not SHAKESPEARE.is_file() or not (WIKI / "test.txt").is_file(),
+    reason=f"the real data files are not in {SHARED_DATA}",
+)
+# a one-layer model and a four-step recipe for tests that train end to end
+SMALL = {"n_layers": 1, "n_heads": 2, "d_model": 16, "block_size": 32, "dropout": 0.0}
+SMALL_TRAIN = {"max_steps": 4, "batch_size": 8, "eval_interval": 4}
 
 
 def tiny_config(**overrides) -> ModelConfig:

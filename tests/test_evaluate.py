@@ -2,7 +2,6 @@
 
 import json
 import math
-from pathlib import Path
 
 import pytest
 import torch
@@ -16,17 +15,7 @@ from decoderlm.evaluate import evaluate, evaluate_run, score_window_starts, toke
 from decoderlm.tokenizers import DEFAULT_UNK_TOKEN
 from decoderlm.training.run import run_experiment
 
-from conftest import one_line_error, quiet, tiny_model
-
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
-SHAKESPEARE = SHARED / "tinyshakespeare" / "input.txt"
-WIKI = SHARED / "wikitext-2-raw"
-needs_shared = pytest.mark.skipif(
-    not SHAKESPEARE.is_file() or not (WIKI / "test.txt").is_file(),
-    reason=f"the real data files are not in {SHARED}",
-)
-SMALL = {"n_layers": 1, "n_heads": 2, "d_model": 16, "block_size": 32, "dropout": 0.0}
-SMALL_TRAIN = {"max_steps": 4, "batch_size": 8, "eval_interval": 4}
+from conftest import SMALL, SMALL_TRAIN, WIKI, needs_shared, one_line_error, quiet, tiny_model
 
 
 def test_evaluate_is_deterministic_and_restores_train_mode():

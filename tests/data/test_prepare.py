@@ -18,18 +18,7 @@ from decoderlm.data.corpus import load_token_dir
 from decoderlm.data.prepare import encode_source, iter_token_chunks, prepare
 from decoderlm.tokenizers import GPT2Tokenizer, make_tokenizer
 
-from conftest import one_line_error, quiet
-
-SHARED = Path(__file__).resolve().parents[3] / "shared" / "data"
-SHAKESPEARE = SHARED / "tinyshakespeare" / "input.txt"
-WIKI = SHARED / "wikitext-2-raw"
-needs_shared = pytest.mark.skipif(
-    not SHAKESPEARE.is_file() or not (WIKI / "test.txt").is_file(),
-    reason=f"the real data files are not in {SHARED}",
-)
-SMALL = {"n_layers": 1, "n_heads": 2, "d_model": 16, "block_size": 32, "dropout": 0.0}
-SMALL_TRAIN = {"max_steps": 4, "batch_size": 8, "eval_interval": 4}
-
+from conftest import SHAKESPEARE, SHARED_DATA, WIKI, needs_shared, one_line_error, quiet
 
 # --- tokenizers ---------------------------------------------------------------------------
 
@@ -86,7 +75,7 @@ def test_prepare_gpt2_on_real_files_equals_tiktoken_on_the_whole_text(tmp_path):
 
     # the oracle: tiktoken with the independent copy of OpenAI's files in shared/data
     ranks = data_gym_to_mergeable_bpe_ranks(
-        str(SHARED / "gpt2-bpe" / "vocab.bpe"), str(SHARED / "gpt2-bpe" / "encoder.json")
+        str(SHARED_DATA / "gpt2-bpe" / "vocab.bpe"), str(SHARED_DATA / "gpt2-bpe" / "encoder.json")
     )
     oracle = tiktoken.Encoding(
         "gpt2-oracle",
