@@ -1,1 +1,2 @@
-"""Looking inside a model: the analyses (lens), the HTML report (report) and plots (plots)."""
+"""Looking inside a model: the analyses (lens), the HTML report and the `decoderlm inspect`
+command (report), and the plots of a run (plots)."""

@@ -1,3 +1,6 @@
-"""Training: optim (AdamW and the learning-rate schedule), parallel (attention choice,
+"""Training: optim (AdamW, Muon and the learning-rate schedule), parallel (attention choice,
 activation checkpointing, DDP / FSDP2, torch.compile), checkpoints (the files of a resumable
-checkpoint), state (TrainState), loop (train, train_step) and run (run_experiment)."""
+checkpoint), state (TrainState), loop (train, train_step), threads (CPU threads), launch
+(torchrun), metrics (derived metrics and their sinks), artifacts (what a run writes after
+training: samples, plots, the report) and run (run_experiment, the `decoderlm train`
+command)."""
