@@ -426,7 +426,7 @@ def test_an_internal_error_in_a_command_shows_its_traceback_and_exits_1(monkeypa
     # command keeps its traceback and does not exit 2, the status of a user's mistake
     script = (
         "import sys\n"
-        "import decoderlm.finetune.counts as counts\n"
+        "import decoderlm.counts as counts\n"
         "def broken(config):\n"
         "    raise RuntimeError('broken on purpose')\n"
         "counts.count_parameters = broken\n"
@@ -438,7 +438,7 @@ def test_an_internal_error_in_a_command_shows_its_traceback_and_exits_1(monkeypa
     assert "Traceback" in result.stderr and "RuntimeError: broken on purpose" in result.stderr
     assert "decoderlm: error" not in result.stderr
     # a plain ValueError is a bug too: main() raises it rather than printing one line
-    import decoderlm.finetune.counts as counts
+    import decoderlm.counts as counts
 
     def wrong(config):
         raise ValueError("not a user's mistake")

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from .errors import UserError
 
-__all__ = ["Preset", "PRESETS", "get_preset"]
+__all__ = ["Preset", "PRESETS", "PresetName", "get_preset"]
 
 
 @dataclass(frozen=True)
@@ -158,6 +158,10 @@ PRESETS["finetune"] = Preset(
         eval_interval=50,
     ),
 )
+
+
+# the preset names, as a type: a flag of this type takes one of them
+PresetName = Literal[tuple(sorted(PRESETS))]
 
 
 def get_preset(name: str) -> Preset:

@@ -38,8 +38,8 @@ COMMANDS = {
     "eval": "decoderlm.evaluate:print_report",
     "sample": "decoderlm.generation.sample:sample",
     "serve": "decoderlm.serve.app:serve",
-    "presets": "decoderlm.finetune.counts:list_presets",
-    "params": "decoderlm.finetune.counts:params",
+    "presets": "decoderlm.counts:list_presets",
+    "params": "decoderlm.counts:params",
     "inspect": "decoderlm.lens.report:inspect",
     "merge": "decoderlm.finetune.merge:merge",
 }

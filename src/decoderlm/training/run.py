@@ -25,14 +25,13 @@ from ..data.corpus import check_split, data_spec, load_corpus
 from ..errors import Fields, NonNegativeInt, NotEmptyPath, PositiveInt, UserError, checked_device
 from ..evaluate import LN2
 from ..files import atomic_write, read_json
-from ..finetune.counts import PresetName
 from ..finetune.merge import merge_run
 from ..finetune.sources import finetune_config, load_model, load_source
 from ..finetune.trainable import lora_entry, prepare_trainable, trainable_counts
 from ..lens.plots import Plotter
 from ..model.model import DecoderLM
 from ..model.weights import ADAPTER_NAME, list_checkpoints
-from ..presets import get_preset
+from ..presets import PresetName, get_preset
 from ..tokenizers import CharTokenizer, Tokenizer, load_tokenizer
 from .artifacts import write_artifacts
 from .checkpoints import latest_checkpoint, load_trainer_state

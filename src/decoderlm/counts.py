@@ -8,22 +8,20 @@ built on the meta device (no memory allocated).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 
-from ..config import DtypeName, FinetuneConfig, ModelConfig, canonical_dtype
-from ..errors import NotEmptyStr, PositiveInt, one_of
-from ..files import json_text, read_settings
-from ..model.analysis import count_parameters, flops_per_token, memory_bytes
-from ..model.lora import LoRALinear, lora_parameter_count
-from ..model.model import DecoderLM
-from ..presets import PRESETS, get_preset
-from .trainable import prepare_trainable, trainable_counts
+from .config import DtypeName, FinetuneConfig, ModelConfig, canonical_dtype
+from .errors import NotEmptyStr, PositiveInt, one_of
+from .files import json_text, read_settings
+from .finetune.trainable import prepare_trainable, trainable_counts
+from .model.analysis import count_parameters, flops_per_token, memory_bytes
+from .model.lora import LoRALinear, lora_parameter_count
+from .model.model import DecoderLM
+from .presets import PRESETS, PresetName, get_preset
 
-__all__ = ["PresetName", "list_presets", "params", "params_report", "params_table"]
-
-PresetName = Literal[tuple(sorted(PRESETS))]
+__all__ = ["list_presets", "params", "params_report", "params_table"]
 
 
 def list_presets() -> int:
