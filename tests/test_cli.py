@@ -175,6 +175,7 @@ def test_train_refuses_a_vocab_size_below_the_tokenizers(tmp_path, capsys):
         ),
         ("preset: gpt2\nseq_lenn: 3\n", "unknown setting 'seq_lenn' in the settings file"),
         ("preset: [gpt2\n", "the settings file does not parse"),
+        ("preset: gpt2\n  seq_len: 3\n", "(line 2, column 10)"),  # where YAML stopped
         ("- gpt2\n", "a settings file must map settings to values"),
     ],
 )
@@ -210,6 +211,7 @@ def test_bad_flags_and_values_are_one_line(tmp_path, capsys):
     )
     one_line_error(capsys, ["fit"], "invalid choice: 'fit'")
     one_line_error(capsys, [], "required: COMMAND")
+    one_line_error(capsys, ["--versoin"], "unknown flag '--versoin'")  # not "required: COMMAND"
 
 
 def test_prepare_takes_several_data_flags(tmp_path, capsys):

@@ -153,9 +153,12 @@ class ModelConfig:
             rule for "swiglu": 2/3 * 4 * d_model rounded up to a multiple of 256.
         dropout: dropout probability on embeddings, attention weights and residual branches
             (training mode only).
-        embed_dropout, attn_dropout, resid_dropout: the dropout of one place instead of
-            `dropout` (None: `dropout`): the embeddings (token + positions), the attention
-            probabilities, the outputs of the attention and MLP branches.
+        embed_dropout: dropout on the embeddings (token + positions) instead of `dropout`
+            (None: `dropout`).
+        attn_dropout: dropout on the attention probabilities instead of `dropout` (None:
+            `dropout`).
+        resid_dropout: dropout on the outputs of the attention and MLP branches instead of
+            `dropout` (None: `dropout`).
         bias: whether Linear layers and LayerNorms carry a bias.
         tie_embeddings: share the unembedding matrix with the token embedding (GPT-2).
         pos_encoding: "learned" (GPT-2: a trained [block_size, d_model] table added to the
@@ -473,7 +476,7 @@ class FinetuneConfig:
     """LoRA's alpha: the update is (alpha / r) B A; None means alpha = r."""
     lora_targets: str = "qkv"
     """The linear layers that get adapters, comma-separated ends of module names: qkv, proj
-    (attn.proj and mlp.proj), attn.proj, mlp.proj, fc, gate."""
+    (attn.proj and mlp.proj), attn.proj, mlp.proj, fc, gate, lm_head (an untied unembedding)."""
     lora_dropout: float = 0.0
     """Dropout probability on the adapters' input (training mode only)."""
 
@@ -493,8 +496,10 @@ class FinetuneConfig:
 
 @dataclass
 class ArtifactsConfig:
-    """The sample written after training (`decoderlm.training.artifacts.write_artifacts`);
-    training itself never reads these."""
+    """The sample written after training, by `decoderlm.training.artifacts.write_artifacts`.
+
+    Training itself never reads these settings.
+    """
 
     sample_chars: int = 600
     """Characters (tokens) sampled into samples.txt after training."""

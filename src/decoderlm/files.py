@@ -104,8 +104,12 @@ def read_settings(path: str | Path, flag: str, example: str) -> dict:
     except UnicodeDecodeError:
         raise UserError(f"settings file {path} is not UTF-8 text") from None
     except (yaml.YAMLError, tomllib.TOMLDecodeError, json.JSONDecodeError) as e:
+        mark = getattr(e, "problem_mark", None)  # YAML's: where the problem is
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise UserError(f"the settings file does not parse: {path}: {first}") from None
+        if isinstance(e, yaml.YAMLError) and getattr(e, "problem", None):
+            first = e.problem
+        raise UserError(f"the settings file does not parse: {path}: {first}{where}") from None
     if not isinstance(data, dict):
         what = "is empty" if data is None else f"holds a {type(data).__name__}"
         raise UserError(

@@ -105,6 +105,8 @@ def parse(argv: list[str]) -> tuple[str, dict]:
     commands = root.add_subparsers(title="commands", metavar="COMMAND", required=True)
     for name in COMMANDS:
         commands.add_parser(name, help=_summary(name), add_help=False)
+    if argv and argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version"):
+        raise FlagError(f"unknown flag {argv[0]!r}; give a command first (decoderlm COMMAND ...)")
     root.parse_args(argv)  # exits (--help, --version) or raises: the command is not known
     raise FlagError(f"unknown command {argv[0]!r}")
 
