@@ -12,8 +12,9 @@ from typing import Any
 
 import torch
 
+from .arguments import NotEmptyStr, PositiveInt
 from .config import DtypeName, FinetuneConfig, ModelConfig, canonical_dtype
-from .errors import NotEmptyStr, PositiveInt, one_of
+from .errors import one_of
 from .files import json_text, read_settings
 from .finetune.trainable import prepare_trainable, trainable_counts
 from .model.analysis import count_parameters, flops_per_token, memory_bytes

@@ -6,32 +6,11 @@ text the vocabulary cannot encode. The `decoderlm` command prints its message as
 traceback. It is a ValueError, so Python callers that catch ValueError keep working.
 `MissingFileError` is a file or directory the user named that does not exist (also a
 FileNotFoundError).
-
-The value types `NonNegativeInt`, `PositiveInt`, `NotEmptyStr` and `NotEmptyPath` are
-`typing.Annotated` types whose `Check` the command line applies to a flag's value (a Python
-caller gets the plain type); `Fields` marks a dict parameter whose keys are a dataclass's fields.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Annotated, Any
-
-__all__ = [
-    "Check",
-    "Fields",
-    "MissingFileError",
-    "NonNegativeInt",
-    "NotEmptyPath",
-    "NotEmptyStr",
-    "PositiveInt",
-    "UserError",
-    "checked_device",
-    "flag_name",
-    "one_of",
-]
+__all__ = ["MissingFileError", "UserError", "checked_device", "flag_name", "one_of"]
 
 
 class UserError(ValueError):
@@ -77,29 +56,3 @@ def checked_device(text: str | None) -> str | None:
     if not available[kind]:
         raise UserError(f"{kind} is not available on this machine; use --device cpu")
     return text
-
-
-@dataclass(frozen=True)
-class Check:
-    """A condition on a value, for `typing.Annotated[T, Check(...)]`: the command line refuses
-    a value failing `test`, saying that it expected `words`."""
-
-    words: str
-    test: Callable[[Any], bool]
-
-
-@dataclass(frozen=True)
-class Fields:
-    """For `typing.Annotated[dict | None, Fields(cls, section)]` on a command's parameter: the
-    dict maps fields of dataclass `cls` (also of its nested dataclass fields) to values; the
-    command line gives each field its own flag (--n-layers) and a settings file has them under
-    `section`."""
-
-    cls: type
-    section: str
-
-
-NonNegativeInt = Annotated[int, Check("an integer >= 0", lambda v: v >= 0)]
-PositiveInt = Annotated[int, Check("an integer > 0", lambda v: v > 0)]
-NotEmptyStr = Annotated[str, Check("a non-empty string", lambda v: v != "")]
-NotEmptyPath = Annotated[str | Path, Check("a non-empty string", lambda v: str(v) != "")]

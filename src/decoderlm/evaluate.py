@@ -17,9 +17,10 @@ from typing import Literal
 import numpy as np
 import torch
 
+from .arguments import NotEmptyStr, PositiveInt
 from .data.corpus import check_split, is_token_dir, load_corpus, load_token_dir, windows
 from .data.prepare import encode_source, source_files
-from .errors import NotEmptyStr, PositiveInt, UserError, checked_device
+from .errors import UserError, checked_device
 from .files import json_text, read_json
 from .finetune.sources import check_vocab, load_model
 from .model.model import DecoderLM

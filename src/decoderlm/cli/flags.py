@@ -27,7 +27,8 @@ from typing import Annotated, Any, Literal
 
 import docstring_parser
 
-from ..errors import Check, Fields, UserError, flag_name
+from ..arguments import Check, Fields
+from ..errors import UserError, flag_name
 
 __all__ = ["Command", "FlagError", "Parser", "command_flags", "convert", "words"]
 

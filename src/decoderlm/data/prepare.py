@@ -42,7 +42,8 @@ from typing import Literal
 
 import numpy as np
 
-from ..errors import MissingFileError, NotEmptyPath, UserError, one_of
+from ..arguments import NotEmptyPath
+from ..errors import MissingFileError, UserError, one_of
 from ..files import make_temp_dir, write_json
 from ..tokenizers import (
     DEFAULT_UNK_TOKEN,

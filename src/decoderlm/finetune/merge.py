@@ -7,7 +7,8 @@ import os
 import shutil
 from pathlib import Path
 
-from ..errors import NotEmptyStr, UserError
+from ..arguments import NotEmptyStr
+from ..errors import UserError
 from ..files import make_temp_dir
 from ..model.weights import ADAPTER_NAME, WEIGHTS_NAME
 from ..tokenizers import load_tokenizer

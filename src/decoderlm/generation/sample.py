@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import sys
 
-from ..errors import NonNegativeInt, NotEmptyStr, PositiveInt, UserError
+from ..arguments import NonNegativeInt, NotEmptyStr, PositiveInt
+from ..errors import UserError
 from ..files import read_text
 from ..finetune.sources import load_model_and_tokenizer
 from ..tokenizers import CharTokenizer, Tokenizer

@@ -20,7 +20,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..errors import NonNegativeInt, NotEmptyStr, PositiveInt, UserError, one_of
+from ..arguments import NonNegativeInt, NotEmptyStr, PositiveInt
+from ..errors import UserError, one_of
 from ..files import atomic_write, read_text
 from ..finetune.sources import load_model_and_tokenizer
 from ..model.model import DecoderLM

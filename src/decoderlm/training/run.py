@@ -20,9 +20,10 @@ from typing import Annotated, Any
 
 import torch
 
+from ..arguments import Fields, NonNegativeInt, NotEmptyPath, PositiveInt
 from ..config import FinetuneConfig, ModelConfig, TrainConfig
 from ..data.corpus import check_split, data_spec, load_corpus
-from ..errors import Fields, NonNegativeInt, NotEmptyPath, PositiveInt, UserError, checked_device
+from ..errors import UserError, checked_device
 from ..evaluate import LN2
 from ..files import atomic_write, read_json
 from ..finetune.merge import merge_run
