@@ -12,17 +12,11 @@ from typing import Annotated, Any, Literal
 import pytest
 import yaml
 
+from decoderlm.arguments import Fields, NonNegativeInt, NotEmptyPath, NotEmptyStr, PositiveInt
 from decoderlm.cli import COMMANDS, main, parse
 from decoderlm.cli.flags import FlagError, command_flags, convert
 from decoderlm.data.prepare import prepare
-from decoderlm.errors import (
-    Fields,
-    NonNegativeInt,
-    NotEmptyPath,
-    NotEmptyStr,
-    PositiveInt,
-    UserError,
-)
+from decoderlm.errors import UserError
 
 from conftest import one_line_error, quiet, tiny_model
 
