@@ -3,6 +3,7 @@ API keys, the limits on body size, queue and time, and exact text offsets, each 
 real uvicorn server on 127.0.0.1."""
 
 import json
+import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -326,3 +327,55 @@ def test_generated_offsets_follow_the_characters_the_tokens_begin_in():
     text, offsets = tok.encoding.decode_with_offsets(ids)
     assert builder.take().text_offset == [3 + o for o in offsets]
     assert torch.tensor(offsets).diff().min() == 0  # a split character was in there
+
+
+@pytest.fixture
+def served(tmp_path, monkeypatch):
+    """Run `decoderlm serve` on a saved tiny model with uvicorn.run replaced: returns a function
+    of the command's arguments giving the app it would serve."""
+    import uvicorn
+
+    from decoderlm.cli import main
+
+    tiny_model().save_pretrained(tmp_path)
+    CharTokenizer([chr(0x100 + i) for i in range(65)]).save_pretrained(tmp_path)
+    apps = []
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kwargs: apps.append(app))
+
+    def serve(*args: str):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = str(s.getsockname()[1])
+        assert main(["serve", "--run", str(tmp_path), "--port", port, *args]) == 0
+        return apps.pop()
+
+    return serve
+
+
+def _status(app, headers=None) -> int:
+    from starlette.testclient import TestClient
+
+    with TestClient(app) as client:
+        return client.get("/v1/models", headers=headers or {}).status_code
+
+
+def test_serve_takes_keys_from_its_flags_or_decoderlm_api_key(served, monkeypatch, capsys):
+    monkeypatch.delenv("DECODERLM_API_KEY", raising=False)
+    app = served("--api-key", "a1", "--api-key", "a2")
+    assert _status(app) == 401 and _status(app, {"Authorization": "Bearer a2"}) == 200
+    monkeypatch.setenv("DECODERLM_API_KEY", "from-env")
+    app = served()
+    assert _status(app, {"Authorization": "Bearer from-env"}) == 200 and _status(app) == 401
+    assert "from-env" not in capsys.readouterr().out  # keys are never printed
+    monkeypatch.delenv("DECODERLM_API_KEY")
+    assert _status(served()) == 200  # no key: none needed
+
+
+def test_serving_beyond_loopback_without_a_key_warns_in_one_line(served, monkeypatch, capsys):
+    monkeypatch.delenv("DECODERLM_API_KEY", raising=False)
+    served("--host", "0.0.0.0")
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "warning: serving on 0.0.0.0 with no API key" in err
+    served("--host", "0.0.0.0", "--api-key", "k")
+    served("--host", "127.0.0.1")
+    assert capsys.readouterr().err == ""
