@@ -117,6 +117,36 @@ def test_ignore_eos_must_be_a_boolean(eot_server):
     assert r.status_code == 400 and r.json()["error"]["param"] == "ignore_eos"
 
 
+def test_a_gpt2_model_stops_at_endoftext_in_plain_and_streamed_answers():
+    from decoderlm.serve.app import create_app
+
+    tok = GPT2Tokenizer()
+    model = tiny_model(seed=4, vocab_size=tok.vocab_size)
+    calls = []
+
+    def late_eot(module, args, logits):  # from the 4th forward pass on, 50256 wins
+        calls.append(1)
+        if len(calls) >= 4:
+            logits = logits.clone()
+            logits[..., 50256] += 1e4
+        return logits
+
+    model.lm_head.register_forward_hook(late_eot)
+    with running(create_app(model, tok, "bpe-eot")) as url:
+        body = {"prompt": "Hello", "max_tokens": 10, "temperature": 0}
+        out = _post(url, body).json()
+        calls.clear()
+        chunks = _streamed(url, body)
+        calls.clear()
+        ignored = _post(url, {**body, "ignore_eos": True}).json()["choices"][0]
+    choice = out["choices"][0]
+    assert choice["finish_reason"] == "stop" and out["usage"]["completion_tokens"] == 4
+    assert EOT not in choice["text"] and ignored["text"].startswith(choice["text"])
+    assert ignored["text"].endswith(EOT * 7) and ignored["finish_reason"] == "length"
+    assert "".join(c["choices"][0]["text"] for c in chunks) == choice["text"]
+    assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+
+
 @pytest.fixture(scope="module")
 def keyed_server():
     """A char model covering the lm-eval task files, served with two keys."""
