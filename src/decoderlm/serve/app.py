@@ -204,13 +204,8 @@ def _check_flags(run, hf, served_model_name, port: int, **counts: tuple[int, int
 def _api_keys(flags: list[str] | None) -> tuple[str, ...]:
     """The --api-key values, else DECODERLM_API_KEY's (one key), else none; UserError for an
     empty or blank key."""
-    keys = (
-        flags
-        if flags
-        else [os.environ["DECODERLM_API_KEY"]]
-        if "DECODERLM_API_KEY" in os.environ
-        else []
-    )
+    env = os.environ.get("DECODERLM_API_KEY")
+    keys = flags or ([] if env is None else [env])
     for key in keys:
         if not key.strip() or key != key.strip():
             raise UserError(
