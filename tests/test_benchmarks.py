@@ -91,6 +91,14 @@ def test_a_benchmark_without_its_peer_or_corpus_says_how_to_get_it(tmp_path):
     assert code == 2 and "train.py not found" in err and "git clone" in err, err
 
 
+def test_the_serve_load_test_passes_a_short_run():
+    script = str(BENCHMARKS / "serve_load.py")
+    args = ["--duration", "3", "--clients", "4", "--max-tokens", "8"]
+    code, out, err = _run([[script, *args]])[" ".join([script, *args])]
+    assert code == 0 and "FAIL" not in out, (out, err)
+    assert "ok    every answer as expected: 0 wrong" in out and "MiB" in out
+
+
 def test_no_benchmark_defaults_to_a_path_outside_the_repository():
     for path in [*BENCHMARKS.glob("*.py"), *BENCHMARKS.glob("*.sh"), BENCHMARKS / "README.md"]:
         text = path.read_text(encoding="utf-8")

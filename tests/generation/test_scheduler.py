@@ -154,3 +154,23 @@ def test_a_failing_step_fails_the_batch_and_the_scheduler_goes_on():
         scheduler.close()
     alone = generate(model, torch.tensor([PROMPTS[0]]), 10, do_sample=False)
     assert [t.id for t in got[0]] == alone[0, 3:].tolist()
+
+
+def test_a_sequence_ends_after_its_stop_id_and_the_others_go_on():
+    model = tiny_model(seed=1)
+    prompts = [[1, 2, 3], [4, 5]]
+    alone = [generate(model, torch.tensor([p]), 30, do_sample=False)[0, len(p) :] for p in prompts]
+    stop_id = int(alone[0][5])  # the 6th greedy token of the first prompt
+    cut = alone[0].tolist().index(stop_id) + 1
+    scheduler = Scheduler(model, 65, max_batch_size=2)
+    try:
+        queues = [queue.Queue() for _ in prompts]
+        seqs = [
+            Sequence(prompts[0], 30, queues[0].put, 0.0, stop_id=stop_id),
+            Sequence(prompts[1], 30, queues[1].put, 0.0),
+        ]
+        first, second = _run(scheduler, seqs, queues)
+    finally:
+        scheduler.close()
+    assert [t.id for t in first] == alone[0][:cut].tolist()  # the stop id is emitted, then None
+    assert [t.id for t in second] == alone[1].tolist()

@@ -300,6 +300,7 @@ def test_a_client_that_disconnects_leaves_the_batch(stream):
         time.sleep(0.5)
         assert 0 < made == len(steps) < 300  # it stopped, long before 5,000 tokens
         assert app.state.scheduler.load == (0, 0)
+        assert app.state.serving._slots.taken == 0  # and its place in the queue
 
 
 def test_models_list_and_card(server):

@@ -12,8 +12,9 @@ products). Past max_positions the context slides as in `generate`: the sequence'
 rebuilt from its last max_positions tokens (the rows sliding at one step in one forward pass).
 
 Tokens go back through each sequence's `emit` callback as `Token`s, then None at the end (or
-the exception that ended it). Stop texts are the caller's business: it calls `cancel` and
-the sequence leaves the batch before the next step.
+the exception that ended it); a sequence given a stop_id (the end-of-text token) ends after
+emitting it. Stop texts are the caller's business: it calls `cancel` and the sequence leaves
+the batch before the next step.
 """
 
 from __future__ import annotations
@@ -55,6 +56,8 @@ class Sequence:
         temperature, top_k, top_p: sampling settings (see `sample_next`).
         seed: seeds this sequence's own torch.Generator (None: the global RNG).
         logprobs: None, or k >= 0: compute each token's log-probability and its top k.
+        stop_id: a token id (the end-of-text token) that ends the sequence: it is emitted,
+            then None (None: no such id).
     """
 
     prompt: list[int]
@@ -65,6 +68,7 @@ class Sequence:
     top_p: float | None = None
     seed: int | None = None
     logprobs: int | None = None
+    stop_id: int | None = None
     ids: list[int] = field(default_factory=list)  # prompt + generated so far
     generator: torch.Generator | None = None
     cancelled: bool = False
@@ -206,7 +210,7 @@ class Scheduler:
             token = Token(nxt, float(lp[nxt]), tuple(pairs))
         seq.ids.append(nxt)
         seq.emit(token)
-        if len(seq.ids) - len(seq.prompt) >= seq.max_new_tokens:
+        if nxt == seq.stop_id or len(seq.ids) - len(seq.prompt) >= seq.max_new_tokens:
             seq.cancelled = True
             seq.emit(None)
 

@@ -9,7 +9,10 @@ and help need neither. The API itself is described in `routes` (the endpoints), 
 """
 
 import contextlib
+import ipaddress
+import os
 import socket
+import sys
 from pathlib import Path
 
 from ..errors import UserError, flag_name
@@ -23,11 +26,12 @@ def _missing_extra(e: ImportError) -> UserError:
     )
 
 
-def create_app(model, tokenizer, model_name: str, limits=None, compile: bool = False):
+def create_app(model, tokenizer, model_name: str, limits=None, compile: bool = False, api_keys=()):
     """Build the FastAPI app serving `model` with `tokenizer` under the id `model_name`.
 
     The app's `state.serving` is its `serving.Serving` and `state.scheduler` that Serving's
-    `Scheduler` of limits.max_batch_size sequences, stopped when the app shuts down.
+    `Scheduler` of limits.max_batch_size sequences, stopped when the app shuts down. Its
+    `guard.Guard` checks the API key and the body size first.
 
     Args:
         model: the DecoderLM (put in eval mode).
@@ -35,6 +39,8 @@ def create_app(model, tokenizer, model_name: str, limits=None, compile: bool = F
         model_name: the model id clients send.
         limits: a `serving.ServeLimits` (None: its defaults).
         compile: decode with the torch.compile'd step of `generation.generate.decode_step`.
+        api_keys: the keys a client may send as `Authorization: Bearer KEY` (empty: none
+            needed); every path but /health needs one.
 
     Raises:
         UserError: FastAPI is not installed.
@@ -44,12 +50,15 @@ def create_app(model, tokenizer, model_name: str, limits=None, compile: bool = F
         from fastapi.exceptions import RequestValidationError
         from starlette.exceptions import HTTPException
 
+        from .guard import Guard
         from .routes import router
         from .serving import ApiError, ServeLimits, Serving
     except ImportError as e:
         raise _missing_extra(e) from None
-    serving = Serving(model, tokenizer, model_name, limits or ServeLimits(), compile)
+    limits = limits or ServeLimits()
+    serving = Serving(model, tokenizer, model_name, limits, compile)
     app = FastAPI(title="decoderlm", version="0.1.0", lifespan=_lifespan)
+    app.add_middleware(Guard, api_keys=tuple(api_keys), max_body_bytes=limits.max_body_bytes)
     app.state.serving, app.state.scheduler = serving, serving.scheduler
     app.add_exception_handler(ApiError, _api_error)
     app.add_exception_handler(RequestValidationError, _invalid_request)
@@ -93,7 +102,7 @@ def _answer(error):
     """The JSON response of an ApiError: OpenAI's error body, with the error's status."""
     from starlette.responses import JSONResponse
 
-    return JSONResponse(status_code=error.status, content=error.body())
+    return JSONResponse(status_code=error.status, content=error.body(), headers=error.headers)
 
 
 def _api_error(request, exc):
@@ -131,6 +140,15 @@ def _check_address(host: str, port: int) -> None:
         raise OSError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
 
 
+def _is_loopback(host: str) -> bool:
+    """Whether every address host resolves to is a loopback one (127.0.0.0/8, ::1)."""
+    try:
+        infos = socket.getaddrinfo(host, None)
+    except OSError:
+        return False
+    return all(ipaddress.ip_address(info[4][0].split("%")[0]).is_loopback for info in infos)
+
+
 def run_server(
     model,
     tokenizer,
@@ -139,10 +157,12 @@ def run_server(
     port: int = 8000,
     limits=None,
     compile: bool = False,
+    api_keys=(),
 ) -> None:
-    """Serve the API of `create_app(model, tokenizer, name, limits, compile)` with uvicorn
-    on host:port until interrupted; with compile=True, the decoding step is compiled before
-    the server listens.
+    """Serve the API of `create_app(model, tokenizer, name, limits, compile, api_keys)` with
+    uvicorn on host:port until interrupted; with compile=True, the decoding step is compiled
+    before the server listens. Without api_keys on a host that is not loopback, one warning
+    line goes to stderr.
 
     Raises:
         UserError: FastAPI or uvicorn is not installed.
@@ -154,7 +174,13 @@ def run_server(
     except ImportError as e:
         raise _missing_extra(e) from None
     _check_address(host, port)  # one clear line, before uvicorn starts
-    app = create_app(model, tokenizer, name, limits, compile)
+    if not api_keys and not _is_loopback(host):
+        print(
+            f"warning: serving on {host} with no API key: anyone who can reach it can use the "
+            "model (give --api-key KEY or set DECODERLM_API_KEY)",
+            file=sys.stderr,
+        )
+    app = create_app(model, tokenizer, name, limits, compile, api_keys)
     if compile:
         print("compiling the decoding step (once; 10-30 s)...", flush=True)
         app.state.serving.warm_up()
@@ -175,6 +201,19 @@ def _check_flags(run, hf, served_model_name, port: int, **counts: tuple[int, int
             raise UserError(f"{flag_name(name)} must be an integer >= {least}, got {value}")
 
 
+def _api_keys(flags: list[str] | None) -> tuple[str, ...]:
+    """The --api-key values, else DECODERLM_API_KEY's (one key), else none; UserError for an
+    empty or blank key."""
+    env = os.environ.get("DECODERLM_API_KEY")
+    keys = flags or ([] if env is None else [env])
+    for key in keys:
+        if not key.strip() or key != key.strip():
+            raise UserError(
+                "--api-key (or DECODERLM_API_KEY) must be a non-empty key without spaces around it"
+            )
+    return tuple(keys)
+
+
 def serve(
     run: str | None = None,
     hf: str | None = None,
@@ -187,6 +226,10 @@ def serve(
     max_logprobs: int = 5,
     max_stop: int = 16,
     max_batch_size: int = 8,
+    max_queue: int = 64,
+    request_timeout: float = 600.0,
+    max_body_bytes: int = 4 * 2**20,
+    api_key: list[str] | None = None,
     compile: bool = False,
 ) -> int:
     """An OpenAI-style HTTP API for a model.
@@ -210,6 +253,14 @@ def serve(
         max_logprobs: the largest logprobs a request may ask for, at most 20.
         max_stop: the most stop strings in a request.
         max_batch_size: the most sequences decoded together; more requests wait.
+        max_queue: the most choices waiting beyond the batch; a request that does not fit
+            gets 503 with Retry-After: 1 (the openai SDK and lm-eval retry it).
+        request_timeout: seconds a request may take from its arrival; then its unfinished
+            choices end with the text so far and finish_reason "length" (0: no limit).
+        max_body_bytes: the largest request body, in bytes (more: 413).
+        api_key: a key clients must send as "Authorization: Bearer KEY" on every path but
+            /health; repeat for several (default: the DECODERLM_API_KEY environment
+            variable; neither: no key needed).
         compile: decode with torch.compile: faster per token after a one-time compile
             at start (needs a C++ compiler on the CPU).
 
@@ -231,7 +282,12 @@ def serve(
         max_prompt_tokens=(max_prompt_tokens, 1),
         max_stop=(max_stop, 0),
         max_batch_size=(max_batch_size, 1),
+        max_queue=(max_queue, 0),
+        max_body_bytes=(max_body_bytes, 1),
     )
+    if not request_timeout >= 0:
+        raise UserError(f"--request-timeout must be >= 0 seconds, got {request_timeout}")
+    api_keys = _api_keys(api_key)
     try:
         from .serving import ServeLimits
     except ImportError as e:
@@ -244,8 +300,11 @@ def serve(
         max_logprobs=max_logprobs,
         max_stop=max_stop,
         max_batch_size=max_batch_size,
+        max_queue=max_queue,
+        request_timeout=request_timeout or None,
+        max_body_bytes=max_body_bytes,
     )
     model, tokenizer = load_model_and_tokenizer(run, hf, device)
     name = served_model_name or Path(run or hf).resolve().name
-    run_server(model, tokenizer, name, host, port, limits, compile)
+    run_server(model, tokenizer, name, host, port, limits, compile, api_keys)
     return 0

@@ -117,6 +117,11 @@ class CompletionRequest(StrictRequest):
         "(at most the server's limit, decoderlm serve --max-logprobs)",
     )
     echo: bool = Field(False, description="the prompt comes first in each choice's text")
+    ignore_eos: bool = Field(
+        False,
+        description="go on past the end-of-text token (vLLM's; by default a choice ends there, "
+        'finish_reason "stop", where the vocabulary has one)',
+    )
     user: str | None = Field(None, description="accepted and ignored")
 
 
@@ -135,7 +140,9 @@ class CompletionLogprobs(BaseModel):
         "text: log-probability} (tokens whose texts are equal share one key)"
     )
     text_offset: list[int] = Field(
-        description="where each token starts in the choice's text, in characters"
+        description="where each token starts in the choice's text, in characters (Python str "
+        "indices): for a token that starts inside a multi-byte UTF-8 character, where that "
+        "character starts (tiktoken's decode_with_offsets)"
     )
 
 
@@ -148,8 +155,9 @@ class CompletionChoice(BaseModel):
         description="the tokens' log-probabilities (null unless the request asked for them)"
     )
     finish_reason: Literal["stop", "length"] | None = Field(
-        description="stop: a stop text was generated; length: max_tokens were; null: not "
-        "finished yet (streamed chunks)"
+        description="stop: the end-of-text token or a stop text was generated; length: "
+        "max_tokens were, or the server's time limit ended the request; null: not finished "
+        "yet (streamed chunks)"
     )
 
 
@@ -270,13 +278,17 @@ class ErrorInfo(BaseModel):
 
     message: str = Field(description="one line naming the problem and what to do")
     type: Literal["invalid_request_error", "server_error"] = Field(
-        description="invalid_request_error (status 400, 404) or server_error (500)"
+        description="invalid_request_error (status 400, 401, 404, 413) or server_error (500, 503)"
     )
     param: str | None = Field(description="the request field at fault, if one is")
-    code: str | None = Field(description="model_not_found for an unknown model, else null")
+    code: str | None = Field(
+        description="model_not_found (404), invalid_api_key (401, a wrong key), "
+        "request_too_large (413), server_busy (503), else null"
+    )
 
 
 class ErrorResponse(BaseModel):
-    """Every error, with status 400 (bad request), 404 (unknown model or path) or 500."""
+    """Every error, with status 400 (bad request), 401 (no or a wrong API key), 404 (unknown
+    model or path), 413 (body too large), 500 or 503 (queue full; Retry-After)."""
 
     error: ErrorInfo = Field(description="what went wrong")

@@ -9,6 +9,9 @@
     POST /detokenize         {"tokens": [ids]} -> {"prompt": text}
     GET  /tokenizer_info     eos_token (+ eos_token_id), bos/pad/unk tokens, model_max_length
     GET  /health             {"status": "ok"}
+
+With API keys (`guard`), every route but /health answers 401 to a request without one; a body
+over the size limit is 413; a completion beyond the queue is 503 with Retry-After.
 """
 
 # no `from __future__ import annotations`: FastAPI reads the routes' parameter types
@@ -34,14 +37,18 @@ __all__ = ["router", "STREAM_CHUNK"]
 
 router = APIRouter()
 
-# the routes' error answers, for the OpenAPI schema: any route can fail (500), and those that
-# take a request can refuse it (400) or not serve the model it names (404)
+# the routes' error answers, for the OpenAPI schema: any route can fail (500) or, with API
+# keys, refuse a request without one (401; /health never does), and those that take a request
+# can refuse it (400), a body too large (413), or not serve the model it names (404)
 _FAILED = {500: {"model": ErrorResponse, "description": "the server failed"}}
+_KEYED = {401: {"model": ErrorResponse, "description": "no API key or a wrong one"}, **_FAILED}
 _ERRORS = {
     400: {"model": ErrorResponse, "description": "a bad request (param names the field)"},
     404: {"model": ErrorResponse, "description": "another model than the one served"},
-    **_FAILED,
+    413: {"model": ErrorResponse, "description": "the body is over the size limit"},
+    **_KEYED,
 }
+_BUSY = {503: {"model": ErrorResponse, "description": "the queue is full (see Retry-After)"}}
 # the schema component of a streamed completion's chunks (added to the schema by the app)
 STREAM_CHUNK = "CompletionStreamResponse"
 _STREAMED = {
@@ -60,7 +67,7 @@ def health(request: Request):
     return _serving(request).health()
 
 
-@router.get("/v1/models", response_model=ModelList, responses=_FAILED)
+@router.get("/v1/models", response_model=ModelList, responses=_KEYED)
 def models(request: Request):
     """The model served (a list of one)."""
     return _serving(request).models()
@@ -72,7 +79,7 @@ def model_card(model_id: str, request: Request):
     return _serving(request).model_card(model_id)
 
 
-@router.get("/tokenizer_info", response_model=TokenizerInfo, responses=_FAILED)
+@router.get("/tokenizer_info", response_model=TokenizerInfo, responses=_KEYED)
 def tokenizer_info(request: Request):
     """The tokenizer's end-of-text and special tokens, and the context length."""
     return _serving(request).tokenizer_info()
@@ -91,7 +98,9 @@ def detokenize(req: DetokenizeRequest, request: Request):
 
 
 @router.post(
-    "/v1/completions", response_model=CompletionResponse, responses={200: _STREAMED, **_ERRORS}
+    "/v1/completions",
+    response_model=CompletionResponse,
+    responses={200: _STREAMED, **_ERRORS, **_BUSY},
 )
 async def completions(req: CompletionRequest, request: Request):
     """Complete prompts (OpenAI's legacy completions), whole or streamed."""

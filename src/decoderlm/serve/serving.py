@@ -4,9 +4,17 @@ scoring's) work, a response model out. No HTTP routing here (`routes` calls it).
 A `Serving` serves one model and tokenizer under one id, within `ServeLimits`. Generation is
 batched across requests by a `decoderlm.generation.scheduler.Scheduler` (continuous batching,
 at most max_batch_size sequences per forward pass, the rest queued); a request whose client
-disconnects leaves the batch at the next step. Every error is an `ApiError`: OpenAI's
+disconnects leaves the batch at the next step. At most max_batch_size + max_queue choices are
+in progress at once: a request beyond that is refused with 503 and Retry-After (unless
+nothing is in progress, so a large request can always run alone). A request still going
+request_timeout seconds after it arrived ends each unfinished choice with the text so far and
+finish_reason "length", as max_tokens does. Every error is an `ApiError`: OpenAI's
 {"error": {"message", "type", "param", "code"}} with status 400 (bad request; param names
-the field), 404 (unknown model or path) or 500.
+the field), 404 (unknown model or path), 503 (busy) or 500 (401 and 413 come from `guard`).
+
+A choice ends at the tokenizer's end-of-text token (`eot_token`, GPT-2's "<|endoftext|>"),
+finish_reason "stop", unless the request sets ignore_eos; the token counts in usage but is
+not in the text or the logprobs. A char or byte model without one stops only at stop texts.
 
 logprobs (legacy completions, as OpenAI and vLLM): {"tokens", "token_logprobs", "top_logprobs",
 "text_offset"} for the tokens of the choice's text (`protocol.CompletionLogprobs`). With echo
@@ -14,7 +22,10 @@ the prompt's tokens come first, and max_tokens 0 scores the prompt only. A promp
 the context (block_size) is scored as `decoderlm eval` scores a text: non-overlapping windows of
 block_size, the tail scored in a last window ending at the last token
 (`decoderlm.evaluate.token_logprobs`). text_offset[i] is where token i starts in the choice's
-text, counting each token's text decoded alone.
+text, in characters (Python str indices, as OpenAI's API counts them); a token that starts
+inside a multi-byte UTF-8 character (a GPT-2 BPE piece holding part of one) gets the offset
+of that character, as tiktoken's `decode_with_offsets` defines it. `tokens[i]` is the token
+decoded alone (U+FFFD for an incomplete character, as vLLM sends).
 
 End of text (GET /tokenizer_info's eos_token, which lm-evaluation-harness uses as the prefix
 of every document it scores and appends to its stop strings): the tokenizer's end-of-text
@@ -25,9 +36,11 @@ lm-eval's `eos_string=...` to stop generations at another text).
 
 import asyncio
 import json
+import math
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
@@ -92,6 +105,9 @@ class ServeLimits:
         max_stop: the most stop strings.
         max_choices: the most prompts x n per request.
         max_batch_size: the most sequences decoded together (more wait).
+        max_queue: the most choices waiting beyond the batch (more: 503).
+        request_timeout: seconds a request may take from its arrival (None: no limit).
+        max_body_bytes: the largest request body, in bytes (more: 413; see `guard`).
 
     Raises:
         UserError: max_logprobs outside [0, 20].
@@ -103,6 +119,9 @@ class ServeLimits:
     max_stop: int = 16
     max_choices: int = 16
     max_batch_size: int = 8
+    max_queue: int = 64
+    request_timeout: float | None = 600.0
+    max_body_bytes: int = 4 * 2**20
 
     def __post_init__(self):
         if not 0 <= self.max_logprobs <= 20:
@@ -118,15 +137,19 @@ class ApiError(Exception):
         message: one line naming the problem and what to do.
         param: the request field at fault, if one is.
         code: a machine-readable code ("model_not_found"), if any.
+        headers: HTTP headers of the answer (Retry-After, WWW-Authenticate), if any.
     """
 
-    def __init__(self, status: int, message: str, param: str | None = None, code=None):
+    def __init__(
+        self, status: int, message: str, param: str | None = None, code=None, headers=None
+    ):
         super().__init__(message)
         self.status, self.message, self.param, self.code = status, message, param, code
+        self.headers = dict(headers or {})
 
     def response(self) -> ErrorResponse:
         """The error body."""
-        kind = "invalid_request_error" if self.status in (400, 404) else "server_error"
+        kind = "invalid_request_error" if self.status < 500 else "server_error"
         info = ErrorInfo(message=self.message, type=kind, param=self.param, code=self.code)
         return ErrorResponse(error=info)
 
@@ -214,8 +237,25 @@ def _check_limits(req: CompletionRequest, limits: ServeLimits) -> None:
         raise ApiError(400, "max_tokens 0 asks for nothing; it needs echo: true", "max_tokens")
 
 
+def _token_bytes(tokenizer, token_id: int) -> bytes:
+    """The UTF-8 bytes token_id stands for (a GPT-2 BPE piece or a byte may hold part of a
+    character; other tokens are whole characters)."""
+    encoding = getattr(tokenizer, "encoding", None)  # tiktoken's, for GPT-2 BPE
+    if encoding is not None:
+        return encoding.decode_single_token_bytes(token_id)
+    if tokenizer.kind == "byte" and token_id < 256:
+        return bytes([token_id])
+    return tokenizer.decode([token_id]).encode("utf-8")
+
+
+def _is_continuation(byte: int) -> bool:
+    """Whether a UTF-8 byte continues a character (0b10xxxxxx) rather than starting one."""
+    return 0x80 <= byte < 0xC0
+
+
 class _LogprobsBuilder:
-    """The legacy logprobs object of one choice, built as tokens arrive."""
+    """The legacy logprobs object of one choice, built as tokens arrive; `offset` is the
+    number of characters begun so far (the next token's text_offset, see the module)."""
 
     def __init__(self, tokenizer, offset: int = 0):
         self.tokenizer, self.offset = tokenizer, offset
@@ -224,6 +264,10 @@ class _LogprobsBuilder:
     def add(self, token_id: int, logprob: float | None, top) -> None:
         """One token; top: (id, logprob) pairs, or None (no entry: the first prompt token)."""
         text = self.tokenizer.decode([token_id])
+        raw = _token_bytes(self.tokenizer, token_id)
+        inside = bool(raw) and _is_continuation(raw[0])  # in a character begun before
+        self.text_offset.append(max(self.offset - inside, 0))
+        self.offset += sum(1 for b in raw if not _is_continuation(b))
         self.tokens.append(text)
         self.token_logprobs.append(logprob)
         if top is None:
@@ -232,8 +276,6 @@ class _LogprobsBuilder:
             entry = {self.tokenizer.decode([i]): v for i, v in top}
             entry.setdefault(text, logprob)
             self.top_logprobs.append(entry)
-        self.text_offset.append(self.offset)
-        self.offset += len(text)
 
     def take(self) -> CompletionLogprobs:
         """The entries added since the last take."""
@@ -264,6 +306,34 @@ class Piece:
     made: int
 
 
+class _Slots:
+    """The choices in progress (generating, scored or waiting), against a capacity."""
+
+    def __init__(self, capacity: int):
+        self.capacity, self.taken = capacity, 0
+
+    def take(self, count: int) -> Callable[[], None]:
+        """Take `count` slots; returns the function giving them back (once, however often it
+        is called). ApiError 503 (Retry-After: 1) when they do not fit and some are taken."""
+        if self.taken and self.taken + count > self.capacity:
+            raise ApiError(
+                503,
+                f"the server is busy: {self.taken} choices are in progress or queued (at most "
+                f"{self.capacity}: --max-batch-size + --max-queue); retry in a second",
+                code="server_busy",
+                headers={"Retry-After": "1"},
+            )
+        self.taken += count
+        given = []
+
+        def give_back() -> None:
+            if not given:
+                given.append(True)
+                self.taken -= count
+
+        return give_back
+
+
 @dataclass(frozen=True)
 class CheckedCompletion:
     """A completion request that passed the checks, with its prompts and stop texts.
@@ -274,6 +344,8 @@ class CheckedCompletion:
         stops: the stop texts.
         id: the completion's id ("cmpl-...").
         created: when it was answered (Unix time, seconds).
+        deadline: when its unfinished choices end (time.monotonic(); inf: never).
+        release: gives back its slots of the server's queue (also called once it is freed).
     """
 
     request: CompletionRequest
@@ -281,6 +353,8 @@ class CheckedCompletion:
     stops: list[str]
     id: str
     created: int
+    deadline: float = math.inf
+    release: Callable[[], None] = lambda: None
 
     @property
     def prompt_tokens(self) -> int:
@@ -304,13 +378,17 @@ def _usage(prompt_tokens: int, completion_tokens: int) -> Usage:
     )
 
 
-async def _arrivals(queue: asyncio.Queue, disconnected: Disconnected | None):
+async def _arrivals(queue: asyncio.Queue, disconnected: Disconnected | None, deadline: float):
     """Lists of the items that have arrived in `queue` (all of them at each wake-up, so a
     busy server sends fewer, larger pieces); ends when the client has gone (checked when
-    `disconnected` is given: a stream is stopped by the server instead)."""
+    `disconnected` is given: a stream is stopped by the server instead) or at `deadline`
+    (time.monotonic())."""
     while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return
         try:
-            async with asyncio.timeout(0.5):
+            async with asyncio.timeout(min(0.5, left)):
                 items = [await queue.get()]
         except TimeoutError:  # queued, or a slow step
             items = []
@@ -351,6 +429,7 @@ class Serving:
         self.scheduler = Scheduler(
             model, tokenizer.vocab_size, limits.max_batch_size, compile=compile
         )
+        self._slots = _Slots(limits.max_batch_size + limits.max_queue)
         # one prompt scored at a time: a long prompt's logits are large (block_size x
         # vocab_size floats), and the CPU cores are shared with decoding anyway
         self._scoring = asyncio.Semaphore(1)
@@ -495,7 +574,14 @@ class Serving:
                 f"{len(stops)} stop sequences; this server accepts at most {lim.max_stop}",
                 "stop",
             )
-        return CheckedCompletion(req, prompts, stops, f"cmpl-{uuid.uuid4().hex}", int(time.time()))
+        timeout = lim.request_timeout
+        deadline = math.inf if timeout is None else time.monotonic() + timeout
+        release = self._slots.take(len(prompts) * req.n)
+        job = CheckedCompletion(
+            req, prompts, stops, f"cmpl-{uuid.uuid4().hex}", int(time.time()), deadline, release
+        )
+        weakref.finalize(job, release)  # a response never sent still gives its slots back
+        return job
 
     def _score_prompt(self, ids: list[int], k: int, out: _LogprobsBuilder) -> None:
         """Add the prompt's tokens to `out`, each scored given those before it."""
@@ -529,6 +615,7 @@ class Serving:
             req.top_p if req.top_p < 1.0 else None,
             seed,
             req.logprobs,
+            None if req.ignore_eos else self.tokenizer.eot_token,
         )
         self.scheduler.submit(seq)
         return seq, queue
@@ -546,7 +633,7 @@ class Serving:
         seq, queue = self._submit(req, ids, seed)
         stream, made = TextStream(self.tokenizer, job.stops), 0
         try:
-            async for items in _arrivals(queue, disconnected):
+            async for items in _arrivals(queue, disconnected, job.deadline):
                 delta, finish = "", None
                 for item in items:
                     if isinstance(item, Exception):
@@ -555,6 +642,9 @@ class Serving:
                         delta, finish = delta + stream.rest(), "length"
                         break
                     made += 1
+                    if item.id == seq.stop_id:  # end of text: not part of the text
+                        delta, finish = delta + stream.rest(), "stop"
+                        break
                     delta += stream.push(item.id)
                     if logs is not None:
                         logs.add(item.id, item.logprob, item.top)
@@ -565,6 +655,8 @@ class Serving:
                     yield Piece(delta, logs and logs.take(), finish, made)
                 if finish:
                     return
+            if time.monotonic() >= job.deadline:  # the time limit: what there is, as length
+                yield Piece(stream.rest(), logs and logs.take(), "length", made)
         finally:
             seq.cancel()
 
@@ -602,6 +694,7 @@ class Serving:
         finally:  # one choice failed: the others stop generating too
             for task in tasks:
                 task.cancel()
+            job.release()
         if await disconnected():
             return None
         return CompletionResponse(
@@ -650,6 +743,7 @@ class Serving:
         finally:
             for _, (_, task) in queues:
                 task.cancel()
+            job.release()
 
 
 def _pumped(pieces: AsyncIterator[Piece]) -> tuple[asyncio.Queue, asyncio.Task]:
