@@ -126,6 +126,9 @@ def _check_address(host: str, port: int) -> None:
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
         with socket.socket(infos[0][0], socket.SOCK_STREAM) as probe:
+            # as uvicorn binds: a port whose old connections sit in TIME_WAIT is free, one
+            # that something listens on is not
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             probe.bind(infos[0][4])
     except OSError as e:
         raise OSError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
