@@ -393,6 +393,18 @@ def test_serve_refuses_more_than_20_logprobs_before_loading(tmp_path, capsys):
     assert "--max-logprobs must be in [0, 20], got 21" in capsys.readouterr().err
 
 
+def test_a_wrong_method_or_path_is_a_client_error_naming_what_the_path_takes(server):
+    url, _, _ = server
+    r = httpx.get(f"{url}/v1/completions")
+    assert r.status_code == 405
+    error = r.json()["error"]
+    assert error["type"] == "invalid_request_error"
+    assert "GET /v1/completions" in error["message"] and "POST" in error["message"]
+    r = httpx.get(f"{url}/no/such/path")
+    assert r.json()["error"]["type"] == "invalid_request_error"
+    assert "/no/such/path" in r.json()["error"]["message"]
+
+
 def _serve_process(run_dir, port: int):
     """`decoderlm serve --run run_dir --port port` in a child process."""
     import os

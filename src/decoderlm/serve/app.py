@@ -111,7 +111,11 @@ def _http_error(request, exc):
     """Starlette's own errors (an unknown path: 404, a wrong method: 405)."""
     from .serving import ApiError
 
-    return _answer(ApiError(exc.status_code, str(exc.detail)))
+    message = f"{exc.detail}: {request.method} {request.url.path}"
+    allow = (exc.headers or {}).get("Allow")
+    if exc.status_code == 405 and allow:
+        message += f"; this path takes {allow}"
+    return _answer(ApiError(exc.status_code, message))
 
 
 def _server_error(request, exc):

@@ -30,6 +30,7 @@ from ..finetune.merge import merge_run
 from ..finetune.sources import finetune_config, load_model, load_source
 from ..finetune.trainable import lora_entry, prepare_trainable, trainable_counts
 from ..lens.plots import Plotter
+from ..model.analysis import out_of_memory_as_user_error
 from ..model.model import DecoderLM
 from ..model.weights import ADAPTER_NAME, list_checkpoints
 from ..presets import PresetName, get_preset
@@ -195,7 +196,8 @@ def run_experiment(
 
     Raises:
         UserError / MissingFileError: bad settings, data or checkpoints (messages say what
-            to change).
+            to change); not enough memory to build or train the model (one line with the
+            estimate of `memory_bytes`).
     """
     _check_arguments(model_overrides, train_overrides, resume, overwrite, nproc_per_node)
     device, progress, threads = checked_device(device), not no_progress, parse_threads(threads)
@@ -206,7 +208,9 @@ def run_experiment(
     request.update(model_overrides=model_overrides, train_overrides=train_overrides)
     plan = _make_plan(request, resume, init_from, merge, info, log)
     _check_plan(plan, info, overwrite)  # on every rank: all fail alike
-    model = _build_model(plan, info, device)  # refuses LoRA targets / --freeze items too
+    memory = dict(config=plan.model_cfg, batch_size=plan.train_cfg.data.batch_size)
+    with out_of_memory_as_user_error("build the model", **memory):
+        model = _build_model(plan, info, device)  # refuses LoRA targets / --freeze items too
     if info.is_main:
         _prepare_run_dir(plan.out_dir, plan.resumed_step, log)
     barrier(info)
@@ -219,20 +223,21 @@ def run_experiment(
     # the plots' process imports matplotlib now, on a core left idle while torch starts up
     plotter = Plotter() if info.is_main else None
     try:
-        result = train(
-            model,
-            plan.train_cfg,
-            plan.train_ids,
-            plan.val_ids,
-            plan.out_dir,
-            progress,
-            info,
-            resume=plan.resume_state,
-            checkpoint_files=files,
-            log=log,
-            val_bytes_per_token=bytes_per_token(plan.tokenizer, plan.val_ids),
-            on_step=tuner.step_done if tuner else None,
-        )
+        with out_of_memory_as_user_error("train the model", **memory):
+            result = train(
+                model,
+                plan.train_cfg,
+                plan.train_ids,
+                plan.val_ids,
+                plan.out_dir,
+                progress,
+                info,
+                resume=plan.resume_state,
+                checkpoint_files=files,
+                log=log,
+                val_bytes_per_token=bytes_per_token(plan.tokenizer, plan.val_ids),
+                on_step=tuner.step_done if tuner else None,
+            )
         if info.is_main and not result.interrupted:
             final = _save_run(model, result, plan, info, device)
             write_artifacts(
