@@ -89,3 +89,22 @@ def test_a_model_too_large_to_load_or_build_is_one_line(tmp_path, monkeypatch, c
     monkeypatch.setattr(run, "_build_model", out_of_memory)
     argv = ["train", "--max-steps", "1", "--out", str(tmp_path / "r"), "--no-progress"]
     one_line_error(capsys, argv, "not enough memory to build the model", "training at batch")
+
+
+def test_dataset_offline_is_one_line_at_once_without_the_hub_retries(tmp_path, monkeypatch, capsys):
+    import socket
+    import sys
+    import types
+
+    def unreachable(address, timeout=None):
+        raise socket.gaierror(-2, "Name or service not known")
+
+    def load_dataset(*args, **kwargs):
+        raise AssertionError("datasets.load_dataset is not reached offline")
+
+    for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "HTTPS_PROXY", "https_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(socket, "create_connection", unreachable)
+    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset))
+    argv = ["train", "--dataset", "wikitext-2-raw-v1", "--out", str(tmp_path / "r")]
+    one_line_error(capsys, argv, "--dataset needs the network", "huggingface.co:443", "--data")
