@@ -505,9 +505,13 @@ def _resume_point(run_dir: Path, info: DistInfo, log):
                 load_tokenizer(candidate),
             )
         except (ValueError, FileNotFoundError) as e:
-            log(f"warning: skipping checkpoint {candidate}: {e}")
+            aside = candidate.with_name("damaged-" + candidate.name)
+            log(
+                f"warning: skipping checkpoint {candidate}: {e}; moved it to {aside} (delete "
+                "it once you no longer need it) and trying the checkpoint before it"
+            )
             if info.is_main:
-                os.replace(candidate, candidate.with_name("damaged-" + candidate.name))
+                os.replace(candidate, aside)
     raise UserError(
         f"no checkpoint in {run_dir / 'checkpoints'} can be loaded; see the warnings above"
     )
