@@ -41,7 +41,7 @@ from .launch import resume_command
 from .loop import TrainResult, autocast_for, train
 from .metrics import bytes_per_token, check_sinks
 from .parallel import DistInfo, barrier, init_distributed
-from .threads import ThreadTuner, parse_threads, set_threads
+from .threads import ThreadTuner, busy_machine_hint, parse_threads, set_threads
 
 __all__ = ["run_experiment", "RunSummary"]
 
@@ -218,6 +218,10 @@ def run_experiment(
         threads, model, plan.train_cfg, plan.train_ids, autocast_for(plan.train_cfg, device), log
     )
     tuner = ThreadTuner(log) if threads == "auto" and model.device.type == "cpu" else None
+    if threads is None and model.device.type == "cpu":  # the default: say when it will crawl
+        hint = busy_machine_hint(torch.get_num_threads())
+        if hint:
+            log(hint)
     _log_start(plan, model, info, device, log)
     files = {"extra": plan.extra, "tokenizer": plan.tokenizer}
     # the plots' process imports matplotlib now, on a core left idle while torch starts up
