@@ -12,8 +12,8 @@ without --out whose `runs/NAME` is taken writes `runs/NAME-2`, so a later comman
 on its own: it may use what the README's commands make and must make the rest itself. Every
 Python example compiles and every name it imports from decoderlm exists.
 
-The README's commands, then data.md's, are also run for real in a scratch copy of a fresh
-clone with no network, with tiny model and step settings added (test_the_readme_runs_...).
+The README's commands, then data.md's data examples, are also run for real in a scratch copy
+of a fresh clone with no network, with tiny model and step settings added.
 """
 
 import ast
@@ -138,7 +138,7 @@ class Walk:
     def reads_and_makes(self, words: list[str]) -> None:
         """Check the files a file command reads; record what it and `> FILE` make."""
         target = words[words.index(">") + 1] if ">" in words[:-1] else None
-        args = [w for w in (words[: words.index(">")] if target else words)[1:]]
+        args = (words[: words.index(">")] if target else words)[1:]
         args = [w for w in args if not w.startswith("-") and not w.startswith("+")]
         if words[0] == "sed" and args:
             args = args[1:]  # the script
@@ -373,3 +373,79 @@ def test_the_checker_follows_what_earlier_commands_make():
         walk("```bash\ncurl -o data/x.txt https://example.com\n```\n", downloads=True).problems
         == []
     )
+
+
+# --- the examples run -------------------------------------------------------------------------
+
+# added after each command's own flags (the last value of a flag wins): a model and a run
+# small enough that the README's commands take seconds
+TINY_MODEL = ["--n-layers", "1", "--n-heads", "2", "--d-model", "16", "--block-size", "16"]
+TINY_STEPS = ["--batch-size", "4", "--max-steps", "2", "--eval-interval", "2", "--no-progress"]
+TINY_STEPS += ["--sample-chars", "20"]
+TINY = {"sample": ["--max-new-tokens", "4"], "inspect": ["--max-tokens", "8"]}
+RUN_COMMANDS = {"train", "prepare", "sample", "eval", "inspect", "merge", "params", "presets"}
+FILE_COMMANDS = {"mkdir", "cp", "head", "sed", "tail", "cat"}
+SKIPPED_FLAGS = {"--help", "--nproc-per-node", "--hf", "--compile"}  # needs more than a CPU
+
+
+def tiny_argv(argv: list[str]) -> list[str] | None:
+    """A README command with the tiny settings added, or None for one not run here (serve,
+    --help, several processes, a path of the reader's)."""
+    if not argv or argv[0] not in RUN_COMMANDS or any("path/to/" in a for a in argv):
+        return None
+    if SKIPPED_FLAGS & {a.split("=")[0] for a in argv}:
+        return None
+    if argv[0] == "train":  # a fine-tune keeps its base's shape
+        return argv + (TINY_STEPS if "--init-from" in argv else TINY_MODEL + TINY_STEPS)
+    return argv + TINY.get(argv[0], [])
+
+
+def run_page(text: str, where: Path) -> list[str]:
+    """Run a page's file commands, its decoderlm commands (tiny) and its Python examples in
+    `where`; returns what failed."""
+    from decoderlm.cli import main
+
+    failures = []
+    for language, body in readme_blocks(text):
+        if language == "python":
+            try:
+                exec(compile(body, "example", "exec"), {})
+            except Exception as e:  # noqa: BLE001 - any failure is the example's
+                failures.append(f"python example: {type(e).__name__}: {e}")
+            continue
+        for words in shell_commands(body) if language in ("bash", "sh") else []:
+            argv = decoderlm_argv(words)
+            if argv is not None and (tiny := tiny_argv(argv)) is not None:
+                if main(tiny) != 0:
+                    failures.append(f"decoderlm {shlex.join(tiny)} failed")
+            elif words[0] in FILE_COMMANDS:
+                line = shlex.join(words).replace(" '>' ", " > ")
+                done = subprocess.run(["bash", "-c", line], cwd=where, capture_output=True)
+                if done.returncode:
+                    failures.append(f"{line}: {done.stderr.decode().strip()}")
+    return failures
+
+
+def test_the_readme_runs_from_a_fresh_clone_offline_then_the_data_examples(
+    tmp_path, monkeypatch, capsys
+):
+    # a scratch folder holding the tracked files (linked), as a fresh clone does, and no
+    # network: every connection is refused
+    import socket
+
+    for top in {Path(f).parts[0] for f in IN_A_FRESH_CLONE}:
+        (tmp_path / top).symlink_to(ROOT / top)
+
+    def no_network(*args, **kwargs):
+        raise OSError("no network in this test")
+
+    monkeypatch.setattr(socket.socket, "connect", no_network)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    failures = run_page(README.read_text(encoding="utf-8"), tmp_path)
+    data_page = (ROOT / "docs" / "data.md").read_text(encoding="utf-8")
+    failures += run_page(data_page.split("## Evaluating a run")[0], tmp_path)  # the data part
+    capsys.readouterr()
+    assert not failures, "\n".join(failures)
+    assert (tmp_path / "runs" / "wiki-merged" / "model.safetensors").is_file()
+    assert (tmp_path / "data" / "input-char" / "meta.json").is_file()
