@@ -108,3 +108,16 @@ def test_dataset_offline_is_one_line_at_once_without_the_hub_retries(tmp_path, m
     monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset))
     argv = ["train", "--dataset", "wikitext-2-raw-v1", "--out", str(tmp_path / "r")]
     one_line_error(capsys, argv, "--dataset needs the network", "huggingface.co:443", "--data")
+
+
+def test_characters_outside_the_vocabulary_refuse_a_prompt_and_are_counted_in_a_score(
+    tmp_path, capsys
+):
+    # the documented rule: text to continue is refused, naming the character; text to score
+    # maps it to the unknown token and says how many it mapped
+    one_line_error(capsys, ["sample", "--run", str(RUN), "--prompt", "Quite"], "'Q' at position 0")
+    assert capsys.readouterr().out == ""
+    text = tmp_path / "q.txt"
+    text.write_text("Quite the cat sat on the mat. Quite.\n", encoding="utf-8")
+    assert main(["eval", "--run", str(RUN), "--data", str(text)]) == 0
+    assert "unknown characters: 2 (mapped to the unknown token" in capsys.readouterr().out
