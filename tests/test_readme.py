@@ -194,6 +194,10 @@ class Walk:
         out = given.get("out")
         if out:
             self.made.add(str(out).rstrip("/"))
+        elif command == "inspect":  # report.html here, never replaced unless named
+            if "report.html" in self.made:
+                self.problems.append(f"{line}: report.html is already there; give --out")
+            self.made.add("report.html")
         elif command == "train" and not given.get("resume"):
             name = "finetune" if given.get("init_from") else given.get("preset") or "default"
             run = f"runs/{name}"
@@ -321,6 +325,11 @@ def test_the_pages_are_there_and_none_points_outside_the_repository():
         ("curl -L -o data/input.txt https://example.com/input.txt", "a download"),
         ("head -n 3 data/nowhere.txt > data/x.txt", "data/nowhere.txt is not in a fresh clone"),
         ("cp data/nowhere.txt data/input.txt", "data/nowhere.txt is not in a fresh clone"),
+        (
+            "decoderlm inspect --run tests/fixtures/run_v0 --text a --out report.html\n"
+            "decoderlm inspect --run tests/fixtures/run_v0 --text b",
+            "report.html is already there; give --out",
+        ),
         (
             "decoderlm train\ndecoderlm train --log csv\ndecoderlm eval --run runs/default",
             "`decoderlm train --log csv` wrote runs/default-2, not runs/default; give it --out",
