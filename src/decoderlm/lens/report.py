@@ -291,9 +291,9 @@ def inspect(
 
     Raises:
         UserError / MissingFileError: not one of run and hf, or of text and text_file; `out`
-            a directory or a .json name; no --out and a
-            report.html already in the current directory; missing or damaged files; a text
-            the vocabulary cannot encode, or too short.
+            a directory or a .json name; no --out and a report.html already in the current
+            directory; missing or damaged files; a text the vocabulary cannot encode, or too
+            short.
     """
     one_of(text=text, text_file=text_file)
     out = _report_path(out)
