@@ -1,9 +1,10 @@
 """The fine-tuning example (docs/finetune.md): from scratch, full fine-tune and LoRA.
 
 Pretrains the default character model on the shipped WikiText-2 crop (`decoderlm train`, or
-takes an existing run with --base), then trains on a text file (Tiny Shakespeare by default)
-(--data; Tiny Shakespeare in the figures)
-three ways, each `decoderlm train` in a fresh process with the same batches per step:
+takes an existing run with --base), then trains on another text (--data, required: it
+measures a change of domain, so the shipped corpus will not do; Tiny Shakespeare, a download,
+in the figures) three ways, each `decoderlm train` in a fresh process with the same batches
+per step:
 
     scratch  decoderlm train --data TEXT                           (the 'default' preset)
     full     decoderlm train --init-from BASE --data TEXT          (the 'finetune' preset)

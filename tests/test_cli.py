@@ -238,7 +238,7 @@ def test_the_documented_settings_file_for_train(tmp_path):
     (tmp_path / "run.yaml").write_text(example)
     args = ["train", "--lr", "3e-4", "--config", str(tmp_path / "run.yaml")]
     settings = parse(args)[1]
-    assert settings["preset"] == "default" and settings["out"] == "runs/shakespeare"
+    assert settings["preset"] == "default" and settings["out"] == "runs/input"
     assert settings["model_overrides"] == {
         "n_layers": 6,
         "d_model": 384,

@@ -392,3 +392,68 @@ def test_serve_refuses_more_than_20_logprobs_before_loading(tmp_path, capsys):
 
     assert main(["serve", "--run", str(tmp_path / "none"), "--max-logprobs", "21"]) == 2
     assert "--max-logprobs must be in [0, 20], got 21" in capsys.readouterr().err
+
+
+def test_a_wrong_method_or_path_is_a_client_error_naming_what_the_path_takes(server):
+    url, _, _ = server
+    r = httpx.get(f"{url}/v1/completions")
+    assert r.status_code == 405
+    error = r.json()["error"]
+    assert error["type"] == "invalid_request_error"
+    assert "GET /v1/completions" in error["message"] and "POST" in error["message"]
+    r = httpx.get(f"{url}/no/such/path")
+    assert r.json()["error"]["type"] == "invalid_request_error"
+    assert "/no/such/path" in r.json()["error"]["message"]
+
+
+def _serve_process(run_dir, port: int):
+    """`decoderlm serve --run run_dir --port port` in a child process."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    argv = [sys.executable, "-m", "decoderlm", "serve", "--run", str(run_dir), "--port", str(port)]
+    return subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+
+def _wait_listening(proc, url: str) -> None:
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"serve exited {proc.returncode}: {proc.stdout.read().decode()}")
+        try:
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    raise AssertionError("serve did not listen within 60 s")
+
+
+def test_serve_restarts_at_once_on_the_port_it_served_clients_on(tmp_path):
+    # A server that closed its clients' connections leaves them in TIME_WAIT on its port;
+    # a new server started at once on that port must still listen.
+    import signal
+
+    tiny_model().save_pretrained(tmp_path)
+    CharTokenizer(CHARS[:65]).save_pretrained(tmp_path)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    first = _serve_process(tmp_path, port)
+    try:
+        _wait_listening(first, url)
+        body = {"prompt": "ab", "max_tokens": 2, "temperature": 0}
+        r = httpx.post(f"{url}/v1/completions", json=body, headers={"Connection": "close"})
+        assert r.status_code == 200
+    finally:
+        first.send_signal(signal.SIGINT)
+        first.wait(timeout=30)
+    second = _serve_process(tmp_path, port)
+    try:
+        _wait_listening(second, url)
+        assert httpx.get(f"{url}/health", timeout=5).status_code == 200
+    finally:
+        second.send_signal(signal.SIGINT)
+        second.wait(timeout=30)

@@ -354,7 +354,11 @@ def test_resume_finishes_a_run_stopped_after_its_last_step_and_survives_damage(
     capsys.readouterr()
     (list_checkpoints(out)[-1] / "decoderlm_tokenizer.json").write_text("{")  # step 4 damaged
     assert main(["train", "--resume", str(out), "--max-steps", "6"]) == 0
-    assert "skipping checkpoint" in capsys.readouterr().out
+    said = capsys.readouterr().out
+    assert "skipping checkpoint" in said
+    # the warning says what was done with the folder, not to delete what is already aside
+    assert f"moved it to {out / 'checkpoints' / 'damaged-step-00000004'}" in said
+    assert "by deleting" not in said
     # the damaged one is kept aside, out of the rotation; the two newest good ones remain
     assert [p.name for p in list_checkpoints(out)] == ["step-00000005", "step-00000006"]
     assert (out / "checkpoints" / "damaged-step-00000004").is_dir()

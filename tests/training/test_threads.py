@@ -79,3 +79,48 @@ def test_tuner_moves_to_one_thread_when_a_core_gets_busy_and_back_when_it_is_fre
     assert count["n"] == 1 and len(messages) == 1
     run(130, quiet)  # the periodic probe finds 2 threads faster again
     assert count["n"] == 2 and "from 1 to 2" in messages[-1]
+
+
+def test_a_busy_machine_gets_one_line_suggesting_threads_and_a_quiet_one_none():
+    from decoderlm.training.threads import busy_machine_hint
+
+    def busy():
+        return (5.0, 4.0, 3.0)
+
+    def quiet():
+        return (0.3, 0.2, 0.1)
+
+    hint = busy_machine_hint(2, busy, cpus=2)
+    assert "load average 5.0 on 2 CPUs" in hint and "\n" not in hint
+    assert "--threads 1" in hint and "--threads auto" in hint
+    assert busy_machine_hint(2, quiet, cpus=2) is None
+    assert busy_machine_hint(1, busy, cpus=2) is None  # one thread waits for no other
+    assert busy_machine_hint(8, lambda: (9.0, 0, 0), cpus=16) is not None  # 7 idle < 8 threads
+    assert busy_machine_hint(8, lambda: (8.0, 0, 0), cpus=16) is None  # 8 idle: room for all
+
+    def no_load_average():
+        raise OSError("no load average")
+
+    assert busy_machine_hint(2, no_load_average, cpus=2) is None
+
+
+def test_train_says_when_the_machine_is_busy_and_keeps_the_default_threads(
+    tmp_path, capsys, monkeypatch
+):
+    # a faked load reading: the default run prints the hint and trains exactly as a quiet one
+    from test_run_command import train_small
+
+    for name in ("quiet", "busy"):
+        (tmp_path / name).mkdir()
+    torch.set_num_threads(2)
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    monkeypatch.setattr("os.getloadavg", lambda: (0.1, 0.1, 0.1))
+    _, quiet = train_small(tmp_path / "quiet")
+    assert "this machine is busy" not in capsys.readouterr().out
+    monkeypatch.setattr("os.getloadavg", lambda: (5.0, 5.0, 5.0))
+    _, busy = train_small(tmp_path / "busy")
+    out = capsys.readouterr().out
+    assert out.count("this machine is busy (load average 5.0 on 2 CPUs)") == 1
+    assert torch.get_num_threads() == 2
+    weights = "model.safetensors"
+    assert (quiet / weights).read_bytes() == (busy / weights).read_bytes()

@@ -16,10 +16,13 @@ from __future__ import annotations
 import codecs
 import hashlib
 import io
+import os
+import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
 from importlib.resources import files
 from pathlib import Path
+from urllib.parse import urlparse
 
 import numpy as np
 import torch
@@ -160,6 +163,25 @@ def load_text(
     return text, source
 
 
+def _check_hub_reachable(timeout: float = 3.0) -> None:
+    """UserError (one line, at once) when the Hugging Face Hub cannot be reached, rather than
+    the minute of retries `datasets` spends offline. Skipped where the user has said how to
+    reach it or not to: HF_HUB_OFFLINE / HF_DATASETS_OFFLINE (`datasets` then reads its cache
+    only) or an HTTPS proxy; HF_ENDPOINT names the Hub to try."""
+    names = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "HTTPS_PROXY", "https_proxy")
+    if any(os.environ.get(name) for name in names):
+        return
+    url = urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    host, port = url.hostname or "huggingface.co", url.port or 443
+    try:
+        socket.create_connection((host, port), timeout=timeout).close()
+    except OSError as e:
+        raise UserError(
+            f"--dataset needs the network and cannot reach {host}:{port} ({e.strerror or e}); "
+            "pass --data PATH, or set HF_HUB_OFFLINE=1 to use a copy `datasets` has cached"
+        ) from None
+
+
 def _load_hf_wikitext(config_name: str) -> str:
     try:
         import datasets  # optional, never needed by the default path or the tests
@@ -168,6 +190,7 @@ def _load_hf_wikitext(config_name: str) -> str:
             "--dataset needs the Hugging Face `datasets` package "
             "(pip install datasets) and the network; or pass --data PATH"
         ) from None
+    _check_hub_reachable()
     try:
         rows = datasets.load_dataset("wikitext", config_name, split="train")["text"]
     except Exception as e:  # network, unknown config, ...: report it as the user's problem

@@ -19,6 +19,7 @@ from ..config import ModelConfig
 from ..errors import MissingFileError, UserError, checked_device, one_of
 from ..files import read_json
 from ..io.hf import load_gpt2
+from ..model.analysis import out_of_memory_as_user_error
 from ..model.lora import apply_lora, is_lora_key, merge_lora
 from ..model.model import DecoderLM
 from ..model.weights import ADAPTER_NAME, CONFIG_NAME, WEIGHTS_NAME, load_state, read_safetensors
@@ -214,13 +215,16 @@ def load_model_and_tokenizer(
 
     Raises:
         UserError: neither or both given, an unusable device, or the tokenizer's vocabulary
-            does not fit the model; MissingFileError / UserError from the loaders.
+            does not fit the model, not enough memory to load it (one line with the
+            estimate); MissingFileError / UserError from the loaders.
     """
     one_of(run=run, hf=hf)
     device = checked_device(device)
-    if hf:
-        model, tokenizer = load_gpt2(hf, map_location=device), GPT2Tokenizer()
-    else:
-        model, tokenizer = load_model(run, map_location=device), load_tokenizer(run)
+    flags = f"--run {run}" if run else ""
+    with out_of_memory_as_user_error(f"load the model of {run or hf}", params_flags=flags):
+        if hf:
+            model, tokenizer = load_gpt2(hf, map_location=device), GPT2Tokenizer()
+        else:
+            model, tokenizer = load_model(run, map_location=device), load_tokenizer(run)
     check_vocab(tokenizer, model, run or hf)
     return model, tokenizer

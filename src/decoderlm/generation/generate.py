@@ -23,6 +23,7 @@ __all__ = [
     "stream_text",
     "TextStream",
     "sample_next",
+    "check_controls",
     "filter_logits",
     "decode_step",
 ]
@@ -57,7 +58,9 @@ def filter_logits(
     return logits
 
 
-def _check_controls(temperature: float, top_k: int | None, top_p: float | None) -> None:
+def check_controls(temperature: float, top_k: int | None, top_p: float | None) -> None:
+    """Raise UserError for a temperature below 0 or not finite, a top_k below 1 or not an
+    integer, or a top_p outside [0, 1] (None: top_k / top_p unused)."""
     if not (math.isfinite(temperature) and temperature >= 0):
         raise UserError(
             f"temperature must be a finite number >= 0 (0 means greedy), got {temperature}"
@@ -90,7 +93,7 @@ def sample_next(
     Raises:
         ValueError: temperature < 0, top_k < 1, top_p outside [0, 1], or non-finite logits.
     """
-    _check_controls(temperature, top_k, top_p)
+    check_controls(temperature, top_k, top_p)
     # one reduction: a NaN or inf anywhere makes the sum non-finite, and float64 cannot
     # overflow from summing float32 values
     if not math.isfinite(logits.sum(dtype=torch.float64)):
@@ -235,7 +238,7 @@ def stream_generate(
     """Yield the next token of every row, [B] int64, up to max_new_tokens times; see
     `generate`. Rows that have stopped yield pad_token_id; the loop ends when all have."""
     limit = model.config.max_positions
-    _check_controls(temperature, top_k, top_p)
+    check_controls(temperature, top_k, top_p)
     _check_generate_args(idx, max_new_tokens, attention_mask, slide_by, limit)
     if not do_sample:
         temperature = 0.0

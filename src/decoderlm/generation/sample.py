@@ -9,7 +9,7 @@ from ..errors import UserError
 from ..files import read_text
 from ..finetune.sources import load_model_and_tokenizer
 from ..tokenizers import CharTokenizer, Tokenizer
-from .generate import stream_text
+from .generate import check_controls, stream_text
 
 __all__ = ["sample", "read_prompts"]
 
@@ -70,6 +70,7 @@ def sample(
             files, an empty prompt, a prompt the vocabulary cannot encode (every prompt is
             checked before sampling), a bad sampling setting.
     """
+    check_controls(temperature, top_k, top_p)  # before anything is loaded or printed
     model, tokenizer = load_model_and_tokenizer(run, hf, device)
     if block_size is not None:
         model.crop_block_size(block_size)

@@ -233,12 +233,30 @@ def unquantize_attention(data: str, n_layers: int, n_heads: int, T: int) -> np.n
     return out
 
 
+def _report_path(out: str | None) -> str:
+    """The HTML file `inspect` writes: `out`, or report.html in the current directory when
+    none is there yet; UserError (one line) for a name that is not a writable HTML file."""
+    if out is None:
+        if Path("report.html").exists():
+            raise UserError(
+                "report.html is already in the current directory; give --out FILE to write "
+                "another file, or --out report.html to replace it"
+            )
+        return "report.html"
+    if Path(out).is_dir() or out.endswith("/") or Path(out).suffix == ".json":
+        raise UserError(
+            f"--out {out} must name the HTML file (its data go beside it as .json), "
+            f"e.g. --out {Path(out).with_suffix('') / 'report.html'}"
+        )
+    return out
+
+
 def inspect(
     run: NotEmptyStr | None = None,
     hf: NotEmptyStr | None = None,
     text: str | None = None,
     text_file: str | None = None,
-    out: NotEmptyStr = "report.html",
+    out: NotEmptyStr | None = None,
     layers: list[NonNegativeInt] | None = None,
     max_tokens: PositiveInt = 128,
     corrupt: str | None = None,
@@ -258,7 +276,9 @@ def inspect(
         text: the text to look at (give --text or --text-file); its <|endoftext|> is the
             end-of-text token where the vocabulary has one, as in a prompt.
         text_file: a UTF-8 file holding the text.
-        out: the HTML file to write.
+        out: the HTML file to write, replaced if it exists; a missing folder is made and
+            named (default: report.html in the current directory, never replaced: name it
+            with --out to replace it).
         layers: layers whose attention maps are stored (default: all); repeat for several.
         max_tokens: use the first N tokens of the text (at most the model's context).
         corrupt: a corrupted text with as many tokens as the text (after --max-tokens): adds
@@ -271,15 +291,12 @@ def inspect(
 
     Raises:
         UserError / MissingFileError: not one of run and hf, or of text and text_file; `out`
-            a directory or a .json name; missing or damaged files; a text the vocabulary
-            cannot encode, or too short.
+            a directory or a .json name; no --out and a report.html already in the current
+            directory; missing or damaged files; a text the vocabulary cannot encode, or too
+            short.
     """
     one_of(text=text, text_file=text_file)
-    if Path(out).is_dir() or out.endswith("/") or Path(out).suffix == ".json":
-        raise UserError(
-            f"--out {out} must name the HTML file (its data go beside it as .json), "
-            f"e.g. --out {Path(out).with_suffix('') / 'report.html'}"
-        )
+    out = _report_path(out)
     if text_file is not None:
         text = read_text(text_file, "--text-file")
     model, tokenizer = load_model_and_tokenizer(run, hf, device)
@@ -288,6 +305,8 @@ def inspect(
     corrupted = None if corrupt is None else tokenizer.encode(corrupt, allowed_special="all")[:n]
     title = f"{run or hf}: {tokenizer.decode(ids)[:80]!r}"
     report = build_report(model, tokenizer, ids, layers, corrupted, title=title)
+    folder = Path(out).parent
+    made = "" if folder.is_dir() else f" (made the folder {folder})"
     html, data = write_report(report, out)
-    print(f"wrote {html} ({html.stat().st_size:,} bytes) and {data} ({len(ids)} tokens)")
+    print(f"wrote {html} ({html.stat().st_size:,} bytes) and {data} ({len(ids)} tokens){made}")
     return 0

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import re
+
 from ..config import ModelConfig
 from ..errors import UserError
 
@@ -12,6 +15,8 @@ __all__ = [
     "mfu",
     "activation_bytes_per_token",
     "memory_bytes",
+    "is_out_of_memory",
+    "out_of_memory_as_user_error",
     "DTYPE_BYTES",
 ]
 
@@ -204,3 +209,57 @@ def memory_bytes(
     out["loss_backward_transient"] = 2 * batch_size * T * config.vocab_size * 4
     out["training_peak"] = out["training_total"] + out["loss_backward_transient"]
     return out
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """Whether `error` is torch failing to allocate memory (CPU or accelerator)."""
+    import torch
+
+    if isinstance(error, torch.OutOfMemoryError):
+        return True
+    text = str(error)
+    return isinstance(error, RuntimeError) and (
+        "DefaultCPUAllocator" in text or "out of memory" in text.lower()
+    )
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:,.3f} GiB"
+
+
+@contextlib.contextmanager
+def out_of_memory_as_user_error(
+    what: str, config: ModelConfig | None = None, batch_size: int = 1, params_flags: str = ""
+):
+    """Turn torch's allocation failure inside the block into one UserError line: what could
+    not be done, the bytes torch asked for, the estimate of `decoderlm params` (weights, and
+    with a batch size the float32 training peak, from `memory_bytes`) and the command that
+    gives the figures.
+
+    Args:
+        what: what the block does, e.g. "build the model".
+        config: the model's settings, for the estimate (None: no estimate).
+        batch_size: sequences per batch of the training estimate; 0 gives weights only.
+        params_flags: the flags of `decoderlm params` that name the model (e.g. "--run DIR").
+
+    Raises:
+        UserError: the block ran out of memory; other exceptions pass unchanged.
+    """
+    try:
+        yield
+    except (RuntimeError, MemoryError) as e:
+        if not (isinstance(e, MemoryError) or is_out_of_memory(e)):
+            raise
+        asked = re.search(r"allocate (\d+) bytes", str(e))
+        parts = [f"not enough memory to {what}"]
+        if asked:
+            parts.append(f"torch asked for {_gib(int(asked.group(1)))}")
+        if config is not None:
+            est = memory_bytes(config, batch_size=max(batch_size, 1))
+            size = f"the model's weights are {_gib(est['weights'])}"
+            if batch_size:
+                size += f", training at batch size {batch_size} about {_gib(est['training_peak'])}"
+            parts.append(size)
+        flags = f" {params_flags}" if params_flags else ""
+        parts.append(f"`decoderlm params{flags}` gives the figures; choose a smaller model")
+        raise UserError("; ".join(parts)) from None

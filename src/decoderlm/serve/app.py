@@ -120,7 +120,11 @@ def _http_error(request, exc):
     """Starlette's own errors (an unknown path: 404, a wrong method: 405)."""
     from .serving import ApiError
 
-    return _answer(ApiError(exc.status_code, str(exc.detail)))
+    message = f"{exc.detail}: {request.method} {request.url.path}"
+    allow = (exc.headers or {}).get("Allow")
+    if exc.status_code == 405 and allow:
+        message += f"; this path takes {allow}"
+    return _answer(ApiError(exc.status_code, message))
 
 
 def _server_error(request, exc):
@@ -135,6 +139,9 @@ def _check_address(host: str, port: int) -> None:
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
         with socket.socket(infos[0][0], socket.SOCK_STREAM) as probe:
+            # as uvicorn binds: a port whose old connections sit in TIME_WAIT is free, one
+            # that something listens on is not
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             probe.bind(infos[0][4])
     except OSError as e:
         raise OSError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None

@@ -149,7 +149,7 @@ class ApiError(Exception):
 
     def response(self) -> ErrorResponse:
         """The error body."""
-        kind = "invalid_request_error" if self.status < 500 else "server_error"
+        kind = "invalid_request_error" if 400 <= self.status < 500 else "server_error"
         info = ErrorInfo(message=self.message, type=kind, param=self.param, code=self.code)
         return ErrorResponse(error=info)
 

@@ -104,8 +104,7 @@ def load_trainer_state(checkpoint: str | Path) -> dict[str, Any]:
         raise UserError(
             f"{path} cannot be loaded safely ({type(e).__name__}: "
             f"{str(e).splitlines()[0] if str(e) else ''}); the checkpoint is "
-            f"damaged or was not written by decoderlm; resume from an earlier "
-            f"one by deleting {path.parent}"
+            f"damaged or was not written by decoderlm"
         ) from None
     if not isinstance(state, dict) or "step" not in state:
         raise UserError(f"{path} is not a decoderlm trainer state (no 'step')")

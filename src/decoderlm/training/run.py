@@ -30,6 +30,7 @@ from ..finetune.merge import merge_run
 from ..finetune.sources import finetune_config, load_model, load_source
 from ..finetune.trainable import lora_entry, prepare_trainable, trainable_counts
 from ..lens.plots import Plotter
+from ..model.analysis import out_of_memory_as_user_error
 from ..model.model import DecoderLM
 from ..model.weights import ADAPTER_NAME, list_checkpoints
 from ..presets import PresetName, get_preset
@@ -40,7 +41,7 @@ from .launch import resume_command
 from .loop import TrainResult, autocast_for, train
 from .metrics import bytes_per_token, check_sinks
 from .parallel import DistInfo, barrier, init_distributed
-from .threads import ThreadTuner, parse_threads, set_threads
+from .threads import ThreadTuner, busy_machine_hint, parse_threads, set_threads
 
 __all__ = ["run_experiment", "RunSummary"]
 
@@ -195,7 +196,8 @@ def run_experiment(
 
     Raises:
         UserError / MissingFileError: bad settings, data or checkpoints (messages say what
-            to change).
+            to change); not enough memory to build or train the model (one line with the
+            estimate of `memory_bytes`).
     """
     _check_arguments(model_overrides, train_overrides, resume, overwrite, nproc_per_node)
     device, progress, threads = checked_device(device), not no_progress, parse_threads(threads)
@@ -206,7 +208,9 @@ def run_experiment(
     request.update(model_overrides=model_overrides, train_overrides=train_overrides)
     plan = _make_plan(request, resume, init_from, merge, info, log)
     _check_plan(plan, info, overwrite)  # on every rank: all fail alike
-    model = _build_model(plan, info, device)  # refuses LoRA targets / --freeze items too
+    memory = dict(config=plan.model_cfg, batch_size=plan.train_cfg.data.batch_size)
+    with out_of_memory_as_user_error("build the model", **memory):
+        model = _build_model(plan, info, device)  # refuses LoRA targets / --freeze items too
     if info.is_main:
         _prepare_run_dir(plan.out_dir, plan.resumed_step, log)
     barrier(info)
@@ -214,25 +218,30 @@ def run_experiment(
         threads, model, plan.train_cfg, plan.train_ids, autocast_for(plan.train_cfg, device), log
     )
     tuner = ThreadTuner(log) if threads == "auto" and model.device.type == "cpu" else None
+    if threads is None and model.device.type == "cpu":  # the default: say when it will crawl
+        hint = busy_machine_hint(torch.get_num_threads())
+        if hint:
+            log(hint)
     _log_start(plan, model, info, device, log)
     files = {"extra": plan.extra, "tokenizer": plan.tokenizer}
     # the plots' process imports matplotlib now, on a core left idle while torch starts up
     plotter = Plotter() if info.is_main else None
     try:
-        result = train(
-            model,
-            plan.train_cfg,
-            plan.train_ids,
-            plan.val_ids,
-            plan.out_dir,
-            progress,
-            info,
-            resume=plan.resume_state,
-            checkpoint_files=files,
-            log=log,
-            val_bytes_per_token=bytes_per_token(plan.tokenizer, plan.val_ids),
-            on_step=tuner.step_done if tuner else None,
-        )
+        with out_of_memory_as_user_error("train the model", **memory):
+            result = train(
+                model,
+                plan.train_cfg,
+                plan.train_ids,
+                plan.val_ids,
+                plan.out_dir,
+                progress,
+                info,
+                resume=plan.resume_state,
+                checkpoint_files=files,
+                log=log,
+                val_bytes_per_token=bytes_per_token(plan.tokenizer, plan.val_ids),
+                on_step=tuner.step_done if tuner else None,
+            )
         if info.is_main and not result.interrupted:
             final = _save_run(model, result, plan, info, device)
             write_artifacts(
@@ -500,9 +509,13 @@ def _resume_point(run_dir: Path, info: DistInfo, log):
                 load_tokenizer(candidate),
             )
         except (ValueError, FileNotFoundError) as e:
-            log(f"warning: skipping checkpoint {candidate}: {e}")
+            aside = candidate.with_name("damaged-" + candidate.name)
+            log(
+                f"warning: skipping checkpoint {candidate}: {e}; moved it to {aside} (delete "
+                "it once you no longer need it) and trying the checkpoint before it"
+            )
             if info.is_main:
-                os.replace(candidate, candidate.with_name("damaged-" + candidate.name))
+                os.replace(candidate, aside)
     raise UserError(
         f"no checkpoint in {run_dir / 'checkpoints'} can be loaded; see the warnings above"
     )

@@ -25,7 +25,7 @@ from ..data.corpus import windows
 from ..errors import UserError
 from ..model.model import DecoderLM
 
-__all__ = ["set_threads", "parse_threads", "thread_candidates", "ThreadTuner"]
+__all__ = ["set_threads", "parse_threads", "thread_candidates", "busy_machine_hint", "ThreadTuner"]
 
 
 def parse_threads(threads: int | str | None) -> int | str | None:
@@ -103,6 +103,34 @@ def set_threads(
     rates = ", ".join(f"{n}: {cfg.data.batch_size * T / s:,.0f}" for n, s in timings.items())
     log(f"threads: auto chose {best} (forward + backward tokens/s by threads: {rates})")
     return best
+
+
+def busy_machine_hint(threads: int, load_average=None, cpus: int | None = None) -> str | None:
+    """One line suggesting --threads when other programs keep busy the cores that `threads`
+    torch threads need, else None.
+
+    Every parallel operator waits for its slowest thread, so when the 1-minute load average
+    leaves fewer idle CPUs than there are threads (load >= cpus - threads + 1) each step waits
+    for a thread whose core another program holds, often several times slower than one thread.
+
+    Args:
+        threads: torch's intra-op thread count.
+        load_average: a function giving (1, 5, 15)-minute load averages (default
+            os.getloadavg; where the system has none there is no hint).
+        cpus: the CPUs (default os.cpu_count()).
+    """
+    cpus = cpus or os.cpu_count() or 1
+    try:
+        load = (load_average or os.getloadavg)()[0]
+    except (AttributeError, OSError):  # no load average on this system
+        return None
+    if threads < 2 or load < cpus - threads + 1:
+        return None
+    return (
+        f"note: this machine is busy (load average {load:.1f} on {cpus} CPUs) and torch "
+        f"uses {threads} threads, which wait for the busy cores: --threads 1 or --threads "
+        "auto may train several times faster (the default thread count is left as it is)"
+    )
 
 
 class ThreadTuner:
