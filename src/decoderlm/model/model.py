@@ -28,6 +28,7 @@ from torch import Tensor
 
 from ..config import ModelConfig
 from ..errors import UserError
+from ..tokenizers.load import end_of_text_id
 from .hooks import HookPoint
 from .kv_cache import KVCache
 from .positions import apply_rope, rope_cos_sin, sinusoidal_positions
@@ -212,11 +213,20 @@ class DecoderLM(nn.Module):
         blocks.l.mlp.hook_post       [B, T, d_ff]      the hidden layer
         blocks.l.hook_resid_post     [B, T, d_model]   the block's output
         hook_normalized              [B, T, d_model]   what lm_head reads (after ln_f)
+
+    Attributes:
+        eos_token_id: the end-of-text token id of the model's vocabulary (int), or None
+            without one. `generate` stops a row there unless told otherwise. The model's
+            weights do not record it: the loaders set it from the tokenizer
+            (`from_pretrained` from the directory's tokenizer.json, `decoderlm.io.hf.load_gpt2`
+            from config.json's eos_token_id, `decoderlm.finetune.sources` from the run's
+            tokenizer); a model built from a ModelConfig has None.
     """
 
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.config = config
+        self.eos_token_id: int | None = None
         self.tok_emb = nn.Embedding(config.vocab_rows, config.d_model)
         self.pos_emb = None
         if config.pos_encoding == "learned":
@@ -413,7 +423,11 @@ class DecoderLM(nn.Module):
 
     @classmethod
     def from_pretrained(
-        cls, directory: str | Path, map_location: str = "cpu", tie_embeddings: bool | None = None
+        cls,
+        directory: str | Path,
+        map_location: str = "cpu",
+        tie_embeddings: bool | None = None,
+        verify: bool = True,
     ) -> DecoderLM:
         """Load a model written by `save_pretrained` (or `decoderlm train`), in eval mode.
 
@@ -423,16 +437,27 @@ class DecoderLM(nn.Module):
             tie_embeddings: override config.json's: False loads tok_emb.weight and
                 lm_head.weight as two matrices (a file holding only one starts both from it),
                 True shares one. None: as config.json says.
+            verify: check model.safetensors against the size and sha256 that config.json
+                records (see `decoderlm.model.weights.verify_file`); False skips the check
+                (it reads the whole file once more). A directory whose config.json records
+                none loads unchecked.
+
+        The model's `eos_token_id` is the <|endoftext|> id of the directory's tokenizer
+        file (None without one).
 
         Raises:
             FileNotFoundError: config.json or model.safetensors is missing.
-            ValueError: the files do not describe a matching model, or the model is tied and
-                the file holds two different matrices (see `weights.resolve_tied`).
+            ValueError: the files do not describe a matching model, the weights file differs
+                from what config.json records (damaged or truncated: the message names the
+                file and both digests or sizes), the tokenizer file is malformed, or the
+                model is tied and the file holds two different matrices (see
+                `weights.resolve_tied`).
         """
-        config, state = read_model_dir(directory, map_location)
+        config, state = read_model_dir(directory, map_location, verify)
         if tie_embeddings is not None:
             config = dataclasses.replace(config, tie_embeddings=tie_embeddings)
         model = load_state(cls(config), state, Path(directory) / "model.safetensors")
+        model.eos_token_id = end_of_text_id(directory)
         return model.to(map_location).eval()
 
 

@@ -188,6 +188,7 @@ def serve(
     max_stop: int = 16,
     max_batch_size: int = 8,
     compile: bool = False,
+    no_verify: bool = False,
 ) -> int:
     """An OpenAI-style HTTP API for a model.
 
@@ -212,6 +213,8 @@ def serve(
         max_batch_size: the most sequences decoded together; more requests wait.
         compile: decode with torch.compile: faster per token after a one-time compile
             at start (needs a C++ compiler on the CPU).
+        no_verify: load the weights without checking them against the sizes and sha256
+            digests that config.json records (for huge files).
 
     Returns:
         0 once the server has stopped.
@@ -245,7 +248,7 @@ def serve(
         max_stop=max_stop,
         max_batch_size=max_batch_size,
     )
-    model, tokenizer = load_model_and_tokenizer(run, hf, device)
+    model, tokenizer = load_model_and_tokenizer(run, hf, device, verify=not no_verify)
     name = served_model_name or Path(run or hf).resolve().name
     run_server(model, tokenizer, name, host, port, limits, compile)
     return 0
