@@ -29,7 +29,7 @@ from torch import Tensor
 from ..config import ModelConfig
 from ..errors import UserError
 from ..tokenizers.load import end_of_text_id
-from .hooks import HookPoint
+from .hooks import HeadsHookPoint, HookPoint
 from .kv_cache import KVCache
 from .positions import apply_rope, rope_cos_sin, sinusoidal_positions
 from .weights import load_state, read_model_dir, resolve_tied, save_model
@@ -92,7 +92,11 @@ class CausalSelfAttention(nn.Module):
         self.qk_norm_eps = config.norm_eps if config.qk_norm else None
         self.impl = "sdpa"
         self.qkv = nn.Linear(config.d_model, 3 * config.d_model, bias=config.bias)
-        self.hook_q, self.hook_k, self.hook_v = HookPoint(), HookPoint(), HookPoint()
+        # hooks see q, k, v as [B, T, n_heads, head_dim] (TransformerLens's layout)
+        self.hook_q, self.hook_k = HeadsHookPoint(), HeadsHookPoint()
+        self.hook_v = HeadsHookPoint()
+        if config.pos_encoding == "rope":  # q and k after the rotation (TransformerLens's)
+            self.hook_rot_q, self.hook_rot_k = HeadsHookPoint(), HeadsHookPoint()
         self.hook_pattern, self.hook_z = HookPoint(), HookPoint()
         self.proj = nn.Linear(config.d_model, config.d_model, bias=config.bias)
         self.resid_dropout = nn.Dropout(config.dropout_at("resid"))
@@ -106,9 +110,10 @@ class CausalSelfAttention(nn.Module):
         if self.qk_norm_eps is not None:  # QK-norm: unit RMS over head_dim, no gain
             q = F.rms_norm(q, (q.size(-1),), eps=self.qk_norm_eps)
             k = F.rms_norm(k, (k.size(-1),), eps=self.qk_norm_eps)
-        if rope is not None:
-            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         q, k, v = self.hook_q(q), self.hook_k(k), self.hook_v(v)
+        if rope is not None:
+            q = self.hook_rot_q(apply_rope(q, *rope))
+            k = self.hook_rot_k(apply_rope(k, *rope))
         if cache is not None:
             k, v = cache.update(self.layer, k, v)  # [B, n_heads, S, head_dim], S = length + T
         dropout_p = self.dropout if self.training else 0.0
@@ -121,7 +126,7 @@ class CausalSelfAttention(nn.Module):
             z = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=mask is None and T > 1
             )
-        y = self.hook_z(z).transpose(1, 2).reshape(B, T, C)  # [B, T, d_model]
+        y = self.hook_z(z.transpose(1, 2)).reshape(B, T, C)  # z [B, T, n_heads, head_dim]
         return self.resid_dropout(self.proj(y))
 
 
@@ -173,18 +178,22 @@ class Block(nn.Module):
         self.hook_resid_pre = HookPoint()
         self.ln_1 = make_norm(config)
         self.attn = CausalSelfAttention(config, layer)
+        self.hook_attn_out = HookPoint()
         self.hook_resid_mid = HookPoint()
         self.ln_2 = make_norm(config)
         self.mlp = MLP(config)
+        self.hook_mlp_out = HookPoint()
         self.hook_resid_post = HookPoint()
 
     def forward(self, x: Tensor, rope=None, cache: KVCache | None = None, mask=None) -> Tensor:
         x = self.hook_resid_pre(x)
         if self.pre_norm:
-            x = self.hook_resid_mid(x + self.attn(self.ln_1(x), rope, cache, mask))
-            return self.hook_resid_post(x + self.mlp(self.ln_2(x)))
-        x = self.hook_resid_mid(self.ln_1(x + self.attn(x, rope, cache, mask)))
-        return self.hook_resid_post(self.ln_2(x + self.mlp(x)))
+            x = self.hook_resid_mid(
+                x + self.hook_attn_out(self.attn(self.ln_1(x), rope, cache, mask))
+            )
+            return self.hook_resid_post(x + self.hook_mlp_out(self.mlp(self.ln_2(x))))
+        x = self.hook_resid_mid(self.ln_1(x + self.hook_attn_out(self.attn(x, rope, cache, mask))))
+        return self.hook_resid_post(self.ln_2(x + self.hook_mlp_out(self.mlp(x))))
 
 
 class DecoderLM(nn.Module):
@@ -199,18 +208,26 @@ class DecoderLM(nn.Module):
     (zeros with config.zero_init_proj).
 
     Hook points (identity `HookPoint`s; attach forward hooks, or use
-    `decoderlm.model.hooks.run_with_cache`), for layer l:
+    `decoderlm.model.hooks.run_with_cache`), for layer l, with TransformerLens's names and
+    layouts (its [batch, pos, head_index, d_head] is [B, T, n_heads, head_dim]):
 
-        hook_embed                   [B, T, d_model]   token embedding + positions
-        blocks.l.hook_resid_pre      [B, T, d_model]   the block's input
-        blocks.l.attn.hook_q/_k/_v   [B, n_heads, T, head_dim]  (q and k after rope)
+        hook_embed                   [B, T, d_model]   token embedding (tok_emb(idx))
+        hook_pos_embed               [B, T, d_model]   position embedding (learned and
+                                     sinusoidal positions only)
+        blocks.l.hook_resid_pre      [B, T, d_model]   the block's input (block 0: the sum
+                                     of the two above, after embedding dropout)
+        blocks.l.attn.hook_q/_k/_v   [B, T, n_heads, head_dim]  queries, keys (after QK-norm),
+                                     values
+        blocks.l.attn.hook_rot_q/_k  [B, T, n_heads, head_dim]  q and k after rope (rope only)
         blocks.l.attn.hook_pattern   [B, n_heads, T, T] float32 softmax probabilities, before
                                      dropout; computed only when a hook is attached
-        blocks.l.attn.hook_z         [B, n_heads, T, head_dim]  attention output per head
+        blocks.l.attn.hook_z         [B, T, n_heads, head_dim]  attention output per head
+        blocks.l.hook_attn_out       [B, T, d_model]   the attention's output (after proj)
         blocks.l.hook_resid_mid      [B, T, d_model]   after the attention residual (and ln_1
                                      when post-norm)
         blocks.l.mlp.hook_pre        [B, T, d_ff]      the activation function's input
         blocks.l.mlp.hook_post       [B, T, d_ff]      the hidden layer
+        blocks.l.hook_mlp_out        [B, T, d_model]   the MLP's output
         blocks.l.hook_resid_post     [B, T, d_model]   the block's output
         hook_normalized              [B, T, d_model]   what lm_head reads (after ln_f)
 
@@ -240,6 +257,8 @@ class DecoderLM(nn.Module):
             self.register_buffer("rope_cos", cos, persistent=False)
             self.register_buffer("rope_sin", sin, persistent=False)
         self.hook_embed = HookPoint()
+        if config.pos_encoding in ("learned", "sinusoidal"):
+            self.hook_pos_embed = HookPoint()
         self.drop = nn.Dropout(config.dropout_at("embed"))
         self.blocks = nn.ModuleList(Block(config, layer) for layer in range(config.n_layers))
         self.ln_f = make_norm(config) if config.norm_position == "pre" else None
@@ -295,15 +314,16 @@ class DecoderLM(nn.Module):
     def _logits(self, idx: Tensor, pos: Tensor, cache=None, mask=None, last_only=False) -> Tensor:
         """Embed idx [B, T] at positions pos ([T] or [B, T]), run the blocks, unembed."""
         self._check_input(idx)
-        x, rope = self.tok_emb(idx), None  # [B, T, d_model]
-        if self.pos_emb is not None:
-            x = x + self.pos_emb(pos)
-        elif self.config.pos_encoding == "sinusoidal":
-            x = x + self.pos_table[pos]
-        else:
+        x, rope = self.hook_embed(self.tok_emb(idx)), None  # [B, T, d_model]
+        if self.config.pos_encoding == "rope":
             cos, sin = self.rope_cos[pos], self.rope_sin[pos]
             rope = (cos[:, None], sin[:, None]) if pos.dim() == 2 else (cos, sin)
-        x = self.drop(self.hook_embed(x))
+        else:  # learned or sinusoidal: [T or B x T, d_model]
+            p = self.pos_emb(pos) if self.pos_emb is not None else self.pos_table[pos]
+            if self.hook_pos_embed.has_hooks():  # hooks see [B, T, d_model]
+                p = self.hook_pos_embed(p.expand_as(x))
+            x = x + p
+        x = self.drop(x)
         for block in self.blocks:
             x = block(x, rope, cache, mask)
         if last_only:  # decoding needs only the next token's logits
