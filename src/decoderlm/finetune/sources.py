@@ -121,7 +121,11 @@ def load_source(src: str | Path, map_location: str = "cpu", verify: bool = True)
             f"vocab_size={model.config.vocab_size}"
         )
     model.eos_token_id = tokenizer.eot_token
-    info = {"path": str(path.resolve()), "kind": kind, "sha256": weights_sha256(path)}
+    # a digest the load has just checked is the file's: no second pass over a large file
+    checked = recorded_digest(config, WEIGHTS_NAME, path / CONFIG_NAME) if verify else None
+    use_recorded = checked is not None and kind == "decoderlm" and (path / WEIGHTS_NAME).is_file()
+    sha256 = checked["sha256"] if use_recorded else weights_sha256(path)
+    info = {"path": str(path.resolve()), "kind": kind, "sha256": sha256}
     return Source(model, tokenizer, info)
 
 
