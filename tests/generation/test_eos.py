@@ -1,6 +1,7 @@
 """Generation stops at the vocabulary's end-of-text token by default: generate(), stream_text
 and `decoderlm sample`; ignore_eos / --ignore-eos runs on."""
 
+import pytest
 import torch
 
 from decoderlm import DecoderLM, ModelConfig
@@ -55,6 +56,8 @@ def test_an_explicit_eos_id_ends_each_row_and_pads_the_rest():
     model.eos_token_id = eos  # what the loaders set
     assert torch.equal(generate(model, prompt, 20, do_sample=False, pad_token_id=-5), out)
     assert torch.equal(generate(model, prompt, 20, do_sample=False, ignore_eos=True), free)
+    with pytest.raises(ValueError, match="eos_token_id must be a token id"):
+        generate(model, prompt, 2, eos_token_id="50256")
 
 
 def test_stream_text_stops_at_eos_without_its_text_and_keeps_stop_texts():

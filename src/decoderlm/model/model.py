@@ -235,7 +235,7 @@ class DecoderLM(nn.Module):
         eos_token_id: the end-of-text token id of the model's vocabulary (int), or None
             without one. `generate` stops a row there unless told otherwise. The model's
             weights do not record it: the loaders set it from the tokenizer
-            (`from_pretrained` from the directory's tokenizer.json, `decoderlm.io.hf.load_gpt2`
+            (`from_pretrained` from the directory's tokenizer file, `decoderlm.io.hf.load_gpt2`
             from config.json's eos_token_id, `decoderlm.finetune.sources` from the run's
             tokenizer); a model built from a ModelConfig has None.
     """
