@@ -220,8 +220,10 @@ def test_damaged_and_missing_checkpoints_give_clear_errors(corpus, tmp_path, cap
     capsys.readouterr()
     newest = list_checkpoints(out)[-1] / "trainer_state.pt"
     newest.write_bytes(newest.read_bytes()[:300])  # truncated
+    with pytest.raises(ValueError, match="is 300 bytes but config.json records"):
+        load_trainer_state(newest.parent)  # the recorded size tells first
     with pytest.raises(ValueError, match="cannot be loaded safely"):
-        load_trainer_state(newest.parent)
+        load_trainer_state(newest.parent, verify=False)
     assert main(["train", "--resume", str(out), "--max-steps", "6"]) == 0
     captured = capsys.readouterr()
     assert "skipping checkpoint" in captured.out and "step-00000002" in captured.out
@@ -230,7 +232,8 @@ def test_damaged_and_missing_checkpoints_give_clear_errors(corpus, tmp_path, cap
     weights.write_bytes(weights.read_bytes()[:500])
     assert main(["train", "--resume", str(out), "--max-steps", "8"]) == 0
     captured = capsys.readouterr()
-    assert "not a readable safetensors file" in captured.out and "step-00000006" in captured.out
+    assert "is 500 bytes but config.json records" in captured.out
+    assert "step-00000006" in captured.out
 
     empty = tmp_path / "empty"
     empty.mkdir()
@@ -277,8 +280,10 @@ def test_checkpoints_load_with_weights_only_and_unsafe_pickles_are_refused(corpu
             return (os.system, (f"touch {marker}",))
 
     torch.save({"step": 1, "payload": Exploit()}, checkpoint / "trainer_state.pt")  # (b)
+    with pytest.raises(ValueError, match="trainer_state.pt .* config.json records"):
+        load_trainer_state(checkpoint)  # not the file the checkpoint recorded
     with pytest.raises(ValueError, match="cannot be loaded safely"):
-        load_trainer_state(checkpoint)
+        load_trainer_state(checkpoint, verify=False)  # and unchecked, never unpickled
     assert not marker.exists()
 
 
