@@ -88,6 +88,17 @@ def test_commands_stop_with_one_line_and_no_verify_skips(tmp_path, capsys):
     assert main([*inspect, "--no-verify"]) == 0
 
 
+def test_train_init_from_a_damaged_run_is_refused_unless_no_verify(tmp_path, capsys):
+    run = byte_run(tmp_path / "src")
+    flip_last_bytes(run / "model.safetensors")
+    text = tmp_path / "text.txt"
+    text.write_text("the cat sat on the mat. " * 40, encoding="utf-8")
+    argv = ["train", "--init-from", str(run), "--data", str(text), "--max-steps", "1"]
+    argv += ["--batch-size", "2", "--eval-batches", "1", "--no-progress"]
+    one_line_error(capsys, [*argv, "--out", str(tmp_path / "a")], "model.safetensors has sha256")
+    assert main([*argv, "--out", str(tmp_path / "b"), "--no-verify"]) == 0
+
+
 def test_a_gpt2_export_is_verified_and_transformers_directories_load_unchecked(tmp_path):
     model = randomize(tiny_model(vocab_size=101))
     save_gpt2(model, tmp_path)
