@@ -31,7 +31,7 @@ from decoderlm import CharTokenizer, DecoderLM, GPT2Tokenizer, ModelConfig
 from decoderlm.generation.generate import generate
 from decoderlm.lens.lens import default_probe, probe_metrics
 from decoderlm.lens.report import build_report, write_report
-from decoderlm.model.hooks import HookPoint
+from decoderlm.model.hooks import HeadsHookPoint, HookPoint
 
 
 def call_ns() -> float:
@@ -53,17 +53,22 @@ def call_ns() -> float:
 def calls_and_seconds(job) -> tuple[int, float]:
     """(hook-point calls made by job(), median seconds of job() over 5 runs)."""
     count = [0]
-    plain = HookPoint.__call__
+    plain = {cls: cls.__call__ for cls in (HookPoint, HeadsHookPoint)}
 
-    def counting(self, x):
-        count[0] += 1
-        return plain(self, x)
+    def counter(cls):
+        def counting(self, x):
+            count[0] += 1
+            return plain[cls](self, x)
 
-    HookPoint.__call__ = counting
+        return counting
+
+    for cls in plain:
+        cls.__call__ = counter(cls)
     try:
         job()
     finally:
-        HookPoint.__call__ = plain
+        for cls, call in plain.items():
+            cls.__call__ = call
     times = []
     for _ in range(5):
         start = time.perf_counter()

@@ -194,6 +194,7 @@ def evaluate_run(
     split: str | None = None,
     device: str = "cpu",
     batch_size: int = 32,
+    verify: bool = True,
 ) -> dict:
     """Loss of the model in run directory `run` on a whole split or text.
 
@@ -206,6 +207,8 @@ def evaluate_run(
             characters outside a char vocabulary mapped to its unknown token and counted.
         split: "val" (default) or "train"; not for a text file.
         device: where the model runs. batch_size: windows per forward pass.
+        verify: check the weights against the digests config.json records (see
+            `decoderlm.model.weights.verify_file`).
 
     Returns:
         A dict: run, data (where the ids came from), split, tokenizer (kind), nats_per_token,
@@ -221,7 +224,7 @@ def evaluate_run(
     run = Path(run)
     if split not in (None, "val", "train"):
         raise UserError(f"unknown split {split!r}; use 'val' or 'train'")
-    model = load_model(run, map_location=device)  # an adapter run: over its base
+    model = load_model(run, map_location=device, verify=verify)  # an adapter run: over its base
     tokenizer = load_tokenizer(run)
     check_vocab(tokenizer, model, run)
     if data is None:
@@ -293,6 +296,7 @@ def print_report(
     json: bool = False,
     device: str = "cpu",
     batch_size: PositiveInt = 32,
+    no_verify: bool = False,
 ) -> int:
     """Loss, bits per character and perplexity of a run.
 
@@ -308,6 +312,8 @@ def print_report(
         json: print JSON instead of text.
         device: cpu, cuda, ...
         batch_size: windows per forward pass.
+        no_verify: load the weights without checking them against the sizes and sha256
+            digests that config.json records (for huge files).
 
     Returns:
         0, the exit status.
@@ -315,6 +321,6 @@ def print_report(
     Raises:
         UserError / MissingFileError: as `evaluate_run`, and an unusable device.
     """
-    report = evaluate_run(run, data, split, checked_device(device), batch_size)
+    report = evaluate_run(run, data, split, checked_device(device), batch_size, not no_verify)
     print(json_text(report) if json else format_report(report))
     return 0

@@ -149,9 +149,9 @@ def test_the_logit_lens_last_row_is_the_models_output(combo):
         lens["next_prob"][-1],
         probs.new_tensor([logits.softmax(-1)[t, ids[t + 1]] for t in range(11)]),
     )
-    _, cache = run_with_cache(model, ids[None], ["hook_embed", "hook_resid_post"])
+    _, cache = run_with_cache(model, ids[None], ["blocks.0.hook_resid_pre", "hook_resid_post"])
     assert torch.equal(unembed(model, cache[f"blocks.{L - 1}.hook_resid_post"])[0], logits)
-    first = unembed(model, cache["hook_embed"])[0].softmax(-1).topk(4)
+    first = unembed(model, cache["blocks.0.hook_resid_pre"])[0].softmax(-1).topk(4)
     assert torch.equal(lens["top_ids"][0], first.indices)
 
 

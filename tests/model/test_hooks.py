@@ -24,11 +24,14 @@ BLOCK_HOOKS = [
     "attn.hook_v",
     "attn.hook_pattern",
     "attn.hook_z",
+    "hook_attn_out",
     "hook_resid_mid",
     "mlp.hook_pre",
     "mlp.hook_post",
+    "hook_mlp_out",
     "hook_resid_post",
 ]
+ROPE_HOOKS = ["attn.hook_rot_q", "attn.hook_rot_k"]
 
 
 @pytest.mark.parametrize("name", ["gpt2-style", "llama-style"])
@@ -55,14 +58,20 @@ def test_every_documented_hook_point_exists_with_its_shape(combo):
     model = halved_random_model(0, **combo)
     c = model.config
     B, T = 2, 7
-    names = ["hook_embed", "hook_normalized"] + [
-        f"blocks.{i}.{h}" for i in range(c.n_layers) for h in BLOCK_HOOKS
-    ]
+    rope = c.pos_encoding == "rope"
+    block_hooks = BLOCK_HOOKS + (ROPE_HOOKS if rope else [])
+    names = ["hook_embed", "hook_normalized"] + ([] if rope else ["hook_pos_embed"])
+    names += [f"blocks.{i}.{h}" for i in range(c.n_layers) for h in block_hooks]
     assert sorted(hook_points(model)) == sorted(names)
     (logits, _), cache = run_with_cache(model, torch.randint(0, 65, (B, T)))
-    heads = (B, c.n_heads, T, c.head_dim)
+    heads = (B, T, c.n_heads, c.head_dim)  # TransformerLens's [batch, pos, head_index, d_head]
     shapes = {
         "hook_embed": (B, T, c.d_model),
+        "hook_pos_embed": (B, T, c.d_model),
+        "hook_attn_out": (B, T, c.d_model),
+        "hook_mlp_out": (B, T, c.d_model),
+        "attn.hook_rot_q": heads,
+        "attn.hook_rot_k": heads,
         "hook_normalized": (B, T, c.d_model),
         "hook_resid_pre": (B, T, c.d_model),
         "hook_resid_mid": (B, T, c.d_model),
@@ -144,7 +153,8 @@ def test_a_replaced_pattern_is_the_one_attention_uses():
         },
     ):
         model(idx)
-    expected = seen["v"].cumsum(-2) / torch.arange(1, T + 1)[:, None]
+    # v and z are [B, T, n_heads, head_dim]: the mean runs over the positions, axis 1
+    expected = seen["v"].cumsum(1) / torch.arange(1, T + 1)[:, None, None]
     torch.testing.assert_close(seen["z"], expected)
 
 
@@ -167,17 +177,18 @@ def test_names_filter_keeps_only_what_it_names_and_logits_are_the_models():
     _, cache = run_with_cache(model, idx, "hook_embed")
     assert list(cache) == ["hook_embed"]
     _, cache = run_with_cache(
-        model, idx, ["hook_embed", "hook_resid_post", "blocks.1.mlp.hook_post"]
+        model, idx, ["blocks.0.hook_resid_pre", "hook_resid_post", "blocks.1.mlp.hook_post"]
     )
     assert list(cache) == [
-        "hook_embed",
+        "blocks.0.hook_resid_pre",
         "blocks.0.hook_resid_post",
         "blocks.1.mlp.hook_post",
         "blocks.1.hook_resid_post",
     ]
     assert torch.equal(cache["hook_resid_post", 1], cache["blocks.1.hook_resid_post"])
     stream = cache.accumulated_resid()
-    assert stream.shape == (3, 2, 9, 64) and torch.equal(stream[0], cache["hook_embed"])
+    assert stream.shape == (3, 2, 9, 64)
+    assert torch.equal(stream[0], cache["blocks.0.hook_resid_pre"])
     assert torch.equal(stream[2], cache["blocks.1.hook_resid_post"])
 
 
@@ -227,7 +238,8 @@ def test_cached_activations_of_one_block_equal_the_numpy_reference():
     post = ref.gelu(pre)
     out = mid + post @ p["blocks.0.mlp.proj.weight"].T + p["blocks.0.mlp.proj.bias"]
     expected = {
-        "hook_embed": x,
+        "hook_embed": p["tok_emb.weight"][idx.numpy()],
+        "hook_pos_embed": np.broadcast_to(p["pos_emb.weight"][:8], x.shape),
         "blocks.0.hook_resid_pre": x,
         "blocks.0.attn.hook_pattern": att,
         "blocks.0.hook_resid_mid": mid,
@@ -250,8 +262,7 @@ def test_the_cache_at_position_t_ignores_later_tokens():
         if name.endswith("hook_pattern"):
             torch.testing.assert_close(a[name][..., :6, :6], b[name][..., :6, :6], msg=name)
         else:
-            dims = 2 if a[name].dim() == 4 else 1  # heads come before positions in [B, H, T, D]
-            torch.testing.assert_close(
-                a[name].narrow(dims, 0, 6), b[name].narrow(dims, 0, 6), msg=name
-            )
-        assert not torch.allclose(a[name], b[name]), name  # the later positions did change
+            # positions are axis 1: [B, T, d] and [B, T, n_heads, head_dim] alike
+            torch.testing.assert_close(a[name][:, :6], b[name][:, :6], msg=name)
+        if name != "hook_pos_embed":  # the position embedding does not depend on the tokens
+            assert not torch.allclose(a[name], b[name]), name  # the later positions changed

@@ -108,8 +108,10 @@ def test_dropout_can_be_placed_per_site():
         assert block.attn.resid_dropout.p == 0.0 and block.mlp.dropout.p == 0.0
     only_embed = DecoderLM(tiny_config(embed_dropout=0.5)).train()
     idx = torch.randint(0, 65, (1, 16))
-    _, cache = run_with_cache(only_embed, idx, ["hook_embed", "blocks.0.hook_resid_pre"])
-    embed, dropped = cache["hook_embed"], cache["blocks.0.hook_resid_pre"]
+    names = ["hook_embed", "hook_pos_embed", "blocks.0.hook_resid_pre"]
+    _, cache = run_with_cache(only_embed, idx, names)
+    embed = cache["hook_embed"] + cache["hook_pos_embed"]  # tokens + positions, before dropout
+    dropped = cache["blocks.0.hook_resid_pre"]
     kept = dropped != 0
     assert (~kept).any() and torch.allclose(dropped[kept], 2 * embed[kept])  # scaled by 1/(1-p)
     with pytest.raises(ValueError, match=r"attn_dropout must be a finite number in \[0.0, 1.0\)"):

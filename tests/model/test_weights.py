@@ -3,12 +3,12 @@ import json
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from decoderlm import DecoderLM
 from decoderlm.model.weights import normalize_state_dict, save_model
 
-from conftest import randomize, tiny_model
+from conftest import randomize, tiny_model, write_weights_by_hand
 
 
 @pytest.mark.parametrize("tied", [True, False])
@@ -31,7 +31,7 @@ def write_both_matrices(model: DecoderLM, directory, head: torch.Tensor) -> None
     model.save_pretrained(directory)
     state = load_file(directory / "model.safetensors")
     state["lm_head.weight"] = head.contiguous()
-    save_file(state, directory / "model.safetensors")
+    write_weights_by_hand(state, directory)
 
 
 def test_a_tied_model_refuses_two_different_matrices_and_loads_them_untied(tmp_path):
@@ -70,7 +70,7 @@ def test_one_matrix_stands_for_both_tied_or_untied(tmp_path):
     assert torch.equal(untied(idx)[0], model(idx)[0])
     state = load_file(tmp_path / "model.safetensors")
     state["lm_head.weight"] = state.pop("tok_emb.weight")  # the unembedding alone
-    save_file(state, tmp_path / "model.safetensors")
+    write_weights_by_hand(state, tmp_path)
     assert torch.equal(DecoderLM.from_pretrained(tmp_path)(idx)[0], model(idx)[0])
     untied_config = json.loads((tmp_path / "config.json").read_text())
     untied_config["model"]["tie_embeddings"] = False  # an untied model's file, one matrix
@@ -127,9 +127,7 @@ def test_compiled_and_ddp_style_prefixes_are_stripped(tmp_path):
     assert torch.equal(DecoderLM.from_pretrained(tmp_path)(idx)[0], reference)
     state = {k: v for k, v in model.state_dict().items() if k != "lm_head.weight"}
     for prefix in ("module.", "_orig_mod.", "module._orig_mod."):
-        save_file(
-            {prefix + k: v.contiguous() for k, v in state.items()}, tmp_path / "model.safetensors"
-        )
+        write_weights_by_hand({prefix + k: v for k, v in state.items()}, tmp_path)
         assert torch.equal(DecoderLM.from_pretrained(tmp_path)(idx)[0], reference)
     assert normalize_state_dict({"blocks._orig_mod.x": 1}) == {"blocks._orig_mod.x": 1}
 
@@ -138,7 +136,7 @@ def test_mismatched_weights_are_reported(tmp_path):
     tiny_model().save_pretrained(tmp_path)
     state = load_file(tmp_path / "model.safetensors")
     state["extra.weight"] = state.pop("ln_f.weight")
-    save_file(state, tmp_path / "model.safetensors")
+    write_weights_by_hand(state, tmp_path)
     with pytest.raises(
         ValueError, match=r"missing \['ln_f.weight'\], unexpected \['extra.weight'\]"
     ):

@@ -256,7 +256,9 @@ def test_damaged_run_files_give_clear_errors(tmp_path, capsys):
     capsys.readouterr()
     weights = (out / "model.safetensors").read_bytes()
     (out / "model.safetensors").write_bytes(weights[:1000])
-    assert main(["sample", "--run", str(out)]) == 2
+    assert main(["sample", "--run", str(out)]) == 2  # the recorded size tells first
+    assert f"is 1,000 bytes but config.json records {len(weights):,}" in capsys.readouterr().err
+    assert main(["sample", "--run", str(out), "--no-verify"]) == 2  # unchecked: unreadable
     assert "not a readable safetensors file" in capsys.readouterr().err
     (out / "model.safetensors").write_bytes(weights)
     for text, message in (("42", "has no 'model' entry"), ("\xff\xfe", "not valid UTF-8 JSON")):

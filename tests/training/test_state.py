@@ -220,8 +220,10 @@ def test_damaged_and_missing_checkpoints_give_clear_errors(corpus, tmp_path, cap
     capsys.readouterr()
     newest = list_checkpoints(out)[-1] / "trainer_state.pt"
     newest.write_bytes(newest.read_bytes()[:300])  # truncated
+    with pytest.raises(ValueError, match="is 300 bytes but config.json records"):
+        load_trainer_state(newest.parent)  # the recorded size tells first
     with pytest.raises(ValueError, match="cannot be loaded safely"):
-        load_trainer_state(newest.parent)
+        load_trainer_state(newest.parent, verify=False)
     assert main(["train", "--resume", str(out), "--max-steps", "6"]) == 0
     captured = capsys.readouterr()
     assert "skipping checkpoint" in captured.out and "step-00000002" in captured.out
@@ -230,7 +232,8 @@ def test_damaged_and_missing_checkpoints_give_clear_errors(corpus, tmp_path, cap
     weights.write_bytes(weights.read_bytes()[:500])
     assert main(["train", "--resume", str(out), "--max-steps", "8"]) == 0
     captured = capsys.readouterr()
-    assert "not a readable safetensors file" in captured.out and "step-00000006" in captured.out
+    assert "is 500 bytes but config.json records" in captured.out
+    assert "step-00000006" in captured.out
 
     empty = tmp_path / "empty"
     empty.mkdir()
@@ -277,8 +280,10 @@ def test_checkpoints_load_with_weights_only_and_unsafe_pickles_are_refused(corpu
             return (os.system, (f"touch {marker}",))
 
     torch.save({"step": 1, "payload": Exploit()}, checkpoint / "trainer_state.pt")  # (b)
+    with pytest.raises(ValueError, match="trainer_state.pt .* config.json records"):
+        load_trainer_state(checkpoint)  # not the file the checkpoint recorded
     with pytest.raises(ValueError, match="cannot be loaded safely"):
-        load_trainer_state(checkpoint)
+        load_trainer_state(checkpoint, verify=False)  # and unchecked, never unpickled
     assert not marker.exists()
 
 
@@ -453,3 +458,39 @@ def test_one_process_state_dicts_are_those_of_torch_distributed_checkpoint(
     _same_nested(ours[1], theirs[1], "optimizer")
     with pytest.raises(ValueError, match="no state yet"):
         named_state_dicts(model, configure_optimizer(model, cfg))
+
+
+def test_a_checkpoint_with_flipped_weight_bytes_is_skipped_and_the_resume_stays_exact(
+    corpus, tmp_path, capsys
+):
+    """A checkpoint whose model.safetensors or trainer_state.pt was changed in place (same
+    size) no longer matches the sha256 its config.json records: resuming skips it, naming the
+    file and both digests, and resumes from the one before, with the weights of an
+    uninterrupted run."""
+    whole, out = tmp_path / "whole", tmp_path / "run"
+    assert main(train_argv(corpus, whole, "--max-steps", "6", "--decay-steps", "6")) == 0
+    args = train_argv(
+        corpus, out, "--max-steps", "4", "--decay-steps", "6", "--checkpoint-interval", "2"
+    )
+    assert main(args) == 0
+    *_, older, newest = list_checkpoints(out)
+    config = json.loads((newest / "config.json").read_text())
+    assert set(config["checksums"]) == {"model.safetensors", "trainer_state.pt"}
+    recorded = config["checksums"]["model.safetensors"]["sha256"]
+    with open(newest / "model.safetensors", "r+b") as f:  # the last bytes: tensor data
+        f.seek(-4, os.SEEK_END)
+        f.write(b"\x00\x00\x80\x7f")
+    capsys.readouterr()
+    assert main(["train", "--resume", str(out), "--max-steps", "6"]) == 0
+    log = capsys.readouterr().out
+    assert "skipping checkpoint" in log and recorded in log and "model.safetensors" in log
+    assert (out / "model.safetensors").read_bytes() == (whole / "model.safetensors").read_bytes()
+    assert older.name == "step-00000002"
+    state = list_checkpoints(out)[-1] / "trainer_state.pt"
+    with open(state, "r+b") as f:
+        f.seek(100)
+        byte = f.read(1)
+        f.seek(100)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    with pytest.raises(ValueError, match="trainer_state.pt has sha256 .* but config.json records"):
+        load_trainer_state(state.parent)

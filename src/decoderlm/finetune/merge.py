@@ -10,14 +10,14 @@ from pathlib import Path
 from ..arguments import NotEmptyStr
 from ..errors import UserError
 from ..files import make_temp_dir
-from ..model.weights import ADAPTER_NAME, WEIGHTS_NAME
+from ..model.weights import ADAPTER_NAME, CHECKSUMS_KEY, WEIGHTS_NAME
 from ..tokenizers import load_tokenizer
 from .sources import adapter_config, load_model, weights_sha256
 
 __all__ = ["merge", "merge_run"]
 
 
-def merge(run: NotEmptyStr, out: NotEmptyStr) -> int:
+def merge(run: NotEmptyStr, out: NotEmptyStr, no_verify: bool = False) -> int:
     """Merge a LoRA run's adapters into an ordinary model directory.
 
     Write the model of a run trained with --lora-rank, its adapters folded into the weights
@@ -29,6 +29,8 @@ def merge(run: NotEmptyStr, out: NotEmptyStr) -> int:
         run: the LoRA run (or one of its checkpoints); its base model must be where the run
             recorded it.
         out: the new model directory (must not exist, or be empty).
+        no_verify: load the weights without checking them against the sizes and sha256
+            digests that config.json records (for huge files).
 
     Returns:
         0, the exit status.
@@ -36,19 +38,19 @@ def merge(run: NotEmptyStr, out: NotEmptyStr) -> int:
     Raises:
         UserError / MissingFileError: as `merge_run`.
     """
-    print(
-        f"wrote {merge_run(run, out)}/: model.safetensors config.json tokenizer.json "
-        f"decoderlm_tokenizer.json"
-    )
+    written = merge_run(run, out, verify=not no_verify)
+    files = "model.safetensors config.json tokenizer.json decoderlm_tokenizer.json"
+    print(f"wrote {written}/: {files}")
     return 0
 
 
-def merge_run(run: str | Path, out: str | Path) -> Path:
+def merge_run(run: str | Path, out: str | Path, verify: bool = True) -> Path:
     """Write the model of adapter directory `run` with its adapters merged into the weights as
     an ordinary model directory `out` (model.safetensors, config.json, tokenizer.json), whose
     logits equal the adapted model's. config.json keeps the run's entries (its "train" without
     the LoRA settings) and adds "merged_from" {"run", "sha256"}. `out` appears complete or not
-    at all.
+    at all. verify: check the weight files against their recorded digests (see
+    `decoderlm.model.weights.verify_file`).
 
     Raises:
         ValueError: `run` has no adapters, `out` exists and is not empty, or the run cannot be
@@ -64,9 +66,9 @@ def merge_run(run: str | Path, out: str | Path) -> Path:
         )
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise UserError(f"--out {out} already exists and is not empty; choose another --out")
-    model, tokenizer = load_model(run), load_tokenizer(run)
+    model, tokenizer = load_model(run, verify=verify), load_tokenizer(run)
     config, _, _ = adapter_config(run)
-    extra = {k: v for k, v in config.items() if k not in ("model", "lora")}
+    extra = {k: v for k, v in config.items() if k not in ("model", "lora", CHECKSUMS_KEY)}
     if isinstance(extra.get("train"), dict):
         extra["train"] = {**extra["train"], "lora_rank": None, "lora_alpha": None}
     extra["merged_from"] = {"run": str(run.resolve()), "sha256": weights_sha256(run)}

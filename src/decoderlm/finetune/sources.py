@@ -22,7 +22,15 @@ from ..io.hf import load_gpt2
 from ..model.analysis import out_of_memory_as_user_error
 from ..model.lora import apply_lora, is_lora_key, merge_lora
 from ..model.model import DecoderLM
-from ..model.weights import ADAPTER_NAME, CONFIG_NAME, WEIGHTS_NAME, load_state, read_safetensors
+from ..model.weights import (
+    ADAPTER_NAME,
+    CONFIG_NAME,
+    WEIGHTS_NAME,
+    load_state,
+    read_safetensors,
+    recorded_digest,
+    verify_file,
+)
 from ..tokenizers import GPT2Tokenizer, Tokenizer, load_tokenizer
 
 _HF_WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
@@ -78,8 +86,9 @@ def weights_sha256(directory: str | Path) -> str:
     raise MissingFileError(f"{directory} has no weight file")
 
 
-def load_source(src: str | Path, map_location: str = "cpu") -> Source:
+def load_source(src: str | Path, map_location: str = "cpu", verify: bool = True) -> Source:
     """The model, tokenizer and source record of SRC for `decoderlm train --init-from SRC`.
+    verify: check the weight files against the digests config.json records (`load_model`).
 
     Raises:
         ValueError: SRC is not a model directory (the message says what one holds), its files
@@ -94,12 +103,12 @@ def load_source(src: str | Path, map_location: str = "cpu") -> Source:
         kind = "decoderlm"
         if not (path / "tokenizer.json").is_file():
             raise UserError(f"{src} has no tokenizer.json; a run directory saves its tokenizer")
-        model, tokenizer = load_model(path, map_location), load_tokenizer(path)
+        model, tokenizer = load_model(path, map_location, verify=verify), load_tokenizer(path)
     elif config.get("model_type") == "gpt2":
         kind = "gpt2"
         if not any((path / name).is_file() for name in _HF_WEIGHT_FILES):
             raise UserError(f"--init-from {src} is not a model: {_NOT_A_MODEL}")
-        model, tokenizer = load_gpt2(path, map_location), GPT2Tokenizer()
+        model, tokenizer = load_gpt2(path, map_location, verify=verify), GPT2Tokenizer()
     elif "model_type" in config:
         raise UserError(
             f"--init-from {src} is a Hugging Face {config['model_type']!r} model; only GPT-2 "
@@ -112,7 +121,12 @@ def load_source(src: str | Path, map_location: str = "cpu") -> Source:
             f"the tokenizer of {src} has {tokenizer.vocab_size} tokens but its model expects "
             f"vocab_size={model.config.vocab_size}"
         )
-    info = {"path": str(path.resolve()), "kind": kind, "sha256": weights_sha256(path)}
+    model.eos_token_id = tokenizer.eot_token
+    # a digest the load has just checked is the file's: no second pass over a large file
+    checked = recorded_digest(config, WEIGHTS_NAME, path / CONFIG_NAME) if verify else None
+    use_recorded = checked is not None and kind == "decoderlm" and (path / WEIGHTS_NAME).is_file()
+    sha256 = checked["sha256"] if use_recorded else weights_sha256(path)
+    info = {"path": str(path.resolve()), "kind": kind, "sha256": sha256}
     return Source(model, tokenizer, info)
 
 
@@ -149,7 +163,9 @@ def adapter_config(directory: Path) -> tuple[dict, dict, dict]:
     return config, base, lora
 
 
-def load_model(directory: str | Path, map_location: str = "cpu", merge: bool = True) -> DecoderLM:
+def load_model(
+    directory: str | Path, map_location: str = "cpu", merge: bool = True, verify: bool = True
+) -> DecoderLM:
     """Load a model directory in eval mode; an adapter directory is loaded over its base.
 
     Args:
@@ -158,14 +174,19 @@ def load_model(directory: str | Path, map_location: str = "cpu", merge: bool = T
             adapter.safetensors).
         merge: fold the adapters into the weights (a plain DecoderLM whose logits equal the
             adapted model's); False keeps `LoRALinear` layers (for resuming training).
+        verify: check model.safetensors (or adapter.safetensors, and the base's weights)
+            against the size and sha256 that config.json records; False skips it. A
+            directory that records none loads unchecked.
 
     Raises:
-        FileNotFoundError / ValueError: missing or damaged files; the base model is missing or
-            its weights changed since the adapters were trained (sha256 differs).
+        FileNotFoundError / ValueError: missing or damaged files (a weights file whose size
+            or sha256 differs from the recorded one: the message names it and both values);
+            the base model is missing or its weights changed since the adapters were trained
+            (sha256 differs).
     """
     directory = Path(directory)
     if not (directory / ADAPTER_NAME).is_file():
-        return DecoderLM.from_pretrained(directory, map_location)
+        return DecoderLM.from_pretrained(directory, map_location, verify=verify)
     config, base_info, lora = adapter_config(directory)
     base_path = Path(base_info["path"])
     if not base_path.is_dir():
@@ -173,7 +194,10 @@ def load_model(directory: str | Path, map_location: str = "cpu", merge: bool = T
             f"the base model of {directory}, {base_path}, is missing; restore it there (its "
             f"weights' sha256 is {base_info['sha256']})"
         )
-    base = load_source(base_path, map_location)
+    if verify:
+        recorded = recorded_digest(config, ADAPTER_NAME, directory / CONFIG_NAME)
+        verify_file(directory / ADAPTER_NAME, recorded)
+    base = load_source(base_path, map_location, verify)
     if base.info["sha256"] != base_info["sha256"]:
         raise UserError(
             f"the base model {base_path} changed since {directory} was trained from it (its "
@@ -207,11 +231,13 @@ def check_vocab(tokenizer: Tokenizer, model, source) -> None:
 
 
 def load_model_and_tokenizer(
-    run: str | None, hf: str | None, device: str | None = "cpu"
+    run: str | None, hf: str | None, device: str | None = "cpu", verify: bool = True
 ) -> tuple[DecoderLM, Tokenizer]:
     """The model (eval mode) and tokenizer of `run` (a decoderlm run or model directory; an
     adapter directory is merged over its base) or of `hf` (a Hugging Face GPT-2 directory, GPT-2
-    BPE tokenizer); exactly one of the two is given.
+    BPE tokenizer); exactly one of the two is given. The model's `eos_token_id` is the
+    tokenizer's `eot_token` (None without one), where `generate` stops by default. verify:
+    check the weight files against the digests config.json records (`load_model`).
 
     Raises:
         UserError: neither or both given, an unusable device, or the tokenizer's vocabulary
@@ -223,8 +249,10 @@ def load_model_and_tokenizer(
     flags = f"--run {run}" if run else ""
     with out_of_memory_as_user_error(f"load the model of {run or hf}", params_flags=flags):
         if hf:
-            model, tokenizer = load_gpt2(hf, map_location=device), GPT2Tokenizer()
+            model, tokenizer = load_gpt2(hf, map_location=device, verify=verify), GPT2Tokenizer()
         else:
-            model, tokenizer = load_model(run, map_location=device), load_tokenizer(run)
+            model = load_model(run, map_location=device, verify=verify)
+            tokenizer = load_tokenizer(run)
     check_vocab(tokenizer, model, run or hf)
+    model.eos_token_id = tokenizer.eot_token
     return model, tokenizer

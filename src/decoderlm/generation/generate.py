@@ -26,6 +26,7 @@ __all__ = [
     "check_controls",
     "filter_logits",
     "decode_step",
+    "end_of_text",
 ]
 
 
@@ -127,6 +128,21 @@ def _stop_sequences(stop) -> list[torch.Tensor]:
             )
         out.append(torch.tensor([int(i) for i in seq], dtype=torch.long))
     return out
+
+
+def end_of_text(model, eos_token_id: int | None = None, ignore_eos: bool = False) -> int | None:
+    """The token id where generation stops a row by default: None with ignore_eos, else
+    eos_token_id when given, else the model's `eos_token_id` attribute (set by the loaders
+    from the tokenizer; None for a vocabulary without an end-of-text token)."""
+    if ignore_eos:
+        return None
+    if eos_token_id is None:
+        eos_token_id = getattr(model, "eos_token_id", None)
+    if eos_token_id is not None and (
+        isinstance(eos_token_id, bool) or not isinstance(eos_token_id, numbers.Integral)
+    ):
+        raise UserError(f"eos_token_id must be a token id (an integer), got {eos_token_id!r}")
+    return None if eos_token_id is None else int(eos_token_id)
 
 
 def _one_token(model, idx, cache, positions, key_mask=None):
@@ -234,9 +250,12 @@ def stream_generate(
     pad_token_id: int = -1,
     compile: bool = False,
     slide_by: int = 1,
+    eos_token_id: int | None = None,
+    ignore_eos: bool = False,
 ):
     """Yield the next token of every row, [B] int64, up to max_new_tokens times; see
-    `generate`. Rows that have stopped yield pad_token_id; the loop ends when all have."""
+    `generate`. Rows that have stopped (at a stop sequence or the end-of-text token) yield
+    pad_token_id; the loop ends when all have."""
     limit = model.config.max_positions
     check_controls(temperature, top_k, top_p)
     _check_generate_args(idx, max_new_tokens, attention_mask, slide_by, limit)
@@ -257,6 +276,9 @@ def stream_generate(
     was_training = model.training
     model.eval()
     stops = _stop_sequences(stop)
+    eos = end_of_text(model, eos_token_id, ignore_eos)
+    if eos is not None:
+        stops.append(torch.tensor([eos], dtype=torch.long))
     finished = torch.zeros(B, dtype=torch.bool, device=idx.device)
     cache, positions, one_token = None, None, decode_step(compile)
     try:
@@ -307,6 +329,14 @@ def generate(model, idx: torch.Tensor, max_new_tokens: int, **options) -> torch.
         use_cache: False reruns the whole window at every step (for checking).
         stop: a token id, or a list of ids and/or id sequences: a row ends once its new
             tokens end with one of them (the stop tokens are kept in the output).
+        eos_token_id: the end-of-text token id: a row ends once it samples it (kept in the
+            output, like a stop token). None: the model's `eos_token_id` attribute, which
+            the loaders set from the tokenizer (`DecoderLM.from_pretrained`,
+            `decoderlm.io.hf.load_gpt2`: 50256 for GPT-2 BPE;
+            `decoderlm.finetune.sources.load_model_and_tokenizer`); a model built from a
+            ModelConfig has none, so it runs on.
+        ignore_eos: True runs on past the end-of-text token (vLLM's name): exactly
+            max_new_tokens tokens unless a `stop` sequence ends every row.
         pad_token_id: what a row that has stopped gets while others go on.
         slide_by: once the context is full, how many of its oldest tokens to drop at once.
             1 rebuilds the cache from the last max_positions tokens at every new token (the
@@ -324,7 +354,8 @@ def generate(model, idx: torch.Tensor, max_new_tokens: int, **options) -> torch.
             "hit config.recompile_limit").
 
     Returns:
-        [B, T + n] int64, n = max_new_tokens, or fewer when every row has stopped.
+        [B, T + n] int64, n = max_new_tokens, or fewer when every row has stopped (at a stop
+        sequence or the end-of-text token).
 
     Raises:
         ValueError: bad controls or prompt, non-finite logits (the message names the step), or
@@ -388,23 +419,37 @@ def stream_text(
     seed: int | None = None,
     stop: list[str] | None = None,
     compile: bool = False,
+    ignore_eos: bool = False,
 ):
     """Sample one continuation and yield its text as it grows, as (delta, finish_reason).
 
     Text is released as `TextStream` releases it. The continuation ends before the
-    first stop text (which is not yielded) with finish_reason "stop", or after
-    max_new_tokens tokens with "length". It decodes one row that is never stopped by token
-    id, so generate's pad_token_id never reaches the text (tokenizers refuse ids outside the
-    vocabulary, -1 included).
+    first stop text (which is not yielded) or at the model's end-of-text token (see
+    `generate`'s eos_token_id; its text is not yielded; ignore_eos=True runs on past it) with
+    finish_reason "stop", or after max_new_tokens tokens with "length". It decodes one row and
+    ends at that row's end-of-text token, so generate's pad_token_id never reaches the text
+    (tokenizers refuse ids outside the vocabulary, -1 included).
 
     Yields:
         (delta, None) while going, then one last (delta, "stop" | "length", n_new_tokens).
     """
     idx = torch.tensor([prompt_ids], dtype=torch.long, device=model.device)
-    text = TextStream(tokenizer, stop)
-    for token in stream_generate(
-        model, idx, max_new_tokens, temperature, top_k, top_p, seed=seed, compile=compile
-    ):
+    text, eos = TextStream(tokenizer, stop), end_of_text(model, ignore_eos=ignore_eos)
+    tokens = stream_generate(
+        model,
+        idx,
+        max_new_tokens,
+        temperature,
+        top_k,
+        top_p,
+        seed=seed,
+        compile=compile,
+        ignore_eos=ignore_eos,
+    )
+    for token in tokens:
+        if int(token[0]) == eos:
+            yield text.rest(), "stop", len(text.ids) + 1
+            return
         delta = text.push(int(token[0]))
         if text.stopped:
             yield delta, "stop", len(text.ids)

@@ -30,6 +30,8 @@ def sample(
     compile: bool = False,
     block_size: PositiveInt | None = None,
     only_new: bool = False,
+    ignore_eos: bool = False,
+    no_verify: bool = False,
 ) -> int:
     """Print text sampled from a trained model.
 
@@ -61,6 +63,10 @@ def sample(
             DecoderLM.crop_block_size): it then sees at most the last N tokens.
         only_new: print only the continuation, not the prompt (the default prompt is never
             printed).
+        ignore_eos: run on past the end-of-text token (a sample otherwise ends there, where
+            the vocabulary has one).
+        no_verify: load the weights without checking them against the sizes and sha256
+            digests that config.json records (for huge files).
 
     Returns:
         0, the exit status.
@@ -71,7 +77,7 @@ def sample(
             checked before sampling), a bad sampling setting.
     """
     check_controls(temperature, top_k, top_p)  # before anything is loaded or printed
-    model, tokenizer = load_model_and_tokenizer(run, hf, device)
+    model, tokenizer = load_model_and_tokenizer(run, hf, device, verify=not no_verify)
     if block_size is not None:
         model.crop_block_size(block_size)
     prompts = list(prompt or []) + (read_prompts(prompt_file) if prompt_file else [])
@@ -91,7 +97,7 @@ def sample(
                 sys.stdout.write(prompts[n])
             seed_i = None if seed is None else seed + i
             controls = (max_new_tokens, temperature, top_k, top_p, seed_i, stop, compile)
-            _print_stream(stream_text(model, tokenizer, ids, *controls))
+            _print_stream(stream_text(model, tokenizer, ids, *controls, ignore_eos=ignore_eos))
     return 0
 
 

@@ -28,7 +28,15 @@ from ..config import ModelConfig
 from ..errors import MissingFileError, UserError
 from ..files import atomic_write, read_json, write_json
 from ..model.model import DecoderLM
-from ..model.weights import load_state, read_safetensors, unwrap_model
+from ..model.weights import (
+    CHECKSUMS_KEY,
+    file_digest,
+    load_state,
+    read_safetensors,
+    recorded_digest,
+    unwrap_model,
+    verify_file,
+)
 
 __all__ = ["load_gpt2", "save_gpt2", "rope_interleaved_to_half"]
 
@@ -94,7 +102,14 @@ def _config_from_hf(hf: dict, source: Path) -> ModelConfig:
         ) from None
 
 
-def _read_hf_weights(directory: Path) -> dict[str, torch.Tensor]:
+def _read_hf_weights(directory: Path, hf_config: dict, verify: bool) -> dict[str, torch.Tensor]:
+    """The tensors of a GPT-2 directory's weight file(s); with verify, each file whose size and
+    sha256 config.json["checksums"] records (as `save_gpt2` writes) is checked first."""
+    for name in ("model.safetensors", "pytorch_model.bin"):
+        if verify and (directory / name).is_file():
+            verify_file(
+                directory / name, recorded_digest(hf_config, name, directory / "config.json")
+            )
     index = directory / "model.safetensors.index.json"
     if (directory / "model.safetensors").is_file():
         files = [directory / "model.safetensors"]
@@ -129,11 +144,13 @@ def load_gpt2(
     tie_embeddings: bool | None = None,
     vocab_size: int | None = None,
     padded_vocab_size: int | None = None,
+    verify: bool = True,
 ) -> DecoderLM:
     """Load a transformers GPT-2 checkpoint directory as a DecoderLM (eval mode).
 
     Returns a model whose logits equal GPT2LMHeadModel's (tanh GELU, LayerNorm epsilon and
-    tying as in config.json) over its vocab_size tokens.
+    tying as in config.json) over its vocab_size tokens; its `eos_token_id` is config.json's
+    (GPT-2: 50256), where that is one of its ids.
 
     Args:
         directory: the checkpoint directory.
@@ -146,17 +163,22 @@ def load_gpt2(
             of the file's rows are tokens.
         padded_vocab_size: pad the embedding and unembedding to this many rows (zeros; see
             `ModelConfig.padded_vocab_size`), e.g. 50,304 to train GPT-2 as nanoGPT does.
+        verify: check the weights file against the size and sha256 that config.json's
+            "checksums" entry records (written by `save_gpt2`; transformers' own directories
+            record none and load unchecked); False skips the check.
 
     Raises:
         FileNotFoundError: no config.json or weights.
         ValueError: not GPT-2, unsupported options, unreadable weight files, missing /
             unexpected / mis-shaped tensors (named in the message), conflicting tied weights,
-            or vocab_size / padded_vocab_size that do not fit the file's rows.
+            vocab_size / padded_vocab_size that do not fit the file's rows, or a weights file
+            whose size or sha256 differs from the recorded one.
     """
     directory = Path(directory)
-    config = _config_from_hf(read_json(directory / "config.json"), directory / "config.json")
+    hf_config = read_json(directory / "config.json")
+    config = _config_from_hf(hf_config, directory / "config.json")
     state, file_keys = {}, {}
-    for name, tensor in _read_hf_weights(directory).items():
+    for name, tensor in _read_hf_weights(directory, hf_config, verify).items():
         key = name.removeprefix("transformer.")
         parts = key.split(".")
         if parts[0] == "h":
@@ -177,7 +199,15 @@ def load_gpt2(
         config = dataclasses.replace(config, tie_embeddings=tie_embeddings)
     config, state = _with_vocab(config, state, vocab_size, padded_vocab_size)
     model = load_state(DecoderLM(config), state, directory, file_keys)
+    model.eos_token_id = _eos_of(hf_config, config.vocab_size)
     return model.to(map_location).eval()
+
+
+def _eos_of(hf_config: dict, vocab_size: int) -> int | None:
+    """config.json's eos_token_id when it is one of the model's ids, else None."""
+    eos = hf_config.get("eos_token_id")
+    ok = isinstance(eos, int) and not isinstance(eos, bool) and 0 <= eos < vocab_size
+    return eos if ok else None
 
 
 def _with_vocab(config: ModelConfig, state: dict, vocab_size, padded_vocab_size):
@@ -209,14 +239,17 @@ def save_gpt2(model: DecoderLM, directory: str | Path, eos_token_id: int | None 
     `GPT2LMHeadModel.from_pretrained` loads with the same logits.
 
     A padded vocabulary is cut to its vocab_size real rows (transformers' GPT-2 has no
-    padding; `load_gpt2(..., padded_vocab_size=N)` pads it again).
+    padding; `load_gpt2(..., padded_vocab_size=N)` pads it again). config.json also records
+    model.safetensors' sha256 and size under "checksums" (transformers keeps it as an unused
+    attribute), which `load_gpt2` checks.
 
     Args:
         model: the DecoderLM (possibly wrapped).
         directory: where to write.
-        eos_token_id: written as bos_token_id and eos_token_id; None: GPT-2's <|endoftext|>
-            (50256) when the vocabulary has that id, else null for both (no special token;
-            an absent entry would make transformers assume 50256).
+        eos_token_id: written as bos_token_id and eos_token_id; None: the model's
+            `eos_token_id`, else GPT-2's <|endoftext|> (50256) when the vocabulary has that
+            id, else null for both (no special token; an absent entry would make
+            transformers assume 50256).
 
     Raises:
         ValueError: the model is not GPT-2 shaped (needs pre-norm, learned positions,
@@ -224,6 +257,8 @@ def save_gpt2(model: DecoderLM, directory: str | Path, eos_token_id: int | None 
             soft-cap), or eos_token_id is not one of its ids.
     """
     model = unwrap_model(model)
+    if eos_token_id is None:
+        eos_token_id = getattr(model, "eos_token_id", None)
     c = model.config
     wrong = {
         k: getattr(c, k)
@@ -280,6 +315,7 @@ def save_gpt2(model: DecoderLM, directory: str | Path, eos_token_id: int | None 
             "embd_pdrop": c.dropout,
             "attn_pdrop": c.dropout,
             **_special_ids(c.vocab_size, eos_token_id),
+            CHECKSUMS_KEY: {"model.safetensors": file_digest(directory / "model.safetensors")},
         },
     )
 

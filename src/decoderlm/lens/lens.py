@@ -73,10 +73,10 @@ def logit_lens(model: DecoderLM, ids: Tensor, k: int = 5) -> dict[str, Tensor]:
     """The logit lens (nostalgebraist 2020): every layer's residual stream read out as if it
     were the last, by `unembed` (the final norm recomputed per state).
 
-    Rows: 0 = the embedding output (hook_embed), l + 1 = blocks.l.hook_resid_post; the last
-    row is the model's own output. Post-norm convention: each block's output is already
-    normalised by its ln_2 and there is no final norm, so every row is lm_head(state); the
-    embedding row is not normalised.
+    Rows: 0 = the embedding output (blocks.0.hook_resid_pre: tokens and positions), l + 1 =
+    blocks.l.hook_resid_post; the last row is the model's own output. Post-norm convention:
+    each block's output is already normalised by its ln_2 and there is no final norm, so
+    every row is lm_head(state); the embedding row is not normalised.
 
     Args:
         model: the DecoderLM (eval mode for no dropout).
@@ -89,7 +89,7 @@ def logit_lens(model: DecoderLM, ids: Tensor, k: int = 5) -> dict[str, Tensor]:
         (probability of the token that actually follows position t).
     """
     idx = _as_batch(ids, model)
-    _, cache = run_with_cache(model, idx, ["hook_embed", "hook_resid_post"])
+    _, cache = run_with_cache(model, idx, ["blocks.0.hook_resid_pre", "hook_resid_post"])
     top_ids, top_probs, next_prob = [], [], []
     for state in cache.accumulated_resid()[:, 0]:  # [T, d_model] per row
         logp = unembed(model, state).float().log_softmax(-1)  # [T, V]
@@ -359,10 +359,10 @@ def patch_heads(
     _, cache = run_with_cache(model, clean[None], "hook_z")
     rows = []
     for layer in range(model.config.n_layers):
-        saved = cache["hook_z", layer][0]  # [n_heads, T, head_dim]
+        saved = cache["hook_z", layer][0]  # [T, n_heads, head_dim]
 
         def patch(z, h, saved=saved):
-            z[h] = saved[h]
+            z[:, h] = saved[:, h]
 
         name = f"blocks.{layer}.attn.hook_z"
         n = model.config.n_heads

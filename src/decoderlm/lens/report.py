@@ -261,6 +261,7 @@ def inspect(
     max_tokens: PositiveInt = 128,
     corrupt: str | None = None,
     device: str = "cpu",
+    no_verify: bool = False,
 ) -> int:
     """Write an HTML report of what a model does on a text.
 
@@ -285,6 +286,8 @@ def inspect(
             the patching view (metric: the clean run's top next token against the corrupted
             run's).
         device: cpu, cuda, ...
+        no_verify: load the weights without checking them against the sizes and sha256
+            digests that config.json records (for huge files).
 
     Returns:
         0, the exit status.
@@ -299,7 +302,7 @@ def inspect(
     out = _report_path(out)
     if text_file is not None:
         text = read_text(text_file, "--text-file")
-    model, tokenizer = load_model_and_tokenizer(run, hf, device)
+    model, tokenizer = load_model_and_tokenizer(run, hf, device, verify=not no_verify)
     n = min(max_tokens, model.config.max_positions)
     ids = tokenizer.encode(text, allowed_special="all")[:n]  # as a prompt
     corrupted = None if corrupt is None else tokenizer.encode(corrupt, allowed_special="all")[:n]

@@ -8,7 +8,11 @@ Python call; under torch.compile it disappears.
     logits, cache = run_with_cache(model, idx, names_filter=["hook_pattern"])
     cache["blocks.0.attn.hook_pattern"]          # [B, n_heads, T, T] float32
 
-The hook points of `decoderlm.model.model.DecoderLM` are listed in its docstring.
+The names and layouts are TransformerLens's (`HookedTransformer`, and its `TransformerBridge`
+on a GPT-2): an activation cached here under a TransformerLens name has TransformerLens's
+shape, e.g. hook_q/hook_k/hook_v/hook_z as [batch, pos, head_index, d_head] (`HeadsHookPoint`),
+so code written for TransformerLens indexes the same axes. The hook points of
+`decoderlm.model.model.DecoderLM` are listed in its docstring.
 """
 
 from __future__ import annotations
@@ -21,7 +25,14 @@ import torch.nn as nn
 
 from ..errors import UserError
 
-__all__ = ["HookPoint", "ActivationCache", "hook_points", "hooks", "run_with_cache"]
+__all__ = [
+    "HookPoint",
+    "HeadsHookPoint",
+    "ActivationCache",
+    "hook_points",
+    "hooks",
+    "run_with_cache",
+]
 
 
 class HookPoint(nn.Module):
@@ -44,6 +55,19 @@ class HookPoint(nn.Module):
         """Whether a forward hook or pre-hook is attached (the model then computes activations
         it would otherwise skip, such as the attention pattern)."""
         return bool(self._forward_hooks or self._forward_pre_hooks)
+
+
+class HeadsHookPoint(HookPoint):
+    """A HookPoint on a per-head activation that the model computes as [B, n_heads, T,
+    head_dim]: its hooks see it, and return a replacement, as [B, T, n_heads, head_dim]
+    (TransformerLens's [batch, pos, head_index, d_head]). With nothing attached it returns
+    its input as it is, without a transpose.
+    """
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self._forward_hooks or self._forward_pre_hooks:
+            return super().__call__(x.transpose(1, 2)).transpose(1, 2)
+        return x
 
 
 def hook_points(model: nn.Module) -> dict[str, HookPoint]:
@@ -144,16 +168,18 @@ class ActivationCache(dict):
         return torch.stack(found)
 
     def accumulated_resid(self) -> torch.Tensor:
-        """The residual stream after the embedding and after each block:
-        [n_layers + 1, B, T, d_model] = hook_embed, then each blocks.l.hook_resid_post (cache
-        both with names_filter=["hook_embed", "hook_resid_post"]).
+        """The residual stream entering the first block and after each block:
+        [n_layers + 1, B, T, d_model] = blocks.0.hook_resid_pre (the embedding, positions
+        included), then each blocks.l.hook_resid_post, as TransformerLens's
+        `accumulated_resid` stacks them (cache both with names_filter=["hook_resid_pre",
+        "hook_resid_post"]).
 
         Raises:
             KeyError: one of them is not cached.
         """
-        if "hook_embed" not in self:
-            raise KeyError("hook_embed is not cached; add it to names_filter")
-        return torch.cat([self["hook_embed"][None], self.stack("hook_resid_post")])
+        if "blocks.0.hook_resid_pre" not in self:
+            raise KeyError("blocks.0.hook_resid_pre is not cached; add it to names_filter")
+        return torch.cat([self["blocks.0.hook_resid_pre"][None], self.stack("hook_resid_post")])
 
 
 @torch.no_grad()

@@ -28,7 +28,8 @@ from torch import Tensor
 
 from ..config import ModelConfig
 from ..errors import UserError
-from .hooks import HookPoint
+from ..tokenizers.load import end_of_text_id
+from .hooks import HeadsHookPoint, HookPoint
 from .kv_cache import KVCache
 from .positions import apply_rope, rope_cos_sin, sinusoidal_positions
 from .weights import load_state, read_model_dir, resolve_tied, save_model
@@ -91,7 +92,11 @@ class CausalSelfAttention(nn.Module):
         self.qk_norm_eps = config.norm_eps if config.qk_norm else None
         self.impl = "sdpa"
         self.qkv = nn.Linear(config.d_model, 3 * config.d_model, bias=config.bias)
-        self.hook_q, self.hook_k, self.hook_v = HookPoint(), HookPoint(), HookPoint()
+        # hooks see q, k, v as [B, T, n_heads, head_dim] (TransformerLens's layout)
+        self.hook_q, self.hook_k = HeadsHookPoint(), HeadsHookPoint()
+        self.hook_v = HeadsHookPoint()
+        if config.pos_encoding == "rope":  # q and k after the rotation (TransformerLens's)
+            self.hook_rot_q, self.hook_rot_k = HeadsHookPoint(), HeadsHookPoint()
         self.hook_pattern, self.hook_z = HookPoint(), HookPoint()
         self.proj = nn.Linear(config.d_model, config.d_model, bias=config.bias)
         self.resid_dropout = nn.Dropout(config.dropout_at("resid"))
@@ -105,9 +110,10 @@ class CausalSelfAttention(nn.Module):
         if self.qk_norm_eps is not None:  # QK-norm: unit RMS over head_dim, no gain
             q = F.rms_norm(q, (q.size(-1),), eps=self.qk_norm_eps)
             k = F.rms_norm(k, (k.size(-1),), eps=self.qk_norm_eps)
-        if rope is not None:
-            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         q, k, v = self.hook_q(q), self.hook_k(k), self.hook_v(v)
+        if rope is not None:
+            q = self.hook_rot_q(apply_rope(q, *rope))
+            k = self.hook_rot_k(apply_rope(k, *rope))
         if cache is not None:
             k, v = cache.update(self.layer, k, v)  # [B, n_heads, S, head_dim], S = length + T
         dropout_p = self.dropout if self.training else 0.0
@@ -120,7 +126,7 @@ class CausalSelfAttention(nn.Module):
             z = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=mask is None and T > 1
             )
-        y = self.hook_z(z).transpose(1, 2).reshape(B, T, C)  # [B, T, d_model]
+        y = self.hook_z(z.transpose(1, 2)).reshape(B, T, C)  # z [B, T, n_heads, head_dim]
         return self.resid_dropout(self.proj(y))
 
 
@@ -172,18 +178,22 @@ class Block(nn.Module):
         self.hook_resid_pre = HookPoint()
         self.ln_1 = make_norm(config)
         self.attn = CausalSelfAttention(config, layer)
+        self.hook_attn_out = HookPoint()
         self.hook_resid_mid = HookPoint()
         self.ln_2 = make_norm(config)
         self.mlp = MLP(config)
+        self.hook_mlp_out = HookPoint()
         self.hook_resid_post = HookPoint()
 
     def forward(self, x: Tensor, rope=None, cache: KVCache | None = None, mask=None) -> Tensor:
         x = self.hook_resid_pre(x)
         if self.pre_norm:
-            x = self.hook_resid_mid(x + self.attn(self.ln_1(x), rope, cache, mask))
-            return self.hook_resid_post(x + self.mlp(self.ln_2(x)))
-        x = self.hook_resid_mid(self.ln_1(x + self.attn(x, rope, cache, mask)))
-        return self.hook_resid_post(self.ln_2(x + self.mlp(x)))
+            x = self.hook_resid_mid(
+                x + self.hook_attn_out(self.attn(self.ln_1(x), rope, cache, mask))
+            )
+            return self.hook_resid_post(x + self.hook_mlp_out(self.mlp(self.ln_2(x))))
+        x = self.hook_resid_mid(self.ln_1(x + self.hook_attn_out(self.attn(x, rope, cache, mask))))
+        return self.hook_resid_post(self.ln_2(x + self.hook_mlp_out(self.mlp(x))))
 
 
 class DecoderLM(nn.Module):
@@ -198,25 +208,42 @@ class DecoderLM(nn.Module):
     (zeros with config.zero_init_proj).
 
     Hook points (identity `HookPoint`s; attach forward hooks, or use
-    `decoderlm.model.hooks.run_with_cache`), for layer l:
+    `decoderlm.model.hooks.run_with_cache`), for layer l, with TransformerLens's names and
+    layouts (its [batch, pos, head_index, d_head] is [B, T, n_heads, head_dim]):
 
-        hook_embed                   [B, T, d_model]   token embedding + positions
-        blocks.l.hook_resid_pre      [B, T, d_model]   the block's input
-        blocks.l.attn.hook_q/_k/_v   [B, n_heads, T, head_dim]  (q and k after rope)
+        hook_embed                   [B, T, d_model]   token embedding (tok_emb(idx))
+        hook_pos_embed               [B, T, d_model]   position embedding (learned and
+                                     sinusoidal positions only)
+        blocks.l.hook_resid_pre      [B, T, d_model]   the block's input (block 0: the sum
+                                     of the two above, after embedding dropout)
+        blocks.l.attn.hook_q/_k/_v   [B, T, n_heads, head_dim]  queries, keys (after QK-norm),
+                                     values
+        blocks.l.attn.hook_rot_q/_k  [B, T, n_heads, head_dim]  q and k after rope (rope only)
         blocks.l.attn.hook_pattern   [B, n_heads, T, T] float32 softmax probabilities, before
                                      dropout; computed only when a hook is attached
-        blocks.l.attn.hook_z         [B, n_heads, T, head_dim]  attention output per head
+        blocks.l.attn.hook_z         [B, T, n_heads, head_dim]  attention output per head
+        blocks.l.hook_attn_out       [B, T, d_model]   the attention's output (after proj)
         blocks.l.hook_resid_mid      [B, T, d_model]   after the attention residual (and ln_1
                                      when post-norm)
         blocks.l.mlp.hook_pre        [B, T, d_ff]      the activation function's input
         blocks.l.mlp.hook_post       [B, T, d_ff]      the hidden layer
+        blocks.l.hook_mlp_out        [B, T, d_model]   the MLP's output
         blocks.l.hook_resid_post     [B, T, d_model]   the block's output
         hook_normalized              [B, T, d_model]   what lm_head reads (after ln_f)
+
+    Attributes:
+        eos_token_id: the end-of-text token id of the model's vocabulary (int), or None
+            without one. `generate` stops a row there unless told otherwise. The model's
+            weights do not record it: the loaders set it from the tokenizer
+            (`from_pretrained` from the directory's tokenizer file, `decoderlm.io.hf.load_gpt2`
+            from config.json's eos_token_id, `decoderlm.finetune.sources` from the run's
+            tokenizer); a model built from a ModelConfig has None.
     """
 
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.config = config
+        self.eos_token_id: int | None = None
         self.tok_emb = nn.Embedding(config.vocab_rows, config.d_model)
         self.pos_emb = None
         if config.pos_encoding == "learned":
@@ -230,6 +257,8 @@ class DecoderLM(nn.Module):
             self.register_buffer("rope_cos", cos, persistent=False)
             self.register_buffer("rope_sin", sin, persistent=False)
         self.hook_embed = HookPoint()
+        if config.pos_encoding in ("learned", "sinusoidal"):
+            self.hook_pos_embed = HookPoint()
         self.drop = nn.Dropout(config.dropout_at("embed"))
         self.blocks = nn.ModuleList(Block(config, layer) for layer in range(config.n_layers))
         self.ln_f = make_norm(config) if config.norm_position == "pre" else None
@@ -285,15 +314,16 @@ class DecoderLM(nn.Module):
     def _logits(self, idx: Tensor, pos: Tensor, cache=None, mask=None, last_only=False) -> Tensor:
         """Embed idx [B, T] at positions pos ([T] or [B, T]), run the blocks, unembed."""
         self._check_input(idx)
-        x, rope = self.tok_emb(idx), None  # [B, T, d_model]
-        if self.pos_emb is not None:
-            x = x + self.pos_emb(pos)
-        elif self.config.pos_encoding == "sinusoidal":
-            x = x + self.pos_table[pos]
-        else:
+        x, rope = self.hook_embed(self.tok_emb(idx)), None  # [B, T, d_model]
+        if self.config.pos_encoding == "rope":
             cos, sin = self.rope_cos[pos], self.rope_sin[pos]
             rope = (cos[:, None], sin[:, None]) if pos.dim() == 2 else (cos, sin)
-        x = self.drop(self.hook_embed(x))
+        else:  # learned or sinusoidal: [T or B x T, d_model]
+            p = self.pos_emb(pos) if self.pos_emb is not None else self.pos_table[pos]
+            if self.hook_pos_embed.has_hooks():  # hooks see [B, T, d_model]
+                p = self.hook_pos_embed(p.expand_as(x))
+            x = x + p
+        x = self.drop(x)
         for block in self.blocks:
             x = block(x, rope, cache, mask)
         if last_only:  # decoding needs only the next token's logits
@@ -413,7 +443,11 @@ class DecoderLM(nn.Module):
 
     @classmethod
     def from_pretrained(
-        cls, directory: str | Path, map_location: str = "cpu", tie_embeddings: bool | None = None
+        cls,
+        directory: str | Path,
+        map_location: str = "cpu",
+        tie_embeddings: bool | None = None,
+        verify: bool = True,
     ) -> DecoderLM:
         """Load a model written by `save_pretrained` (or `decoderlm train`), in eval mode.
 
@@ -423,16 +457,27 @@ class DecoderLM(nn.Module):
             tie_embeddings: override config.json's: False loads tok_emb.weight and
                 lm_head.weight as two matrices (a file holding only one starts both from it),
                 True shares one. None: as config.json says.
+            verify: check model.safetensors against the size and sha256 that config.json
+                records (see `decoderlm.model.weights.verify_file`); False skips the check
+                (it reads the whole file once more). A directory whose config.json records
+                none loads unchecked.
+
+        The model's `eos_token_id` is the <|endoftext|> id of the directory's tokenizer
+        file (None without one).
 
         Raises:
             FileNotFoundError: config.json or model.safetensors is missing.
-            ValueError: the files do not describe a matching model, or the model is tied and
-                the file holds two different matrices (see `weights.resolve_tied`).
+            ValueError: the files do not describe a matching model, the weights file differs
+                from what config.json records (damaged or truncated: the message names the
+                file and both digests or sizes), the tokenizer file is malformed, or the
+                model is tied and the file holds two different matrices (see
+                `weights.resolve_tied`).
         """
-        config, state = read_model_dir(directory, map_location)
+        config, state = read_model_dir(directory, map_location, verify)
         if tie_embeddings is not None:
             config = dataclasses.replace(config, tie_embeddings=tie_embeddings)
         model = load_state(cls(config), state, Path(directory) / "model.safetensors")
+        model.eos_token_id = end_of_text_id(directory)
         return model.to(map_location).eval()
 
 

@@ -2,8 +2,15 @@
 
 A model is a directory, as in Hugging Face transformers:
 
-    config.json         {"model": ModelConfig fields, ...extra entries such as "train"}
+    config.json         {"model": ModelConfig fields, "checksums": {file name: {"sha256":
+                        hex digest, "size": bytes}} of the weights file(s) written with it,
+                        ...extra entries such as "train"}
     model.safetensors   the state dict; a tied unembedding is stored once (as tok_emb.weight)
+
+Loading checks each weights file against its recorded size, then its sha256 (`verify_file`),
+so a truncated or damaged file stops with one line naming it; verify=False (the commands'
+--no-verify) skips that, and a directory whose config.json records no checksums loads
+unchecked.
 
 A run directory holds one such model, and its resumable checkpoints in
 checkpoints/step-NNNNNNNN/ (see `decoderlm.training.checkpoints`).
@@ -16,6 +23,7 @@ and adapter.safetensors holds the adapter tensors alone (``<layer>.lora_A`` / ``
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +46,10 @@ __all__ = [
     "normalize_state_dict",
     "unwrap_model",
     "list_checkpoints",
+    "file_digest",
+    "verify_file",
+    "recorded_digest",
+    "CHECKSUMS_KEY",
     "CONFIG_NAME",
     "WEIGHTS_NAME",
     "CHECKPOINTS_DIR",
@@ -48,9 +60,73 @@ CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
 CHECKPOINTS_DIR = "checkpoints"
 ADAPTER_NAME = "adapter.safetensors"
+CHECKSUMS_KEY = "checksums"
+_CHUNK = 1 << 20  # bytes hashed at a time
 _STEP_PREFIX = "step-"
 _WRAPPER_PREFIXES = ("module.", "_orig_mod.")  # DDP / DataParallel and torch.compile
 _PAIR = ("tok_emb.weight", "lm_head.weight")  # the token embedding and the unembedding
+
+
+def file_digest(path: str | Path) -> dict[str, Any]:
+    """{"sha256": hex digest, "size": bytes} of a file, read in 1 MiB chunks."""
+    digest, size = hashlib.sha256(), 0
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            digest.update(chunk)
+            size += len(chunk)
+    return {"sha256": digest.hexdigest(), "size": size}
+
+
+def recorded_digest(config: Any, name: str, source: str | Path) -> dict[str, Any] | None:
+    """The {"sha256", "size"} that a config.json dict records for file `name`, or None when it
+    records none (a directory written without checksums).
+
+    Raises:
+        UserError: the "checksums" entry is malformed (`source` names the config file).
+    """
+    table = config.get(CHECKSUMS_KEY) if isinstance(config, dict) else None
+    if table is None:
+        return None
+    entry = table.get(name) if isinstance(table, dict) else None
+    if entry is None and isinstance(table, dict):
+        return None
+    ok = (
+        isinstance(entry, dict)
+        and isinstance(entry.get("sha256"), str)
+        and isinstance(entry.get("size"), int)
+    )
+    if not ok:
+        raise UserError(
+            f"{source}: the {CHECKSUMS_KEY!r} entry is malformed (expected {{file name: "
+            f"{{'sha256': hex digest, 'size': bytes}}}}); fix or delete it"
+        )
+    return entry
+
+
+def verify_file(path: str | Path, recorded: dict[str, Any] | None) -> None:
+    """Check a file against its recorded {"sha256", "size"} (None: nothing recorded, no
+    check): its size first (a truncated file is found without reading it), then its sha256.
+
+    Raises:
+        UserError: the size or the digest differs; the message names the file, both sizes or
+            both digests, and the skip flag.
+    """
+    if recorded is None:
+        return
+    path = Path(path)
+    skip = "copy it again, or skip this check with --no-verify (Python: verify=False)"
+    size = path.stat().st_size
+    if size != recorded["size"]:
+        raise UserError(
+            f"{path} is {size:,} bytes but config.json records {recorded['size']:,} "
+            f"(truncated, incompletely copied or replaced); {skip}"
+        )
+    actual = file_digest(path)["sha256"]
+    if actual != recorded["sha256"]:
+        raise UserError(
+            f"{path} has sha256 {actual} but config.json records {recorded['sha256']} "
+            f"(damaged or replaced); {skip}"
+        )
 
 
 def normalize_state_dict(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -77,8 +153,9 @@ def save_model(
     """Write `model` (a DecoderLM, possibly wrapped by DDP or torch.compile) to `directory`.
 
     Weights go to model.safetensors (float tensors as they are, keys without wrapper
-    prefixes, the tied unembedding left out), the ModelConfig to config.json["model"], and
-    `extra_config` entries beside it. Each file is written atomically.
+    prefixes, the tied unembedding left out), the ModelConfig to config.json["model"], the
+    file's sha256 and size to config.json["checksums"], and `extra_config` entries beside
+    them. Each file is written atomically, config.json last.
     """
     model = unwrap_model(model)
     save_weights(model.state_dict(), model.config, directory, extra_config)
@@ -96,6 +173,10 @@ def save_weights(
     A state dict holding LoRA adapter tensors is written as an adapter directory:
     adapter.safetensors with those tensors alone (the base weights stay where
     extra_config["init_from"] says), and extra_config must carry the "lora" entry.
+
+    config.json["checksums"] records the weights file's {"sha256", "size"} (hashed once,
+    in chunks, right after writing, while the file is in the OS cache), merged with the
+    entries that extra_config["checksums"] brings (a checkpoint's trainer state).
     """
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
@@ -108,30 +189,42 @@ def save_weights(
                 "pass extra_config with its 'lora' and 'init_from' entries, or merge it first"
             )
         atomic_write(directory / ADAPTER_NAME, lambda tmp: save_file(adapters, tmp))
-        write_json(directory / CONFIG_NAME, {"model": config.to_dict(), **extra_config})
+        _write_config(directory, config, extra_config, ADAPTER_NAME)
         return
     if config.tie_embeddings:
         state.pop("lm_head.weight", None)
     state = {k: v.detach().contiguous().cpu() for k, v in state.items()}
     atomic_write(directory / WEIGHTS_NAME, lambda tmp: save_file(state, tmp))
-    write_json(directory / CONFIG_NAME, {"model": config.to_dict(), **(extra_config or {})})
+    _write_config(directory, config, extra_config, WEIGHTS_NAME)
+
+
+def _write_config(directory: Path, config: ModelConfig, extra: dict | None, weights: str):
+    """config.json: the model entry, the checksums of `weights` (and extra's), extra's rest."""
+    extra = dict(extra or {})
+    checksums = {**extra.pop(CHECKSUMS_KEY, {}), weights: file_digest(directory / weights)}
+    data = {"model": config.to_dict(), CHECKSUMS_KEY: checksums, **extra}
+    write_json(directory / CONFIG_NAME, data)
 
 
 def read_model_dir(
-    directory: str | Path, map_location: str = "cpu"
+    directory: str | Path, map_location: str = "cpu", verify: bool = True
 ) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     """The ModelConfig and the weights of a directory written by `save_model`.
 
-    The number of parameters in the file is checked against the config before anything is
-    built, so a damaged config cannot allocate a huge model.
+    With verify, model.safetensors is checked against config.json's recorded size and
+    sha256 first (`verify_file`; the hashing pass leaves the file in the OS cache, where the
+    memory-mapped load then reads it); nothing recorded: no check. The number of parameters
+    in the file is checked against the config before anything is built, so a damaged config
+    cannot allocate a huge model.
 
     Returns:
         (config, state dict with our key names; a tied unembedding may be absent).
 
     Raises:
         FileNotFoundError: the directory, config.json or model.safetensors is missing.
-        ValueError: config.json has no valid "model" entry, or the file's parameter count
-            differs from the config's.
+        ValueError: config.json has no valid "model" entry, the weights file's size or
+            sha256 differs from the recorded one, or the file's parameter count differs from
+            the config's.
     """
     directory = Path(directory)
     if not directory.is_dir():
@@ -157,6 +250,8 @@ def read_model_dir(
         )
     if not weights.is_file():
         raise MissingFileError(f"{weights} not found")
+    if verify:
+        verify_file(weights, recorded_digest(config, WEIGHTS_NAME, directory / CONFIG_NAME))
     state = normalize_state_dict(read_safetensors(weights, map_location))
     pair = [state[k] for k in _PAIR if k in state]
     in_file = sum(t.numel() for k, t in state.items() if k not in _PAIR)

@@ -238,6 +238,7 @@ def serve(
     max_body_bytes: int = 4 * 2**20,
     api_key: list[str] | None = None,
     compile: bool = False,
+    no_verify: bool = False,
 ) -> int:
     """An OpenAI-style HTTP API for a model.
 
@@ -270,6 +271,8 @@ def serve(
             variable; neither: no key needed).
         compile: decode with torch.compile: faster per token after a one-time compile
             at start (needs a C++ compiler on the CPU).
+        no_verify: load the weights without checking them against the sizes and sha256
+            digests that config.json records (for huge files).
 
     Returns:
         0 once the server has stopped.
@@ -311,7 +314,7 @@ def serve(
         request_timeout=request_timeout or None,
         max_body_bytes=max_body_bytes,
     )
-    model, tokenizer = load_model_and_tokenizer(run, hf, device)
+    model, tokenizer = load_model_and_tokenizer(run, hf, device, verify=not no_verify)
     name = served_model_name or Path(run or hf).resolve().name
     run_server(model, tokenizer, name, host, port, limits, compile, api_keys)
     return 0

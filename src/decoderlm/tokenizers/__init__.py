@@ -15,7 +15,7 @@ from .base import (
 from .byte import ByteTokenizer
 from .char import CharTokenizer
 from .gpt2 import GPT2_BPE_DIR, GPT2Tokenizer
-from .load import load_tokenizer, make_tokenizer, tokenizer_from_dict
+from .load import end_of_text_id, load_tokenizer, make_tokenizer, tokenizer_from_dict
 
 __all__ = [
     "DEFAULT_UNK_TOKEN",
@@ -30,6 +30,7 @@ __all__ = [
     "Tokenizer",
     "UnknownCharacterError",
     "disallowed_special_error",
+    "end_of_text_id",
     "load_tokenizer",
     "make_tokenizer",
     "tokenizer_from_dict",

@@ -18,6 +18,9 @@ _GPT2_HASHES = {
 }
 
 
+GPT2_EOT_ID = 50256  # "<|endoftext|>"
+
+
 class GPT2Tokenizer(Tokenizer):
     """GPT-2's byte-level BPE (Radford et al. 2019), through tiktoken.
 
@@ -57,7 +60,7 @@ class GPT2Tokenizer(Tokenizer):
             name="gpt2",
             pat_str=r50k_pat_str,
             mergeable_ranks=ranks,
-            special_tokens={END_OF_TEXT: 50256},
+            special_tokens={END_OF_TEXT: GPT2_EOT_ID},
             explicit_n_vocab=50257,
         )
 

@@ -25,9 +25,9 @@ from .base import (
 )
 from .byte import ByteTokenizer
 from .char import CharTokenizer
-from .gpt2 import GPT2Tokenizer
+from .gpt2 import GPT2_EOT_ID, GPT2Tokenizer
 
-__all__ = ["load_tokenizer", "make_tokenizer", "tokenizer_from_dict"]
+__all__ = ["end_of_text_id", "load_tokenizer", "make_tokenizer", "tokenizer_from_dict"]
 
 
 def tokenizer_from_dict(data, source: str = "tokenizer") -> Tokenizer:
@@ -70,6 +70,26 @@ def load_tokenizer(directory: str | Path) -> Tokenizer:
             )
         return tokenizer_from_dict(data, str(old))
     return tokenizer_from_dict(read_json(path), str(path))
+
+
+def end_of_text_id(directory: str | Path) -> int | None:
+    """The id of <|endoftext|> in the tokenizer saved in `directory` (see `load_tokenizer`),
+    or None when the directory has none of ours (none, or only a Hugging Face tokenizer.json)
+    or its vocabulary has no such token. A GPT-2 tokenizer's is known without building its
+    BPE tables.
+
+    Raises:
+        ValueError: the tokenizer file is malformed.
+    """
+    path, old = Path(directory) / TOKENIZER_NAME, Path(directory) / HF_TOKENIZER_NAME
+    if not path.is_file() and not old.is_file():
+        return None
+    data = read_json(path if path.is_file() else old)
+    if not isinstance(data, dict) or "type" not in data:
+        return None if not path.is_file() else load_tokenizer(directory).eot_token
+    if data["type"] == "gpt2":
+        return GPT2_EOT_ID
+    return load_tokenizer(directory).eot_token
 
 
 def make_tokenizer(

@@ -3,9 +3,12 @@
 A checkpoint is a model directory (see `decoderlm.model.weights`) plus the tokenizer files and
 trainer_state.pt (optimizer, step, RNG states, data sampler; only tensors and plain Python
 containers, read back with torch.load(weights_only=True), so loading it never runs pickled
-code). It is written into a hidden temporary directory, every file fsync-ed, then renamed into
-place: a crash while writing leaves the previous checkpoints untouched and at most a `.tmp-*`
-directory, which is ignored and cleaned up.
+code). config.json records the sha256 and size of model.safetensors and trainer_state.pt,
+and both are checked when the checkpoint is loaded (a damaged checkpoint is then skipped by
+`decoderlm train --resume`, which falls back to the one before). It is written into a
+hidden temporary directory, every file fsync-ed, then renamed into place: a crash while
+writing leaves the previous checkpoints untouched and at most a `.tmp-*` directory, which is
+ignored and cleaned up.
 """
 
 from __future__ import annotations
@@ -18,8 +21,18 @@ from typing import Any
 import torch
 
 from ..errors import MissingFileError, UserError
-from ..files import atomic_write, fsync_dir, make_temp_dir, torch_save
-from ..model.weights import _STEP_PREFIX, CHECKPOINTS_DIR, list_checkpoints, save_weights
+from ..files import atomic_write, fsync_dir, make_temp_dir, read_json, torch_save
+from ..model.weights import (
+    _STEP_PREFIX,
+    CHECKPOINTS_DIR,
+    CHECKSUMS_KEY,
+    CONFIG_NAME,
+    file_digest,
+    list_checkpoints,
+    recorded_digest,
+    save_weights,
+    verify_file,
+)
 
 __all__ = ["save_checkpoint", "latest_checkpoint", "load_trainer_state", "TRAINER_STATE_NAME"]
 
@@ -45,13 +58,14 @@ def save_checkpoint(run_dir: str | Path, step: int, files: dict[str, Any], keep:
     final = root / f"{_STEP_PREFIX}{step:08d}"
     tmp = make_temp_dir(root, f".tmp-{final.name}-")
     try:
-        state, config, extra = files["model"]
-        save_weights(state, config, tmp, extra)
-        if files.get("tokenizer") is not None:
-            files["tokenizer"].save_pretrained(tmp)
         atomic_write(
             tmp / TRAINER_STATE_NAME, lambda path: torch_save(files["trainer_state"], path)
         )
+        state, config, extra = files["model"]
+        digest = {TRAINER_STATE_NAME: file_digest(tmp / TRAINER_STATE_NAME)}
+        save_weights(state, config, tmp, {**(extra or {}), CHECKSUMS_KEY: digest})
+        if files.get("tokenizer") is not None:
+            files["tokenizer"].save_pretrained(tmp)
         if final.exists():  # the same step saved twice (e.g. interrupted right at the end)
             shutil.rmtree(final)
         os.replace(tmp, final)
@@ -86,18 +100,24 @@ def latest_checkpoint(run_dir: str | Path) -> Path:
     return found[-1]
 
 
-def load_trainer_state(checkpoint: str | Path) -> dict[str, Any]:
+def load_trainer_state(checkpoint: str | Path, verify: bool = True) -> dict[str, Any]:
     """The trainer_state.pt of a checkpoint, read with torch.load(weights_only=True): a file
-    that would need arbitrary unpickling is refused, never executed.
+    that would need arbitrary unpickling is refused, never executed. With verify, the file is
+    first checked against the size and sha256 that the checkpoint's config.json records
+    (none recorded: no check).
 
     Raises:
         FileNotFoundError: the file is missing.
-        ValueError: the file is truncated, damaged or holds something other than tensors and
-            plain containers (the message names the file).
+        ValueError: the file is truncated, damaged (its size or sha256 differs from the
+            recorded one) or holds something other than tensors and plain containers (the
+            message names the file).
     """
     path = Path(checkpoint) / TRAINER_STATE_NAME
     if not path.is_file():
         raise MissingFileError(f"{path} not found; the checkpoint is incomplete")
+    config_path = Path(checkpoint) / CONFIG_NAME
+    if verify and config_path.is_file():
+        verify_file(path, recorded_digest(read_json(config_path), TRAINER_STATE_NAME, config_path))
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # truncated zip, unsafe pickle, ...: all are "cannot use this file"

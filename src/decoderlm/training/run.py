@@ -127,6 +127,7 @@ def run_experiment(
     resume: NotEmptyPath | None = None,
     init_from: NotEmptyPath | None = None,
     merge: bool = False,
+    no_verify: bool = False,
     device: str | None = None,
     no_progress: bool = False,
     nproc_per_node: PositiveInt | None = None,
@@ -171,6 +172,9 @@ def run_experiment(
             (adapter.safetensors). config.json records the source in "init_from".
         merge: after training with LoRA adapters, also write the merged model to
             <out>/merged/ (an ordinary model directory).
+        no_verify: load --init-from's weights and --resume's checkpoints without checking
+            them against the sizes and sha256 digests that their config.json records (for
+            huge files).
         device: cpu, cuda, ... (default: cuda if available).
         no_progress: print neither the progress bar nor the evaluation lines (metrics.jsonl
             still has them).
@@ -205,6 +209,7 @@ def run_experiment(
     info, device = init_distributed(device)
     log = info.main_only(log)
     request = dict(preset=preset, data=data, out=out, dataset=dataset, max_chars=max_chars)
+    request["verify"] = not no_verify
     request.update(model_overrides=model_overrides, train_overrides=train_overrides)
     plan = _make_plan(request, resume, init_from, merge, info, log)
     _check_plan(plan, info, overwrite)  # on every rank: all fail alike
@@ -303,6 +308,7 @@ def _new_plan(
     train_overrides: dict,
     init_from=None,
     log=print,
+    verify: bool = True,
 ) -> RunPlan:
     """A new run: the preset's settings plus the overrides, on a freshly read corpus."""
     preset = preset or ("finetune" if init_from is not None else "default")
@@ -328,7 +334,8 @@ def _new_plan(
             "again with --val-fraction)"
         )
     if init_from is not None:
-        return _finetune_plan(init_from, preset, spec, out, model_overrides, train_cfg, log)
+        plan_args = (preset, spec, out, model_overrides, train_cfg, log, verify)
+        return _finetune_plan(init_from, *plan_args)
     tokenizer, train_ids, val_ids, source, fingerprint = load_corpus(spec)
     spec["fingerprint"] = fingerprint
     model_cfg = ModelConfig.from_dict(
@@ -361,12 +368,19 @@ def _vocab_settings(model_overrides: dict, n_tokens: int) -> dict:
 
 
 def _finetune_plan(
-    init_from, preset: str, spec: dict, out, model_overrides: dict, train_cfg: TrainConfig, log
+    init_from,
+    preset: str,
+    spec: dict,
+    out,
+    model_overrides: dict,
+    train_cfg: TrainConfig,
+    log,
+    verify: bool = True,
 ) -> RunPlan:
     """A new run from the weights of `init_from`: its shape (dropout may change) and
     tokenizer, the corpus encoded with that tokenizer (characters outside a char vocabulary
     mapped to its unknown token, and counted)."""
-    source = load_source(init_from)
+    source = load_source(init_from, verify=verify)
     context = model_overrides.get("block_size")
     if context is not None and context != source.model.config.block_size:
         source.model.crop_block_size(context)  # a fine-tune may shorten the context, not grow it
@@ -403,6 +417,7 @@ def _resume_plan(
     max_chars,
     model_overrides: dict,
     train_overrides: dict,
+    verify: bool = True,
 ) -> RunPlan:
     """A resumed run: the checkpoint's settings (training ones may be overridden) and data,
     each override that contradicts them refused."""
@@ -411,7 +426,7 @@ def _resume_plan(
             f"--resume continues the run in {out_dir} itself; drop --out "
             f"{out} (copy the run directory first to branch it)"
         )
-    checkpoint, resume_state, resumed, tokenizer = _resume_point(out_dir, info, log)
+    checkpoint, resume_state, resumed, tokenizer = _resume_point(out_dir, info, log, verify)
     saved = read_json(checkpoint / "config.json")
     if preset is not None and preset != saved.get("preset"):
         raise UserError(
@@ -492,7 +507,7 @@ def _check_same(kind: str, saved: dict, overrides: dict) -> None:
         )
 
 
-def _resume_point(run_dir: Path, info: DistInfo, log):
+def _resume_point(run_dir: Path, info: DistInfo, log, verify: bool = True):
     """(checkpoint, its trainer state, model and tokenizer) for the newest checkpoint of
     run_dir that loads whole. A damaged newer one is skipped with a warning and renamed
     damaged-step-N (by rank 0), so it stays on disk for inspection but out of the
@@ -504,8 +519,8 @@ def _resume_point(run_dir: Path, info: DistInfo, log):
         try:
             return (
                 candidate,
-                load_trainer_state(candidate),
-                load_model(candidate, merge=False),
+                load_trainer_state(candidate, verify),
+                load_model(candidate, merge=False, verify=verify),
                 load_tokenizer(candidate),
             )
         except (ValueError, FileNotFoundError) as e:
