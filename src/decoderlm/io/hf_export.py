@@ -64,8 +64,10 @@ def _llama_state(model: DecoderLM) -> dict[str, torch.Tensor]:
                     out[f"{prefix}self_attn.{name}.weight"] = part.contiguous()
                 continue
             out[prefix + _LLAMA_BLOCK[rest]] = tensor.contiguous()
+        elif key == "ln_f.weight":
+            out[_LLAMA_TOP[key]] = tensor.contiguous()
         elif key != "lm_head.weight" or not c.tie_embeddings:
-            out[_LLAMA_TOP[key]] = tensor[: c.vocab_size].contiguous()
+            out[_LLAMA_TOP[key]] = tensor[: c.vocab_size].contiguous()  # padded rows cut
     return out
 
 
