@@ -47,6 +47,7 @@ COMMANDS = {
 METAVARS = {  # the flags shown with a word of what they take, not their name in capitals
     "run": "DIR",
     "hf": "DIR",
+    "gguf": "FILE",
     "out": "DIR",
     "resume": "DIR",
     "init_from": "SRC",
