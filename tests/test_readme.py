@@ -45,6 +45,7 @@ PATH_FLAGS = {
     "--config",
     "--model-config",
     "--hf",
+    "--gguf",
     "--prompt-file",
     "--init-from",
     "--text-file",

@@ -181,3 +181,32 @@ def test_failed_write_leaves_nothing(tmp_path, monkeypatch, format):
     out = tmp_path / ("hf" if format == "hf" else "m.gguf")
     assert _export(tmp_path / "run", out, format) == 2
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+
+
+def test_python_export_refuses_like_the_command(tmp_path):
+    from decoderlm.io.export import export
+
+    make_model_dir(tmp_path / "run", "gpt2")
+    for kwargs, words in (
+        (dict(format="onnx"), "unknown format 'onnx'"),
+        (dict(format="gguf", dtype="q4_0"), "unknown dtype 'q4_0'"),
+    ):
+        with pytest.raises(ValueError, match=words):
+            export(tmp_path / "run", out=tmp_path / "o", **kwargs)
+    assert export(tmp_path / "run", "gguf", tmp_path / "m.gguf", "f16") == tmp_path / "m.gguf"
+
+
+@pytest.mark.parametrize(
+    ("flags", "line"),
+    [
+        (["--preset", "classic", "--activation", "gelu_tanh"], "exports to hf and gguf as gpt2"),
+        (["--preset", "classic"], "exports to hf as gpt2 (decoderlm export --run"),
+        ([], "this model is not exportable (qk_norm=True"),
+    ],
+)
+def test_train_says_whether_the_run_exports(tmp_path, capsys, flags, line):
+    tiny = ["--n-layers", "1", "--d-model", "16", "--n-heads", "2", "--block-size", "32"]
+    steps = ["--batch-size", "4", "--max-steps", "2", "--eval-interval", "2"]
+    assert main(["train", *flags, *tiny, *steps, "--out", str(tmp_path / "run")]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.startswith("export: ") and line in last

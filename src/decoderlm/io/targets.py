@@ -94,27 +94,39 @@ def export_target(config: ModelConfig, format: str) -> str:
     )
 
 
-def export_summary(config: ModelConfig) -> str:
+def export_summary(config: ModelConfig, run_dir=None, adapters: bool = False) -> str:
     """One line saying whether a model of `config` exports and to which formats, e.g.
     "export: this model exports to hf and gguf as gpt2 (decoderlm export --run DIR --format
-    hf|gguf --out PATH)"."""
+    hf|gguf --out PATH)".
+
+    Args:
+        config: the model's ModelConfig.
+        run_dir: the run directory, shown in the command (None: DIR).
+        adapters: the run holds LoRA adapters, which export once merged (`decoderlm merge`).
+    """
+    run = "DIR" if run_dir is None else str(run_dir)
     targets, reasons = {}, []
     for format in FORMATS:
         try:
             targets[format] = export_target(config, format)
         except UserError:
             arch, wrong = _blockers(config, format)
-            reasons.append(f"{format}: {', '.join(f'{k}={getattr(config, k)!r}' for k in wrong)}")
+            shown = ", ".join(f"{k}={getattr(config, k)!r}" for k in wrong)
+            flags = " ".join(_flag(k, v) for k, v in wrong.items())
+            reasons.append(f"{format}: {shown} (train with {flags} for {arch})")
     if not targets:
-        _, wrong = _blockers(config, "hf")
+        _, blocking = _blockers(config, "hf")
+        _, wrong = _blockers(config, "gguf")  # the same, and the GELU llama.cpp's GPT-2 needs
+        shown = ", ".join(f"{k}={getattr(config, k)!r}" for k in blocking)
         flags = " ".join(_flag(k, v) for k, v in wrong.items())
         return (
-            f"export: this model is not exportable (no GPT-2 or Llama counterpart for "
-            f"{'; '.join(reasons)}); --preset classic or llama-tiny, or {flags}, would export"
+            f"export: this model is not exportable ({shown}: no counterpart in GPT-2 or "
+            f"Llama); --preset classic or llama-tiny, or {flags}, would export"
         )
     archs = " / ".join(sorted(set(targets.values())))
-    line = (
-        f"export: this model exports to {' and '.join(targets)} as {archs} "
-        f"(decoderlm export --run DIR --format {'|'.join(targets)} --out PATH)"
-    )
+    if adapters:
+        source = f"once merged (decoderlm merge --run {run} --out MERGED, then --run MERGED)"
+    else:
+        source = f"(decoderlm export --run {run} --format {'|'.join(targets)} --out PATH)"
+    line = f"export: this model exports to {' and '.join(targets)} as {archs} {source}"
     return line + (f"; not to {'; '.join(reasons)}" if reasons else "")
