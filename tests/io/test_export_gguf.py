@@ -43,7 +43,7 @@ def _hf_from_gguf(path):
 @pytest.mark.parametrize("shape", ["gpt2", "llama", "llama-tied"])
 @pytest.mark.parametrize("dtype", ["f32", "f16", "bf16", "q8_0"])
 def test_gguf_logits_through_transformers(tmp_path, shape, dtype):
-    model, _ = make_model_dir(tmp_path / "run", shape)
+    model, _ = make_model_dir(tmp_path / "run", shape, "byte")  # a small vocabulary: fast
     out = tmp_path / f"{shape.split('-')[0]}-{dtype}.gguf"
     assert _export(tmp_path / "run", out, dtype) == 0
     ids = torch.randint(
@@ -83,6 +83,7 @@ def test_gguf_char_and_byte_round_trip(tmp_path, kind):
     assert _export(tmp_path / "run", out) == 0
     back, back_tok = load_gguf(out)
     assert back_tok.to_dict() == tok.to_dict()
+    assert back.config.activation == "gelu_tanh"  # llama.cpp's GPT-2 GELU
     ids = torch.tensor([tok.encode(MIXED_TEXT, allowed_special="all")[:32]])
     assert torch.equal(back(ids)[0], model(ids)[0])
 
@@ -134,3 +135,34 @@ def test_gguf_through_llama_cpp(tmp_path, shape, kind):
     with torch.no_grad():
         ours = model(torch.tensor([prompt]))[0][0, -1].log_softmax(-1)
     assert (theirs - ours).abs().max().item() < 1e-2
+
+
+def _rope_interleaved(x, cos, sin):
+    """Rotary positions in llama.cpp's interleaved layout: features 2j and 2j + 1 form pair j."""
+    x1, x2 = x[..., 0::2], x[..., 1::2]
+    out = torch.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+    return out.flatten(-2)
+
+
+def test_rope_permutation_keeps_scores():
+    """q and k rows permuted by rope_half_to_interleaved and rotated in the interleaved layout
+    give the scores of the original rows rotated in the half-split layout, at every pair of
+    positions; the permutation is the inverse of rope_interleaved_to_half."""
+    from decoderlm.io.hf import rope_half_to_interleaved, rope_interleaved_to_half
+    from decoderlm.model.positions import apply_rope, rope_cos_sin
+
+    n_heads, head_dim, d, T = 2, 16, 32, 12
+    g = torch.Generator().manual_seed(0)
+    wq, wk, x = (torch.randn(n, d, generator=g) for n in (d, d, T))
+    x = x[:T]
+    cos, sin = rope_cos_sin(T, head_dim)
+
+    def scores(wq, wk, rope):
+        q, k = ((x @ w.T).view(T, n_heads, head_dim).transpose(0, 1) for w in (wq, wk))
+        return rope(q, cos, sin) @ rope(k, cos, sin).transpose(-1, -2)
+
+    half = scores(wq, wk, apply_rope)
+    perm = [rope_half_to_interleaved(w, n_heads) for w in (wq, wk)]
+    assert torch.allclose(scores(*perm, _rope_interleaved), half, atol=1e-4)
+    assert torch.equal(rope_interleaved_to_half(perm[0], n_heads), wq)
+    assert not torch.allclose(scores(wq, wk, _rope_interleaved), half, atol=1e-2)

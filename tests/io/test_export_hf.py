@@ -44,7 +44,9 @@ def test_hf_export_loads_in_transformers(tmp_path, shape, kind):
     auto = AutoTokenizer.from_pretrained(tmp_path / "hf")
     assert auto.encode(MIXED_TEXT) == tok.encode(MIXED_TEXT, allowed_special="all")
     assert auto.decode(auto.encode(MIXED_TEXT)) == MIXED_TEXT
-    assert load_hf(tmp_path / "hf")[1].to_dict() == tok.to_dict()
+    back, back_tok = load_hf(tmp_path / "hf")
+    assert back_tok.to_dict() == tok.to_dict()
+    assert back.config.activation == model.config.activation  # tanh or exact GELU, kept
 
 
 def test_hf_export_files(tmp_path):
@@ -210,3 +212,23 @@ def test_train_says_whether_the_run_exports(tmp_path, capsys, flags, line):
     assert main(["train", *flags, *tiny, *steps, "--out", str(tmp_path / "run")]) == 0
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert last.startswith("export: ") and line in last
+
+
+@pytest.mark.parametrize("shape", ["gpt2", "llama"])
+def test_padded_vocabulary_exports_its_real_rows(tmp_path, shape):
+    """A padded vocabulary (extra embedding rows no token uses) is written with its
+    vocab_size real rows: transformers and the GGUF file see the tokenizer's size."""
+    from transformers import AutoModelForCausalLM
+
+    from decoderlm.io.gguf import load_gguf
+
+    model, tok = make_model_dir(tmp_path / "run", shape, "char", padded_vocab_size=64)
+    assert _export(tmp_path / "run", tmp_path / "hf") == 0
+    assert _export(tmp_path / "run", tmp_path / "m.gguf", "gguf") == 0
+    theirs = AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    assert theirs.config.vocab_size == tok.vocab_size < 64
+    ids = torch.randint(0, tok.vocab_size, (1, 16))
+    with torch.no_grad():
+        ref = model(ids)[0]
+        assert (theirs(ids).logits - ref).abs().max().item() <= 1e-4
+        assert torch.equal(load_gguf(tmp_path / "m.gguf")[0](ids)[0], ref)

@@ -24,7 +24,7 @@ from ..errors import UserError
 from ..files import make_temp_dir
 from ..model.model import DecoderLM
 from ..tokenizers import load_tokenizer
-from .gguf import _check_dtype, save_gguf
+from .gguf import check_gguf_dtype, save_gguf
 from .hf_export import save_hf
 from .targets import DTYPES, FORMATS, export_target
 
@@ -98,7 +98,7 @@ def export(
     model = DecoderLM.from_pretrained(run)
     arch = export_target(model.config, format)
     if format == "gguf":
-        _check_dtype(model.config, dtype)
+        check_gguf_dtype(model.config, dtype)
     tokenizer = load_tokenizer(run)
     _check_out(out, format, overwrite)
     if format == "gguf":

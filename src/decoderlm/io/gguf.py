@@ -47,7 +47,7 @@ from ..tokenizers.load import tokenizer_from_dict
 from .hf import rope_half_to_interleaved, rope_interleaved_to_half
 from .targets import DTYPES, export_target
 
-__all__ = ["load_gguf", "save_gguf", "gguf_tokenizer"]
+__all__ = ["check_gguf_dtype", "gguf_tokenizer", "load_gguf", "save_gguf"]
 
 TOKENIZER_KEY = "decoderlm.tokenizer"
 _FILE_TYPES = {"f32": 0, "f16": 1, "q8_0": 7, "bf16": 32}  # gguf.LlamaFileType
@@ -89,7 +89,7 @@ def _gguf_tensors(model: DecoderLM, arch: str) -> dict[str, torch.Tensor]:
     return out
 
 
-def _check_dtype(config: ModelConfig, dtype: str) -> None:
+def check_gguf_dtype(config: ModelConfig, dtype: str) -> None:
     """UserError unless `dtype` is one of DTYPES and fits the model's row lengths."""
     if dtype not in DTYPES:
         raise UserError(f"unknown dtype {dtype!r}; use one of {list(DTYPES)}")
@@ -171,7 +171,7 @@ def save_gguf(model: DecoderLM, tokenizer: Tokenizer, path: str | Path, dtype: s
     model = unwrap_model(model)
     c = model.config
     arch = export_target(c, "gguf")
-    _check_dtype(c, dtype)
+    check_gguf_dtype(c, dtype)
     if tokenizer.vocab_size != c.vocab_size:
         raise UserError(
             f"the tokenizer has {tokenizer.vocab_size} tokens but the model expects "
