@@ -52,6 +52,7 @@ PATH_FLAGS = {
     "--config",
     "--model-config",
     "--hf",
+    "--gguf",
     "--prompt-file",
     "--init-from",
     "--text-file",

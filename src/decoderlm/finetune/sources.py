@@ -18,7 +18,9 @@ from pathlib import Path
 from ..config import ModelConfig
 from ..errors import MissingFileError, UserError, checked_device, one_of
 from ..files import read_json
+from ..io.gguf import load_gguf
 from ..io.hf import load_gpt2
+from ..io.hf_export import load_hf
 from ..model.analysis import out_of_memory_as_user_error
 from ..model.lora import apply_lora, is_lora_key, merge_lora
 from ..model.model import DecoderLM
@@ -231,28 +233,36 @@ def check_vocab(tokenizer: Tokenizer, model, source) -> None:
 
 
 def load_model_and_tokenizer(
-    run: str | None, hf: str | None, device: str | None = "cpu", verify: bool = True
+    run: str | None,
+    hf: str | None,
+    device: str | None = "cpu",
+    gguf: str | None = None,
+    verify: bool = True,
 ) -> tuple[DecoderLM, Tokenizer]:
     """The model (eval mode) and tokenizer of `run` (a decoderlm run or model directory; an
-    adapter directory is merged over its base) or of `hf` (a Hugging Face GPT-2 directory, GPT-2
-    BPE tokenizer); exactly one of the two is given. The model's `eos_token_id` is the
-    tokenizer's `eot_token` (None without one), where `generate` stops by default. verify:
-    check the weight files against the digests config.json records (`load_model`).
+    adapter directory is merged over its base), of `hf` (a Hugging Face GPT-2 or Llama
+    directory, see `decoderlm.io.hf_export.load_hf`: its decoderlm tokenizer when `decoderlm
+    export` wrote it, else GPT-2's BPE) or of `gguf` (a GGUF file, `decoderlm.io.gguf.load_gguf`);
+    exactly one of them is given. The model's `eos_token_id` is the tokenizer's `eot_token`
+    (None without one), where `generate` stops by default. verify: check the weight files
+    against the digests config.json records (`load_model`; a GGUF file records none).
 
     Raises:
-        UserError: neither or both given, an unusable device, or the tokenizer's vocabulary
+        UserError: none or several given, an unusable device, or the tokenizer's vocabulary
             does not fit the model, not enough memory to load it (one line with the
             estimate); MissingFileError / UserError from the loaders.
     """
-    one_of(run=run, hf=hf)
+    one_of(run=run, hf=hf, gguf=gguf)
     device = checked_device(device)
     flags = f"--run {run}" if run else ""
-    with out_of_memory_as_user_error(f"load the model of {run or hf}", params_flags=flags):
+    with out_of_memory_as_user_error(f"load the model of {run or hf or gguf}", params_flags=flags):
         if hf:
-            model, tokenizer = load_gpt2(hf, map_location=device, verify=verify), GPT2Tokenizer()
+            model, tokenizer = load_hf(hf, map_location=device, verify=verify)
+        elif gguf:
+            model, tokenizer = load_gguf(gguf, map_location=device)
         else:
             model = load_model(run, map_location=device, verify=verify)
             tokenizer = load_tokenizer(run)
-    check_vocab(tokenizer, model, run or hf)
+    check_vocab(tokenizer, model, run or hf or gguf)
     model.eos_token_id = tokenizer.eot_token
     return model, tokenizer

@@ -17,6 +17,7 @@ __all__ = ["sample", "read_prompts"]
 def sample(
     run: NotEmptyStr | None = None,
     hf: NotEmptyStr | None = None,
+    gguf: NotEmptyStr | None = None,
     device: str = "cpu",
     prompt: list[str] | None = None,
     prompt_file: str | None = None,
@@ -42,9 +43,10 @@ def sample(
     (as nanoGPT's sample.py encodes it); elsewhere it is ordinary text.
 
     Args:
-        run: a run directory (give --run or --hf).
-        hf: a Hugging Face GPT-2 checkpoint directory (config.json + model.safetensors);
-            GPT-2 BPE tokenizer.
+        run: a run directory (give --run, --hf or --gguf).
+        hf: a Hugging Face GPT-2 or Llama directory (config.json + model.safetensors), e.g.
+            from `decoderlm export` (its tokenizer; else GPT-2 BPE).
+        gguf: a GGUF file (gpt2 or llama), e.g. from `decoderlm export` or llama.cpp.
         device: cpu, cuda, ...
         prompt: text to continue; repeat for several (default: <|endoftext|> where the
             vocabulary has it, as for GPT-2; else a newline, or the first character of a
@@ -72,12 +74,12 @@ def sample(
         0, the exit status.
 
     Raises:
-        UserError / MissingFileError: neither or both of run and hf, missing or damaged
+        UserError / MissingFileError: not one of run, hf and gguf, missing or damaged
             files, an empty prompt, a prompt the vocabulary cannot encode (every prompt is
             checked before sampling), a bad sampling setting.
     """
     check_controls(temperature, top_k, top_p)  # before anything is loaded or printed
-    model, tokenizer = load_model_and_tokenizer(run, hf, device, verify=not no_verify)
+    model, tokenizer = load_model_and_tokenizer(run, hf, device, gguf, verify=not no_verify)
     if block_size is not None:
         model.crop_block_size(block_size)
     prompts = list(prompt or []) + (read_prompts(prompt_file) if prompt_file else [])

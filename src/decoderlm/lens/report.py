@@ -254,6 +254,7 @@ def _report_path(out: str | None) -> str:
 def inspect(
     run: NotEmptyStr | None = None,
     hf: NotEmptyStr | None = None,
+    gguf: NotEmptyStr | None = None,
     text: str | None = None,
     text_file: str | None = None,
     out: NotEmptyStr | None = None,
@@ -272,8 +273,10 @@ def inspect(
     same data as JSON beside it (same name, .json). See decoderlm.lens.report.
 
     Args:
-        run: a run directory (give --run or --hf).
-        hf: a Hugging Face GPT-2 checkpoint directory (config.json + model.safetensors).
+        run: a run directory (give --run, --hf or --gguf).
+        hf: a Hugging Face GPT-2 or Llama directory (config.json + model.safetensors), e.g.
+            from `decoderlm export` (its tokenizer; else GPT-2 BPE).
+        gguf: a GGUF file (gpt2 or llama), e.g. from `decoderlm export` or llama.cpp.
         text: the text to look at (give --text or --text-file); its <|endoftext|> is the
             end-of-text token where the vocabulary has one, as in a prompt.
         text_file: a UTF-8 file holding the text.
@@ -302,11 +305,11 @@ def inspect(
     out = _report_path(out)
     if text_file is not None:
         text = read_text(text_file, "--text-file")
-    model, tokenizer = load_model_and_tokenizer(run, hf, device, verify=not no_verify)
+    model, tokenizer = load_model_and_tokenizer(run, hf, device, gguf, verify=not no_verify)
     n = min(max_tokens, model.config.max_positions)
     ids = tokenizer.encode(text, allowed_special="all")[:n]  # as a prompt
     corrupted = None if corrupt is None else tokenizer.encode(corrupt, allowed_special="all")[:n]
-    title = f"{run or hf}: {tokenizer.decode(ids)[:80]!r}"
+    title = f"{run or hf or gguf}: {tokenizer.decode(ids)[:80]!r}"
     report = build_report(model, tokenizer, ids, layers, corrupted, title=title)
     folder = Path(out).parent
     made = "" if folder.is_dir() else f" (made the folder {folder})"

@@ -224,6 +224,7 @@ def _api_keys(flags: list[str] | None) -> tuple[str, ...]:
 def serve(
     run: str | None = None,
     hf: str | None = None,
+    gguf: str | None = None,
     device: str = "cpu",
     host: str = "127.0.0.1",
     port: int = 8000,
@@ -249,9 +250,10 @@ def serve(
     end-of-text token where the vocabulary has one, as in `decoderlm sample`.
 
     Args:
-        run: a run directory (give --run or --hf).
-        hf: a Hugging Face GPT-2 checkpoint directory (config.json + model.safetensors);
-            GPT-2 BPE tokenizer.
+        run: a run directory (give --run, --hf or --gguf).
+        hf: a Hugging Face GPT-2 or Llama directory (config.json + model.safetensors), e.g.
+            from `decoderlm export` (its tokenizer; else GPT-2 BPE).
+        gguf: a GGUF file (gpt2 or llama), e.g. from `decoderlm export` or llama.cpp.
         device: cpu, cuda, ...
         host: the address to listen on.
         port: the TCP port to listen on, in [1, 65536).
@@ -314,7 +316,7 @@ def serve(
         request_timeout=request_timeout or None,
         max_body_bytes=max_body_bytes,
     )
-    model, tokenizer = load_model_and_tokenizer(run, hf, device, verify=not no_verify)
-    name = served_model_name or Path(run or hf).resolve().name
+    model, tokenizer = load_model_and_tokenizer(run, hf, device, gguf, verify=not no_verify)
+    name = served_model_name or Path(run or hf or gguf).resolve().name
     run_server(model, tokenizer, name, host, port, limits, compile, api_keys)
     return 0

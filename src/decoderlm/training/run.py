@@ -29,6 +29,7 @@ from ..files import atomic_write, read_json
 from ..finetune.merge import merge_run
 from ..finetune.sources import finetune_config, load_model, load_source
 from ..finetune.trainable import lora_entry, prepare_trainable, trainable_counts
+from ..io.targets import export_summary
 from ..lens.plots import Plotter
 from ..model.analysis import out_of_memory_as_user_error
 from ..model.model import DecoderLM
@@ -710,4 +711,5 @@ def _summarize(plan: RunPlan, result: TrainResult, log) -> RunSummary:
             for n in written
         ]
     log(f"wrote {plan.out_dir}/: {' '.join(written)}")
+    log(export_summary(plan.model_cfg, plan.out_dir, adapters=bool(plan.lora)))
     return summary

@@ -1,0 +1,234 @@
+"""`decoderlm export --format hf`: transformers loads the directory with no extra arguments and
+computes decoderlm's logits, greedy tokens and token ids; and every refusal of
+`decoderlm export` is one line with exit status 2 and leaves nothing behind."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from export_models import MIXED_TEXT, greedy, make_model_dir
+
+from decoderlm.cli import main
+from decoderlm.config import ModelConfig
+from decoderlm.io.hf_export import load_hf
+from decoderlm.io.targets import export_summary, export_target
+from decoderlm.presets import PRESETS
+
+transformers = pytest.importorskip("transformers")
+
+
+def _export(run, out, format="hf", *extra) -> int:
+    return main(["export", "--run", str(run), "--format", format, "--out", str(out), *extra])
+
+
+@pytest.mark.parametrize(
+    ("shape", "kind"),
+    [("gpt2", "gpt2"), ("gpt2-untied-exact", "char"), ("llama", "byte"), ("llama-tied", "char")],
+)
+def test_hf_export_loads_in_transformers(tmp_path, shape, kind):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model, tok = make_model_dir(tmp_path / "run", shape, kind)
+    assert _export(tmp_path / "run", tmp_path / "hf") == 0
+    theirs = AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    ids = torch.randint(0, tok.vocab_size, (2, 24), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        ref = model(ids)[0]
+        assert (theirs(ids).logits - ref).abs().max().item() <= 1e-4
+        assert torch.equal(load_hf(tmp_path / "hf")[0](ids)[0], ref)  # decoderlm reads it back
+        prompt = ids[:1, :8]
+        new = theirs.generate(prompt, max_new_tokens=12, do_sample=False)[0, 8:].tolist()
+    # transformers stops after the end-of-text token (generation_config.json's eos_token_id)
+    want = greedy(model, prompt[0].tolist(), 12)
+    assert new == want[: len(new)] and (len(new) == 12 or new[-1] == tok.eot_token)
+    auto = AutoTokenizer.from_pretrained(tmp_path / "hf")
+    assert auto.encode(MIXED_TEXT) == tok.encode(MIXED_TEXT, allowed_special="all")
+    assert auto.decode(auto.encode(MIXED_TEXT)) == MIXED_TEXT
+    back, back_tok = load_hf(tmp_path / "hf")
+    assert back_tok.to_dict() == tok.to_dict()
+    assert back.config.activation == model.config.activation  # tanh or exact GELU, kept
+
+
+def test_hf_export_files(tmp_path):
+    """config.json carries n_ctx beside n_positions (llama.cpp's converter reads n_ctx), and
+    generation_config.json the end-of-text id."""
+    from decoderlm.files import read_json
+
+    make_model_dir(tmp_path / "run", "gpt2", "gpt2")
+    assert _export(tmp_path / "run", tmp_path / "hf") == 0
+    config = read_json(tmp_path / "hf" / "config.json")
+    assert config["n_ctx"] == config["n_positions"] == 32
+    assert read_json(tmp_path / "hf" / "generation_config.json")["eos_token_id"] == 50256
+
+
+@pytest.mark.parametrize("dtype", ["f16", "bf16"])
+def test_hf_export_half_precision(tmp_path, dtype):
+    from transformers import AutoModelForCausalLM
+
+    model, _ = make_model_dir(tmp_path / "run", "llama")
+    assert _export(tmp_path / "run", tmp_path / "hf", "hf", "--dtype", dtype) == 0
+    theirs = AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    assert theirs.dtype == {"f16": torch.float16, "bf16": torch.bfloat16}[dtype]
+    ids = torch.randint(0, model.config.vocab_size, (1, 16))
+    with torch.no_grad():
+        ref = model(ids)[0]
+        err = (theirs.float()(ids).logits - ref).abs().max().item()
+    assert err <= {"f16": 2e-3, "bf16": 1.5e-2}[dtype] * ref.abs().max().item()
+
+
+def _one_line(capsys) -> str:
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("decoderlm: error: ") and "\n" not in err
+    return err
+
+
+def test_refuses_the_default_preset_naming_the_options(tmp_path, capsys):
+    default = {k: v for k, v in PRESETS["default"].model.items() if k != "vocab_size"}
+    make_model_dir(tmp_path / "run", "gpt2", "char", **default)
+    for format in ("hf", "gguf"):
+        assert _export(tmp_path / "run", tmp_path / f"out-{format}", format) == 2
+        err = _one_line(capsys)
+        for option in ("QK-norm", "qk_norm=True", "mlp='relu2'", "logit_softcap=15.0"):
+            assert option in err
+        assert "--preset" in err and "--qk-norm false" in err
+        assert not (tmp_path / f"out-{format}").exists()
+
+
+@pytest.mark.parametrize(
+    ("fields", "named"),
+    [
+        (dict(norm_position="post"), "norm_position='post'"),
+        (dict(pos_encoding="sinusoidal"), "pos_encoding='sinusoidal'"),
+        (dict(pos_encoding="rope"), "pos_encoding='rope'"),
+    ],
+)
+def test_target_refuses_options_without_counterpart(fields, named):
+    config = ModelConfig(vocab_size=65, block_size=32, n_layers=1, n_heads=2, d_model=16, **fields)
+    with pytest.raises(ValueError, match=named):
+        export_target(config, "hf")
+    assert "not exportable" in export_summary(config)
+
+
+def test_summary_of_exportable_models():
+    gpt2 = ModelConfig(**PRESETS["gpt2"].model)
+    assert export_target(gpt2, "gguf") == "gpt2"
+    assert export_summary(gpt2).startswith("export: this model exports to hf and gguf as gpt2")
+    classic = ModelConfig(**{**PRESETS["classic"].model})  # exact GELU: hf only
+    assert "not to gguf" in export_summary(classic)
+    llama = ModelConfig(**PRESETS["llama-tiny"].model)
+    assert export_target(llama, "hf") == export_target(llama, "gguf") == "llama"
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["--format", "onnx"], "expected one of hf, gguf, got 'onnx'"),
+        (["--dtype", "q4_0"], "expected one of f32, f16, bf16, q8_0, got 'q4_0'"),
+        (["--dtype", "q8_0"], "q8_0 is a GGUF quantisation"),
+    ],
+)
+def test_refuses_unknown_format_and_dtype(tmp_path, capsys, args, words):
+    make_model_dir(tmp_path / "run", "gpt2")
+    argv = [
+        "export",
+        "--run",
+        str(tmp_path / "run"),
+        "--format",
+        "hf",
+        "--out",
+        str(tmp_path / "o"),
+    ]
+    assert main(argv + args) == 2
+    assert words in _one_line(capsys)
+    assert not (tmp_path / "o").exists()
+
+
+def test_refuses_existing_output_without_overwrite(tmp_path, capsys):
+    make_model_dir(tmp_path / "run", "gpt2")
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "hf" / "keep.txt").write_text("mine")
+    assert _export(tmp_path / "run", tmp_path / "hf") == 2
+    assert "--overwrite" in _one_line(capsys)
+    assert (tmp_path / "hf" / "keep.txt").read_text() == "mine"
+    assert _export(tmp_path / "run", tmp_path / "hf", "hf", "--overwrite") == 0
+    assert not (tmp_path / "hf" / "keep.txt").exists()
+    assert (tmp_path / "hf" / "model.safetensors").is_file()
+
+
+def test_refuses_run_without_weights(tmp_path, capsys):
+    make_model_dir(tmp_path / "run", "gpt2")
+    (tmp_path / "run" / "model.safetensors").unlink()
+    assert _export(tmp_path / "run", tmp_path / "m.gguf", "gguf") == 2
+    assert "model.safetensors not found" in _one_line(capsys)
+    assert not (tmp_path / "m.gguf").exists()
+
+
+@pytest.mark.parametrize("format", ["hf", "gguf"])
+def test_failed_write_leaves_nothing(tmp_path, monkeypatch, format):
+    """A write that fails part-way (here: the disk 'fills' while writing the weights) leaves
+    no output and no temporary file beside it."""
+    import decoderlm.io.gguf as gguf_module
+    import decoderlm.io.hf_export as hf_module
+
+    make_model_dir(tmp_path / "run", "gpt2")
+
+    def full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    if format == "hf":
+        monkeypatch.setattr(hf_module, "save_file", full)
+        monkeypatch.setattr("decoderlm.io.hf.save_file", full)
+    else:
+        monkeypatch.setattr(gguf_module, "_encoded", full)
+    out = tmp_path / ("hf" if format == "hf" else "m.gguf")
+    assert _export(tmp_path / "run", out, format) == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+
+
+def test_python_export_refuses_like_the_command(tmp_path):
+    from decoderlm.io.export import export
+
+    make_model_dir(tmp_path / "run", "gpt2")
+    for kwargs, words in (
+        (dict(format="onnx"), "unknown format 'onnx'"),
+        (dict(format="gguf", dtype="q4_0"), "unknown dtype 'q4_0'"),
+    ):
+        with pytest.raises(ValueError, match=words):
+            export(tmp_path / "run", out=tmp_path / "o", **kwargs)
+    assert export(tmp_path / "run", "gguf", tmp_path / "m.gguf", "f16") == tmp_path / "m.gguf"
+
+
+@pytest.mark.parametrize(
+    ("flags", "line"),
+    [
+        (["--preset", "classic", "--activation", "gelu_tanh"], "exports to hf and gguf as gpt2"),
+        (["--preset", "classic"], "exports to hf as gpt2 (decoderlm export --run"),
+        ([], "this model is not exportable (qk_norm=True"),
+    ],
+)
+def test_train_says_whether_the_run_exports(tmp_path, capsys, flags, line):
+    tiny = ["--n-layers", "1", "--d-model", "16", "--n-heads", "2", "--block-size", "32"]
+    steps = ["--batch-size", "4", "--max-steps", "2", "--eval-interval", "2"]
+    assert main(["train", *flags, *tiny, *steps, "--out", str(tmp_path / "run")]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.startswith("export: ") and line in last
+
+
+@pytest.mark.parametrize("shape", ["gpt2", "llama"])
+def test_padded_vocabulary_exports_its_real_rows(tmp_path, shape):
+    """A padded vocabulary (extra embedding rows no token uses) is written with its
+    vocab_size real rows: transformers and the GGUF file see the tokenizer's size."""
+    from transformers import AutoModelForCausalLM
+
+    from decoderlm.io.gguf import load_gguf
+
+    model, tok = make_model_dir(tmp_path / "run", shape, "char", padded_vocab_size=64)
+    assert _export(tmp_path / "run", tmp_path / "hf") == 0
+    assert _export(tmp_path / "run", tmp_path / "m.gguf", "gguf") == 0
+    theirs = AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    assert theirs.config.vocab_size == tok.vocab_size < 64
+    ids = torch.randint(0, tok.vocab_size, (1, 16))
+    with torch.no_grad():
+        ref = model(ids)[0]
+        assert (theirs(ids).logits - ref).abs().max().item() <= 1e-4
+        assert torch.equal(load_gguf(tmp_path / "m.gguf")[0](ids)[0], ref)
