@@ -17,12 +17,13 @@ from typing import Literal
 import numpy as np
 import torch
 
-from .arguments import NotEmptyStr, PositiveInt
+from .arguments import DecodeDType, NotEmptyStr, PositiveInt, Quantize
 from .data.corpus import check_split, is_token_dir, load_corpus, load_token_dir, windows
 from .data.prepare import encode_source, source_files
 from .errors import UserError, checked_device
 from .files import json_text, read_json
 from .finetune.sources import check_vocab, load_model
+from .generation.precision import prepare_for_decoding
 from .model.model import DecoderLM
 from .model.weights import CONFIG_NAME
 from .tokenizers import CharTokenizer, Tokenizer, load_tokenizer
@@ -194,6 +195,8 @@ def evaluate_run(
     split: str | None = None,
     device: str = "cpu",
     batch_size: int = 32,
+    dtype: DecodeDType | None = None,
+    quantize: Quantize | None = None,
 ) -> dict:
     """Loss of the model in run directory `run` on a whole split or text.
 
@@ -206,6 +209,8 @@ def evaluate_run(
             characters outside a char vocabulary mapped to its unknown token and counted.
         split: "val" (default) or "train"; not for a text file.
         device: where the model runs. batch_size: windows per forward pass.
+        dtype, quantize: score the model as decoding runs it at that precision (see
+            `generation.precision.prepare_for_decoding`; default float32 weights).
 
     Returns:
         A dict: run, data (where the ids came from), split, tokenizer (kind), nats_per_token,
@@ -222,6 +227,7 @@ def evaluate_run(
     if split not in (None, "val", "train"):
         raise UserError(f"unknown split {split!r}; use 'val' or 'train'")
     model = load_model(run, map_location=device)  # an adapter run: over its base
+    prepare_for_decoding(model, dtype, quantize)
     tokenizer = load_tokenizer(run)
     check_vocab(tokenizer, model, run)
     if data is None:
@@ -293,6 +299,8 @@ def print_report(
     json: bool = False,
     device: str = "cpu",
     batch_size: PositiveInt = 32,
+    dtype: DecodeDType | None = None,
+    quantize: Quantize | None = None,
 ) -> int:
     """Loss, bits per character and perplexity of a run.
 
@@ -308,6 +316,10 @@ def print_report(
         json: print JSON instead of text.
         device: cpu, cuda, ...
         batch_size: windows per forward pass.
+        dtype: score with the weights and activations in float32 or bfloat16, as `decoderlm
+            sample --dtype` decodes (default: float32, bfloat16 with --quantize).
+        quantize: int8: score with weight-only int8 matrices, as `decoderlm sample
+            --quantize int8` decodes.
 
     Returns:
         0, the exit status.
@@ -315,6 +327,6 @@ def print_report(
     Raises:
         UserError / MissingFileError: as `evaluate_run`, and an unusable device.
     """
-    report = evaluate_run(run, data, split, checked_device(device), batch_size)
+    report = evaluate_run(run, data, split, checked_device(device), batch_size, dtype, quantize)
     print(json_text(report) if json else format_report(report))
     return 0

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import sys
 
-from ..arguments import NonNegativeInt, NotEmptyStr, PositiveInt
+from ..arguments import DecodeDType, NonNegativeInt, NotEmptyStr, PositiveInt, Quantize
 from ..errors import UserError
 from ..files import read_text
 from ..finetune.sources import load_model_and_tokenizer
 from ..tokenizers import CharTokenizer, Tokenizer
 from .generate import stream_text
+from .precision import prepare_for_decoding
 
 __all__ = ["sample", "read_prompts"]
 
@@ -30,6 +31,8 @@ def sample(
     compile: bool = False,
     block_size: PositiveInt | None = None,
     only_new: bool = False,
+    dtype: DecodeDType | None = None,
+    quantize: Quantize | None = None,
 ) -> int:
     """Print text sampled from a trained model.
 
@@ -61,6 +64,10 @@ def sample(
             DecoderLM.crop_block_size): it then sees at most the last N tokens.
         only_new: print only the continuation, not the prompt (the default prompt is never
             printed).
+        dtype: the weights' and activations' dtype while decoding: float32, or bfloat16
+            (half the bytes per token; default: float32, bfloat16 with --quantize).
+        quantize: int8: weight-only int8 block matrices and unembedding, a scale per row
+            (CPU; input widths multiples of 16).
 
     Returns:
         0, the exit status.
@@ -71,6 +78,7 @@ def sample(
             checked before sampling), a bad sampling setting.
     """
     model, tokenizer = load_model_and_tokenizer(run, hf, device)
+    prepare_for_decoding(model, dtype, quantize)
     if block_size is not None:
         model.crop_block_size(block_size)
     prompts = list(prompt or []) + (read_prompts(prompt_file) if prompt_file else [])

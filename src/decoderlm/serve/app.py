@@ -12,6 +12,7 @@ import contextlib
 import socket
 from pathlib import Path
 
+from ..arguments import DecodeDType, Quantize
 from ..errors import UserError, flag_name
 
 __all__ = ["create_app", "run_server", "serve"]
@@ -188,6 +189,8 @@ def serve(
     max_stop: int = 16,
     max_batch_size: int = 8,
     compile: bool = False,
+    dtype: DecodeDType | None = None,
+    quantize: Quantize | None = None,
 ) -> int:
     """An OpenAI-style HTTP API for a model.
 
@@ -212,6 +215,9 @@ def serve(
         max_batch_size: the most sequences decoded together; more requests wait.
         compile: decode with torch.compile: faster per token after a one-time compile
             at start (needs a C++ compiler on the CPU).
+        dtype: the weights' and activations' dtype while decoding: float32, or bfloat16
+            (default: float32, bfloat16 with --quantize).
+        quantize: int8: weight-only int8 block matrices and unembedding (CPU).
 
     Returns:
         0 once the server has stopped.
@@ -237,6 +243,7 @@ def serve(
     except ImportError as e:
         raise _missing_extra(e) from None
     from ..finetune.sources import load_model_and_tokenizer
+    from ..generation.precision import prepare_for_decoding
 
     limits = ServeLimits(
         max_tokens=max_tokens_limit,
@@ -246,6 +253,7 @@ def serve(
         max_batch_size=max_batch_size,
     )
     model, tokenizer = load_model_and_tokenizer(run, hf, device)
+    prepare_for_decoding(model, dtype, quantize)
     name = served_model_name or Path(run or hf).resolve().name
     run_server(model, tokenizer, name, host, port, limits, compile)
     return 0

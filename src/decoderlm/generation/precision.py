@@ -1,0 +1,202 @@
+"""Lower-precision weights for decoding: bfloat16, and weight-only int8.
+
+Decoding one token multiplies one row by every weight matrix, so its time is the bytes of
+weights it reads: 4 per parameter in float32, 2 in bfloat16, 1 in int8.
+`prepare_for_decoding(model, dtype, quantize)` turns a loaded model into one that reads
+fewer of them, in place:
+
+- dtype "bfloat16": every weight and activation, and so the KV cache, in bfloat16. On a CPU
+  with oneDNN's bfloat16 kernels every matrix (the unembedding included) is repacked once into
+  oneDNN's blocked layout (`PackedLinear`): a one-row product then reads the weight at the
+  memory's rate, where F.linear on the plain layout reads it at about half of it
+  (`benchmarks/decode_precision.py --kernels` compares them).
+- quantize "int8": the block matrices and the unembedding become `Int8Linear` (int8 weights,
+  one float scale per output row, symmetric: w ~ scale[o] * q[o, i], |q| <= 127), multiplied by
+  torch's `aten._weight_int8pack_mm`; the embeddings, norms and biases stay in the activation
+  dtype (bfloat16 unless dtype says float32), and so does the KV cache.
+
+The float32 model is left as it is (its decoding is `cpu_decode`'s). A prepared model decodes
+(`generate`, the server) and evaluates (`decoderlm.evaluate`) but does not train: its matrices
+are no longer parameters.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+from ..arguments import DecodeDType, Quantize
+from ..errors import UserError
+
+__all__ = [
+    "DTYPES",
+    "INT8_MULTIPLE",
+    "Int8Linear",
+    "PackedLinear",
+    "packing_available",
+    "prepare_for_decoding",
+    "quantize_int8",
+    "activation_dtype",
+]
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+INT8_MULTIPLE = 16  # _weight_int8pack_mm reads the input width in blocks of 16 (others crash)
+
+
+def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric per-output-row int8 quantisation of weight [out, in] (any float dtype).
+
+    Returns:
+        (q [out, in] int8, scales [out] bfloat16) with weight ~ scales[:, None] * q: each
+        row's scale is its largest |weight| / 127, rounded to bfloat16 first so that q is
+        rounded against the scale the product uses (an all-zero row gets scale 1 and q 0).
+    """
+    w = weight.detach().float()
+    scales = (w.abs().amax(dim=1) / 127.0).bfloat16()
+    scales = torch.where(scales > 0, scales, torch.ones_like(scales))
+    q = torch.round(w / scales.float()[:, None]).clamp(-128, 127).to(torch.int8)
+    return q.contiguous(), scales
+
+
+class Int8Linear(nn.Module):
+    """y = x @ (scales[:, None] * weight).T + bias with int8 weights, for inference.
+
+    x [..., in_features] in float32 or bfloat16 -> y [..., out_features] in x's dtype; the
+    product runs in bfloat16 (x is cast to it) through `torch.ops.aten._weight_int8pack_mm`,
+    which reads each int8 weight once, accumulates in float32 and supports in_features that
+    are multiples of 16 only (`prepare_for_decoding` refuses others).
+
+    Buffers: weight [out, in] int8, scales [out] bfloat16; bias [out] (the activation dtype)
+    or None.
+    """
+
+    def __init__(self, linear: nn.Linear, bias_dtype: torch.dtype):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        q, scales = quantize_int8(linear.weight)
+        self.register_buffer("weight", q)
+        self.register_buffer("scales", scales)
+        bias = None if linear.bias is None else linear.bias.detach().to(bias_dtype).clone()
+        self.register_buffer("bias", bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, self.in_features).to(torch.bfloat16)
+        y = torch.ops.aten._weight_int8pack_mm(flat, self.weight, self.scales)
+        y = y.view(*x.shape[:-1], self.out_features).to(x.dtype)
+        return y if self.bias is None else y + self.bias
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, int8"
+
+
+class PackedLinear(nn.Module):
+    """nn.Linear whose bfloat16 weight is repacked once into oneDNN's blocked layout, for
+    inference on the CPU: x [..., in_features] bfloat16 -> [..., out_features] bfloat16,
+    through `torch.ops.mkldnn._linear_pointwise`, the kernel torch.compile's CPU freezing
+    uses. `weight` is the packed tensor (bfloat16, an opaque layout: products only); `bias`
+    [out] bfloat16 or None.
+    """
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        weight = linear.weight.detach().to(torch.bfloat16)
+        self.weight = torch.ops.mkldnn._reorder_linear_weight(weight, 1)
+        bias = None if linear.bias is None else linear.bias.detach().to(torch.bfloat16)
+        self.bias = bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, packed"
+
+
+def packing_available() -> bool:
+    """Whether this torch has oneDNN's bfloat16 products on this CPU (PackedLinear)."""
+    return torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+
+
+def activation_dtype(model: nn.Module) -> torch.dtype:
+    """The dtype of a model's activations and KV cache: that of its token embedding (a
+    prepared model's matrices may be int8 or packed)."""
+    return model.tok_emb.weight.dtype
+
+
+def _linears(model: nn.Module) -> list[tuple[nn.Module, str, nn.Linear]]:
+    """(parent, attribute, layer) of every nn.Linear of the model (DecodeLinear included)."""
+    return [
+        (parent, name, child)
+        for parent in model.modules()
+        for name, child in parent.named_children()
+        if isinstance(child, nn.Linear)
+    ]
+
+
+def _check_int8(model: nn.Module, linears) -> None:
+    if model.device.type != "cpu":
+        raise UserError(
+            f"--quantize int8 decodes on the CPU only (the model is on {model.device}); "
+            "use --device cpu, or --dtype bfloat16 on this device"
+        )
+    odd = sorted({layer.in_features for _, _, layer in linears} - {0})
+    odd = [n for n in odd if n % INT8_MULTIPLE]
+    if odd:
+        c = model.config
+        raise UserError(
+            f"--quantize int8 needs every matrix's input width to be a multiple of "
+            f"{INT8_MULTIPLE}; this model's d_model={c.d_model}, d_ff={c.d_ff} give {odd}; "
+            "decode it with --dtype bfloat16 instead"
+        )
+
+
+@torch.no_grad()
+def prepare_for_decoding(
+    model: nn.Module, dtype: DecodeDType | None = None, quantize: Quantize | None = None
+) -> nn.Module:
+    """Make a loaded DecoderLM read fewer bytes per decoded token, in place; returns it.
+
+    Args:
+        model: a DecoderLM (eval mode, any device; int8 only on the CPU).
+        dtype: "float32" or "bfloat16", the weights' and activations' dtype; None: float32,
+            or bfloat16 with quantize="int8".
+        quantize: None, or "int8": weight-only int8 block matrices and unembedding (see the
+            module docstring).
+
+    Returns:
+        The model. With neither option (or dtype "float32" alone) it is unchanged. Otherwise
+        it decodes and evaluates but cannot be trained or saved (its matrices are buffers).
+
+    Raises:
+        UserError: an unknown dtype or quantize; int8 for a model off the CPU, or with a matrix
+            whose input width (d_model, d_ff) is not a multiple of 16.
+    """
+    if dtype is not None and dtype not in DTYPES:
+        raise UserError(f"unknown dtype {dtype!r}; use one of {', '.join(DTYPES)}")
+    if quantize not in (None, "int8"):
+        raise UserError(f"unknown quantization {quantize!r}; use int8")
+    target = DTYPES[dtype or ("bfloat16" if quantize else "float32")]
+    linears = _linears(model)
+    if quantize:
+        _check_int8(model, linears)
+    if target == torch.float32 and not quantize:
+        return model
+    pack = not quantize and model.device.type == "cpu" and packing_available()
+    if quantize or pack:
+        _untie(model)
+        # built from the float32 weights, before the rest of the model changes dtype
+        new = [
+            (p, n, Int8Linear(x, target) if quantize else PackedLinear(x)) for p, n, x in linears
+        ]
+    model.to(target)  # embeddings, norms, biases, position tables: the activation dtype
+    for parent, name, layer in new if quantize or pack else []:
+        setattr(parent, name, layer)
+    return model
+
+
+def _untie(model: nn.Module) -> None:
+    """Give lm_head its own weight when tied to tok_emb, so that it can be replaced while the
+    embedding keeps a plain table to look rows up in."""
+    head = getattr(model, "lm_head", None)
+    if head is not None and head.weight is model.tok_emb.weight:
+        head.weight = nn.Parameter(head.weight.detach().clone(), requires_grad=False)
