@@ -201,3 +201,19 @@ def test_serve_has_the_flags(capsys):
     assert main(["serve", "--help"]) == 0
     text = capsys.readouterr().out
     assert "--dtype" in text and "--quantize" in text and "int8" in text
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("masked", [False, True])
+def test_one_query_attention_is_scaled_dot_product_attention(dtype, masked):
+    # the written-out attention bfloat16 decoding uses over many cached keys: the same
+    # product as torch's kernel, with a slot cache's mask (rows of different lengths) or none
+    from decoderlm.model.model import one_query_attention
+
+    q, k, v = (torch.randn(3, 4, 1, 16).to(dtype), *torch.randn(2, 3, 4, 200, 16).to(dtype))
+    mask = torch.arange(200) <= torch.tensor([199, 50, 120])[:, None] if masked else None
+    mask = None if mask is None else mask[:, None, None]
+    expected = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask)
+    got = one_query_attention(q, k, v, mask)
+    assert got.dtype == dtype and got.shape == (3, 4, 1, 16)
+    assert torch.allclose(got.float(), expected, atol=1e-5 if dtype == torch.float32 else 2e-2)
