@@ -142,7 +142,7 @@ def test_int8_quantisation_error_is_half_a_step():
 def test_int8_linear_is_the_dequantized_product(bias):
     linear = torch.nn.Linear(64, 50, bias=bias)
     layer = Int8Linear(linear, torch.bfloat16)
-    x = torch.randn(3, 5, 64)
+    x = torch.randn(3, 5, 64)  # 15 rows: the dequantising path; x[:1, :1] below: the kernel
     dequantized = layer.scales.float()[:, None] * layer.weight.float()
     expected = x.bfloat16().float() @ dequantized.T
     if bias:
@@ -151,6 +151,7 @@ def test_int8_linear_is_the_dequantized_product(bias):
     assert y.dtype == x.dtype and y.shape == (3, 5, 50)
     # the product's output is rounded to bfloat16 (relative 2^-9) before it is cast back
     assert torch.allclose(y, expected, rtol=1e-2, atol=1e-2)
+    assert torch.allclose(layer(x[:1, :1]), expected[:1, :1], rtol=1e-2, atol=1e-2)
 
 
 @pytest.mark.skipif(not packing_available(), reason="no oneDNN bfloat16 products on this CPU")

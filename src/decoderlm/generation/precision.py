@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from ..arguments import DecodeDType, Quantize
 from ..errors import UserError
@@ -41,6 +42,7 @@ __all__ = [
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 INT8_MULTIPLE = 16  # _weight_int8pack_mm reads the input width in blocks of 16 (others crash)
+INT8_GEMV_MAX_ROWS = 8  # rows up to which _weight_int8pack_mm beats dequantise-then-multiply
 
 
 def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -62,9 +64,11 @@ class Int8Linear(nn.Module):
     """y = x @ (scales[:, None] * weight).T + bias with int8 weights, for inference.
 
     x [..., in_features] in float32 or bfloat16 -> y [..., out_features] in x's dtype; the
-    product runs in bfloat16 (x is cast to it) through `torch.ops.aten._weight_int8pack_mm`,
-    which reads each int8 weight once, accumulates in float32 and supports in_features that
-    are multiples of 16 only (`prepare_for_decoding` refuses others).
+    product runs in bfloat16 (x is cast to it). Up to 8 rows (decoding) it is
+    `torch.ops.aten._weight_int8pack_mm`, which reads each int8 weight once, accumulates in
+    float32 and supports in_features that are multiples of 16 only (`prepare_for_decoding`
+    refuses others); with more rows (a prompt, an evaluation), whose cost in that kernel grows
+    with the rows, the weight is dequantised to bfloat16 for one F.linear.
 
     Buffers: weight [out, in] int8, scales [out] bfloat16; bias [out] (the activation dtype)
     or None.
@@ -81,7 +85,10 @@ class Int8Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features).to(torch.bfloat16)
-        y = torch.ops.aten._weight_int8pack_mm(flat, self.weight, self.scales)
+        if flat.size(0) <= INT8_GEMV_MAX_ROWS:  # decoding: one pass over the int8 weight
+            y = torch.ops.aten._weight_int8pack_mm(flat, self.weight, self.scales)
+        else:  # a prompt or an evaluation: the kernel's time grows with the rows; dequantise
+            y = F.linear(flat, self.weight.to(torch.bfloat16) * self.scales[:, None])
         y = y.view(*x.shape[:-1], self.out_features).to(x.dtype)
         return y if self.bias is None else y + self.bias
 
