@@ -16,8 +16,8 @@ decode rate is the tokens after it over the time after it. The machine's read ba
 (torch.sum over 1 GiB float32, best of 5, --threads threads) is measured before every round
 and the highest is used: a contender's share is the bytes of weights it reads per token x its
 decode tokens/s / that bandwidth (decoderlm: its prepared matrices; llama.cpp: the GGUF's
-tensors but the position table). Where the seed shape cannot be exported, it says so and
-goes on.
+tensors but the position table). The seed shape's new tokens are capped at its context (64
+after the prompt). Where a model cannot be exported, the script says so and goes on.
 
 Serving (--streams, 8 by default; 0 skips it): `decoderlm serve --max-batch-size 8` and
 `python -m llama_cpp.server` on the GPT-2-shape model at each precision pair, one after the
@@ -30,6 +30,7 @@ new tokens, f32 and int8 only, 32 tokens per stream (a few minutes).
 
     python benchmarks/vs_llamacpp.py [--quick] [--rounds 3] [--new-tokens 128 512]
         [--shapes gpt2-small seed] [--precisions f32 16bit 8bit] [--threads 2] [--streams 8]
+        [--compile]
 """
 
 from __future__ import annotations
@@ -69,7 +70,15 @@ def save_models(root: Path, shapes: list[str]) -> dict[str, Path]:
 
     dims = {
         "gpt2-small": dict(vocab_size=50257, n_positions=1024, n_layer=12, n_embd=768, n_head=12),
-        "seed": dict(vocab_size=139, n_positions=96, n_layer=3, n_embd=128, n_head=4),
+        "seed": dict(
+            vocab_size=139,
+            n_positions=96,
+            n_layer=3,
+            n_embd=128,
+            n_head=4,
+            bos_token_id=0,
+            eos_token_id=0,
+        ),  # fmt: skip
     }
     runs = {}
     for shape in shapes:
@@ -137,10 +146,12 @@ def ours_run(run: str, options: dict, prompt: list[int], new: int, threads: int)
     torch.set_num_threads(threads)
     if run not in _MODELS:
         model = DecoderLM.from_pretrained(run)
-        _MODELS[run] = prepare_for_decoding(model, options.get("dtype"), options.get("quantize"))
+        precision = options.get("dtype"), options.get("quantize"), options.get("compile", False)
+        _MODELS[run] = prepare_for_decoding(model, *precision)
     model, idx = _MODELS[run], torch.tensor([prompt])
     times, ids, start = [], [], time.perf_counter()
-    for token in stream_generate(model, idx, new, do_sample=False):
+    compiled = options.get("compile", False)
+    for token in stream_generate(model, idx, new, do_sample=False, compile=compiled):
         times.append(time.perf_counter())
         ids.append(int(token[0]))
     return {**_rates(times, start), "ids": ids[:16], "bytes_per_token": weight_bytes(model)}
@@ -207,7 +218,9 @@ def prepare(args, root: Path) -> list[dict]:
     runs = save_models(root, args.shapes)
     cases = []
     for shape, run in runs.items():
-        vocab = json.loads((run / "config.json").read_text())["model"]["vocab_size"]
+        model = json.loads((run / "config.json").read_text())["model"]
+        # learned positions: prompt and new tokens fit the context (the seed shape's 96)
+        news = sorted({min(n, model["block_size"] - PROMPT_TOKENS) for n in args.new_tokens})
         for name in args.precisions:
             options, gguf_dtype = PRECISIONS[name]
             out = root / f"{shape}-{gguf_dtype}.gguf"
@@ -215,10 +228,10 @@ def prepare(args, root: Path) -> list[dict]:
             if failed:
                 print(f"{shape} {name}: `decoderlm export --dtype {gguf_dtype}` failed: {failed}")
                 continue
-            common = {"vocab_size": vocab, "max_new": max(args.new_tokens)}
+            common = {"vocab_size": model["vocab_size"], "max_new": max(news)}
             cases.append({
-                "shape": shape, "precision": name, "run": run, "gguf": out,
-                "ours": {**options, **common},
+                "shape": shape, "precision": name, "run": run, "gguf": out, "new_tokens": news,
+                "ours": {**options, **common, "compile": args.compile},
                 "llama": {**common, "gguf_bytes": gguf_bytes_per_token(out)},
             })  # fmt: skip
     return cases
@@ -232,7 +245,7 @@ def decode_rounds(args, cases: list[dict]) -> tuple[dict, float]:
         bandwidth.append(read_bandwidth(args.threads))
         print(f"round {r + 1}/{args.rounds}: read bandwidth {bandwidth[-1]:.1f} GB/s", flush=True)
         for case in cases:
-            for new in args.new_tokens:
+            for new in case["new_tokens"]:
                 for kind, model in (("ours", case["run"]), ("llama", case["gguf"])):  # A B A B
                     got = timed_process(kind, model, case[kind], new, args.threads)
                     key = (case["shape"], case["precision"], new, kind)
@@ -349,6 +362,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--streams", type=int, default=8, help="concurrent streams (0: none)")
     parser.add_argument("--serve-tokens", type=int, default=128)
+    parser.add_argument("--compile", action="store_true", help="decoderlm decodes compiled")
     parser.add_argument("--quick", action="store_true", help="a short run (see above)")
     args = parser.parse_args()
     if args.quick:

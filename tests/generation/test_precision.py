@@ -218,3 +218,16 @@ def test_one_query_attention_is_scaled_dot_product_attention(dtype, masked):
     got = one_query_attention(q, k, v, mask)
     assert got.dtype == dtype and got.shape == (3, 4, 1, 16)
     assert torch.allclose(got.float(), expected, atol=1e-5 if dtype == torch.float32 else 2e-2)
+
+
+@pytest.mark.parametrize("options", [{"dtype": "bfloat16"}, {"quantize": "int8"}])
+@pytest.mark.parametrize("compiled", [False, True])
+def test_prepared_models_decode_under_torch_compile(trained, options, compiled):
+    # a model prepared for compiled decoding (plain bfloat16 matrices) and one prepared for
+    # eager decoding (packed, run outside the graph) both compile, with the eager tokens
+    model, held_out = trained
+    torch._dynamo.reset()
+    low = _prepared(model, **options, compile=compiled)
+    prompt = held_out[:8].view(1, 8)
+    eager = generate(low, prompt, 12, do_sample=False)
+    assert torch.equal(generate(low, prompt, 12, do_sample=False, compile=True), eager)

@@ -113,10 +113,15 @@ class PackedLinear(nn.Module):
         self.bias = bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
+        return _packed_product(x, self.weight, self.bias)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, packed"
+
+
+@torch.compiler.disable  # inductor cannot lower a weight packed outside it: run it eagerly
+def _packed_product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None):
+    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
 
 
 def packing_available() -> bool:
@@ -159,7 +164,10 @@ def _check_int8(model: nn.Module, linears) -> None:
 
 @torch.no_grad()
 def prepare_for_decoding(
-    model: nn.Module, dtype: DecodeDType | None = None, quantize: Quantize | None = None
+    model: nn.Module,
+    dtype: DecodeDType | None = None,
+    quantize: Quantize | None = None,
+    compile: bool = False,
 ) -> nn.Module:
     """Make a loaded DecoderLM read fewer bytes per decoded token, in place; returns it.
 
@@ -169,6 +177,9 @@ def prepare_for_decoding(
             or bfloat16 with quantize="int8".
         quantize: None, or "int8": weight-only int8 block matrices and unembedding (see the
             module docstring).
+        compile: the model will decode with generate(..., compile=True): bfloat16 matrices
+            stay plain tensors, whose one-row products the compiled step fuses itself (a
+            packed one would run outside the compiled graph).
 
     Returns:
         The model. With neither option (or dtype "float32" alone) it is unchanged. Otherwise
@@ -188,7 +199,7 @@ def prepare_for_decoding(
         _check_int8(model, linears)
     if target == torch.float32 and not quantize:
         return model
-    pack = not quantize and model.device.type == "cpu" and packing_available()
+    pack = not (quantize or compile) and model.device.type == "cpu" and packing_available()
     if quantize or pack:
         _untie(model)
         # built from the float32 weights, before the rest of the model changes dtype

@@ -78,7 +78,7 @@ def sample(
             checked before sampling), a bad sampling setting.
     """
     model, tokenizer = load_model_and_tokenizer(run, hf, device)
-    prepare_for_decoding(model, dtype, quantize)
+    prepare_for_decoding(model, dtype, quantize, compile)
     if block_size is not None:
         model.crop_block_size(block_size)
     prompts = list(prompt or []) + (read_prompts(prompt_file) if prompt_file else [])

@@ -253,7 +253,7 @@ def serve(
         max_batch_size=max_batch_size,
     )
     model, tokenizer = load_model_and_tokenizer(run, hf, device)
-    prepare_for_decoding(model, dtype, quantize)
+    prepare_for_decoding(model, dtype, quantize, compile)
     name = served_model_name or Path(run or hf).resolve().name
     run_server(model, tokenizer, name, host, port, limits, compile)
     return 0
