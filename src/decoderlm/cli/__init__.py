@@ -1,5 +1,5 @@
 """The `decoderlm` command: train | prepare | eval | sample | serve | presets | params | inspect |
-merge.
+merge | export.
 
 Each command is a function of the subsystem that does the work (`COMMANDS`, imported only
 when its command runs); its signature and docstring are the command's flags and --help (see
@@ -42,6 +42,7 @@ COMMANDS = {
     "params": "decoderlm.counts:params",
     "inspect": "decoderlm.lens.report:inspect",
     "merge": "decoderlm.finetune.merge:merge",
+    "export": "decoderlm.io.export:export",
 }
 METAVARS = {  # the flags shown with a word of what they take, not their name in capitals
     "run": "DIR",
@@ -73,7 +74,9 @@ def command(name: str) -> Command:
         model = ModelConfig.from_dict(PRESETS["default"].model).to_dict()
         note = "Shown: the 'default' preset's (with no --preset and no --config)."
         shown["model_overrides"] = ({**model, "vocab_size": "the tokenizer's"}, note)
-    metavars = {**METAVARS, "out": "FILE"} if name == "inspect" else METAVARS  # an HTML file
+    metavars = METAVARS
+    if name in ("inspect", "export"):  # an HTML file; a directory or a GGUF file
+        metavars = {**METAVARS, "out": "FILE" if name == "inspect" else "PATH"}
     return command_flags(f"decoderlm {name}", function(name), metavars, shown)
 
 

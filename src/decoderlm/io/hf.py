@@ -30,7 +30,7 @@ from ..files import atomic_write, read_json, write_json
 from ..model.model import DecoderLM
 from ..model.weights import load_state, read_safetensors, unwrap_model
 
-__all__ = ["load_gpt2", "save_gpt2", "rope_interleaved_to_half"]
+__all__ = ["load_gpt2", "save_gpt2", "rope_interleaved_to_half", "rope_half_to_interleaved"]
 
 _CONV1D = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")
 _BLOCK_NAMES = {
@@ -269,6 +269,7 @@ def save_gpt2(model: DecoderLM, directory: str | Path, eos_token_id: int | None 
             "architectures": ["GPT2LMHeadModel"],
             "vocab_size": c.vocab_size,
             "n_positions": c.block_size,
+            "n_ctx": c.block_size,  # what llama.cpp's convert_hf_to_gguf.py reads
             "n_embd": c.d_model,
             "n_layer": c.n_layers,
             "n_head": c.n_heads,
@@ -304,4 +305,14 @@ def rope_interleaved_to_half(weight: torch.Tensor, n_heads: int) -> torch.Tensor
     q.k, and so the logits, are unchanged."""
     head_dim = weight.size(0) // n_heads
     rows = torch.arange(weight.size(0)).view(n_heads, head_dim // 2, 2).transpose(1, 2)
+    return weight[rows.reshape(-1)]
+
+
+def rope_half_to_interleaved(weight: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """The inverse of `rope_interleaved_to_half`: the rows of a q or k projection weight
+    [n_heads * head_dim, ...] in the half-split rotary layout (decoderlm, Hugging Face Llama)
+    permuted into the interleaved one llama.cpp computes with (its converter's `permute`).
+    Scores q.k are unchanged when the rotation pairs follow the rows."""
+    head_dim = weight.size(0) // n_heads
+    rows = torch.arange(weight.size(0)).view(n_heads, 2, head_dim // 2).transpose(1, 2)
     return weight[rows.reshape(-1)]

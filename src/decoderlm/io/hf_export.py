@@ -1,0 +1,251 @@
+"""Hugging Face directories with their tokenizer: Llama-style models in and out, and the whole
+directory `decoderlm export --format hf` writes and `decoderlm sample --hf` reads.
+
+A Llama-shaped `DecoderLM` (rotary positions, RMSNorm, SwiGLU, no biases) is transformers'
+LlamaForCausalLM with these names (our rotary layout is its half-split one, so no permutation):
+
+    tok_emb, ln_f, lm_head          -> model.embed_tokens, model.norm, lm_head
+    blocks.i.ln_1, ln_2             -> model.layers.i.input_layernorm, post_attention_layernorm
+    blocks.i.attn.qkv               -> model.layers.i.self_attn.q_proj, k_proj, v_proj (split)
+    blocks.i.attn.proj              -> model.layers.i.self_attn.o_proj
+    blocks.i.mlp.gate, fc, proj     -> model.layers.i.mlp.gate_proj, up_proj, down_proj
+
+`save_hf` writes config.json + model.safetensors (GPT-2 through `decoderlm.io.hf.save_gpt2`),
+tokenizer.json + tokenizer_config.json (what AutoTokenizer reads), decoderlm_tokenizer.json
+(decoderlm's own description) and generation_config.json (the end-of-text id).
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from ..config import ModelConfig
+from ..errors import UserError
+from ..files import atomic_write, read_json, write_json
+from ..model.model import DecoderLM
+from ..model.weights import load_state, unwrap_model
+from ..tokenizers import GPT2Tokenizer, Tokenizer, load_tokenizer
+from ..tokenizers.base import END_OF_TEXT, TOKENIZER_NAME
+from .hf import _read_hf_weights, load_gpt2, save_gpt2
+from .targets import export_target
+
+__all__ = ["load_hf", "load_llama", "save_hf", "save_llama"]
+
+_TORCH_DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
+_LLAMA_BLOCK = {
+    "ln_1.weight": "input_layernorm.weight",
+    "ln_2.weight": "post_attention_layernorm.weight",
+    "attn.proj.weight": "self_attn.o_proj.weight",
+    "mlp.gate.weight": "mlp.gate_proj.weight",
+    "mlp.fc.weight": "mlp.up_proj.weight",
+    "mlp.proj.weight": "mlp.down_proj.weight",
+}
+_LLAMA_TOP = {
+    "tok_emb.weight": "model.embed_tokens.weight",
+    "ln_f.weight": "model.norm.weight",
+    "lm_head.weight": "lm_head.weight",
+}
+_QKV = ("q_proj", "k_proj", "v_proj")
+
+
+def _llama_state(model: DecoderLM) -> dict[str, torch.Tensor]:
+    c, out = model.config, {}
+    for key, tensor in model.state_dict().items():
+        tensor = tensor.detach().cpu()
+        parts = key.split(".")
+        if parts[0] == "blocks":
+            prefix, rest = f"model.layers.{parts[1]}.", ".".join(parts[2:])
+            if rest == "attn.qkv.weight":
+                for name, part in zip(_QKV, tensor.split(c.d_model), strict=True):
+                    out[f"{prefix}self_attn.{name}.weight"] = part.contiguous()
+                continue
+            out[prefix + _LLAMA_BLOCK[rest]] = tensor.contiguous()
+        elif key != "lm_head.weight" or not c.tie_embeddings:
+            out[_LLAMA_TOP[key]] = tensor[: c.vocab_size].contiguous()
+    return out
+
+
+def save_llama(model: DecoderLM, directory: str | Path, eos_token_id: int | None = None) -> None:
+    """Write a Llama-shaped `model` as a transformers LlamaForCausalLM directory
+    (config.json + model.safetensors, in the weights' dtype) with the same logits.
+
+    Raises:
+        UserError: the model is not Llama-shaped (see `decoderlm.io.targets`).
+    """
+    model = unwrap_model(model)
+    c = model.config
+    if export_target(c, "hf") != "llama":
+        raise UserError("save_llama writes Llama-shaped models; this one is GPT-2-shaped")
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    state = _llama_state(model)
+    atomic_write(
+        directory / "model.safetensors",
+        lambda tmp: save_file(state, tmp, metadata={"format": "pt"}),
+    )
+    write_json(
+        directory / "config.json",
+        {
+            "model_type": "llama",
+            "architectures": ["LlamaForCausalLM"],
+            "vocab_size": c.vocab_size,
+            "hidden_size": c.d_model,
+            "intermediate_size": c.d_ff,
+            "num_hidden_layers": c.n_layers,
+            "num_attention_heads": c.n_heads,
+            "num_key_value_heads": c.n_heads,
+            "head_dim": c.head_dim,
+            "max_position_embeddings": c.max_positions,
+            "rms_norm_eps": c.norm_eps,
+            "rope_theta": c.rope_base,
+            "rope_parameters": {"rope_type": "default", "rope_theta": c.rope_base},
+            "hidden_act": "silu",
+            "attention_bias": False,
+            "mlp_bias": False,
+            "attention_dropout": 0.0,
+            "tie_word_embeddings": c.tie_embeddings,
+            "bos_token_id": eos_token_id,
+            "eos_token_id": eos_token_id,
+        },
+    )
+
+
+def load_llama(directory: str | Path, map_location: str = "cpu") -> DecoderLM:
+    """A transformers Llama directory (no grouped-query attention, no rope scaling, no biases)
+    as a DecoderLM in eval mode.
+
+    Raises:
+        MissingFileError: no config.json or weights.
+        UserError: options decoderlm has not, or tensors that do not fit the config.
+    """
+    directory = Path(directory)
+    hf = read_json(directory / "config.json")
+    heads = hf["num_attention_heads"]
+    unsupported = [
+        f"{k}={hf[k]!r}"
+        for k, ok in (
+            ("num_key_value_heads", lambda v: v in (None, heads)),
+            ("hidden_act", lambda v: v == "silu"),
+            ("attention_bias", lambda v: not v),
+            ("mlp_bias", lambda v: not v),
+            ("rope_scaling", lambda v: not v or v.get("rope_type", v.get("type")) == "default"),
+        )
+        if hf.get(k) is not None and not ok(hf[k])
+    ]
+    if unsupported:
+        raise UserError(f"{directory}: Llama options decoderlm has not: {', '.join(unsupported)}")
+    rope = (hf.get("rope_parameters") or {}).get("rope_theta", hf.get("rope_theta", 10000.0))
+    config = ModelConfig(
+        vocab_size=hf["vocab_size"],
+        block_size=hf["max_position_embeddings"],
+        n_layers=hf["num_hidden_layers"],
+        n_heads=heads,
+        d_model=hf["hidden_size"],
+        d_ff=hf["intermediate_size"],
+        bias=False,
+        tie_embeddings=hf.get("tie_word_embeddings", False),
+        pos_encoding="rope",
+        rope_base=float(rope),
+        norm="rmsnorm",
+        norm_eps=hf.get("rms_norm_eps", 1e-6),
+        mlp="swiglu",
+    )
+    back = {v: k for k, v in {**_LLAMA_TOP}.items()}
+    block = {v: k for k, v in _LLAMA_BLOCK.items()}
+    state, qkv = {}, {}
+    for name, tensor in _read_hf_weights(directory).items():
+        parts = name.split(".")
+        if name.startswith("model.layers."):
+            rest = ".".join(parts[3:])
+            if parts[4] in _QKV:
+                qkv.setdefault(parts[2], {})[parts[4]] = tensor
+                continue
+            state[f"blocks.{parts[2]}.{block.get(rest, rest)}"] = tensor
+        else:
+            state[back.get(name, name)] = tensor
+    for layer, parts in qkv.items():
+        state[f"blocks.{layer}.attn.qkv.weight"] = torch.cat(
+            [parts.get(n, torch.empty(0)) for n in _QKV]
+        )
+    return load_state(DecoderLM(config), state, directory).to(map_location).eval()
+
+
+def _tokenizer_config(tokenizer: Tokenizer, model_max_length: int) -> dict:
+    eot = END_OF_TEXT if tokenizer.eot_token is not None else None
+    unk = getattr(tokenizer, "unk_token", None)
+    return {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": eot,
+        "eos_token": eot,
+        "unk_token": unk,
+        "model_max_length": model_max_length,
+        "clean_up_tokenization_spaces": False,
+        "add_prefix_space": False,
+    }
+
+
+def save_hf(model: DecoderLM, tokenizer: Tokenizer, directory: str | Path, dtype: str = "f32"):
+    """Write `model` and `tokenizer` as a Hugging Face directory that AutoModelForCausalLM and
+    AutoTokenizer load with no extra arguments, the weights in `dtype` (f32 | f16 | bf16).
+
+    Raises:
+        UserError: the model does not export (see `decoderlm.io.targets`), an unknown dtype,
+            or a tokenizer whose vocabulary differs from the model's.
+    """
+    model = unwrap_model(model)
+    if dtype not in _TORCH_DTYPES:
+        raise UserError(f"a hf export takes dtype f32, f16 or bf16, got {dtype!r}")
+    if tokenizer.vocab_size != model.config.vocab_size:
+        raise UserError(
+            f"the tokenizer has {tokenizer.vocab_size} tokens but the model expects "
+            f"vocab_size={model.config.vocab_size}"
+        )
+    arch = export_target(model.config, "hf")
+    model = copy.deepcopy(model).to(_TORCH_DTYPES[dtype])
+    directory = Path(directory)
+    eot = tokenizer.eot_token
+    (save_gpt2 if arch == "gpt2" else save_llama)(model, directory, eos_token_id=eot)
+    config = read_json(directory / "config.json")
+    config["dtype"] = config["torch_dtype"] = str(_TORCH_DTYPES[dtype]).removeprefix("torch.")
+    write_json(directory / "config.json", config)
+    tokenizer.save_pretrained(directory)
+    write_json(
+        directory / "tokenizer_config.json",
+        _tokenizer_config(tokenizer, model.config.max_positions),
+    )
+    write_json(directory / "generation_config.json", {"bos_token_id": eot, "eos_token_id": eot})
+    return arch
+
+
+def load_hf(directory: str | Path, map_location: str = "cpu") -> tuple[DecoderLM, Tokenizer]:
+    """The model (eval mode) and tokenizer of a Hugging Face directory: GPT-2 (model_type
+    "gpt2") or Llama ("llama"); the tokenizer is decoderlm's own file when the directory
+    has one (a `decoderlm export`), else GPT-2's BPE for GPT-2.
+
+    Raises:
+        MissingFileError / UserError: missing files, another model type, a Llama directory
+            without decoderlm_tokenizer.json, unsupported options.
+    """
+    directory = Path(directory)
+    model_type = read_json(directory / "config.json").get("model_type")
+    if model_type == "gpt2":
+        model = load_gpt2(directory, map_location)
+    elif model_type == "llama":
+        model = load_llama(directory, map_location)
+    else:
+        raise UserError(
+            f"{directory} is a Hugging Face {model_type!r} model; decoderlm reads GPT-2 "
+            f"('gpt2') and Llama ('llama') directories"
+        )
+    if (directory / TOKENIZER_NAME).is_file():
+        return model, load_tokenizer(directory)
+    if model_type == "gpt2":
+        return model, GPT2Tokenizer()
+    raise UserError(
+        f"{directory} has no {TOKENIZER_NAME}; decoderlm reads the tokenizer of a Llama "
+        f"directory that `decoderlm export` wrote"
+    )
