@@ -371,7 +371,8 @@ def main() -> None:
     try:
         import llama_cpp
     except ImportError:
-        sys.exit(INSTALL)
+        print(INSTALL, file=sys.stderr)
+        raise SystemExit(2) from None
     import torch
 
     system = llama_cpp.llama_print_system_info().decode().strip()
