@@ -286,8 +286,9 @@ def _server(kind: str, case: dict, port: int, threads: int) -> subprocess.Popen:
         command = ["-m", "llama_cpp.server", "--model", str(case["gguf"]), "--n_ctx", "2048"]
         command += ["--n_threads", str(threads), "--n_threads_batch", str(threads)]
     command += ["--port", str(port)]
-    return subprocess.Popen([sys.executable, *command], env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE)  # fmt: skip
+    # a file, not a pipe: both servers log every request, and a full pipe would block them
+    log = open(Path(case["gguf"]).with_suffix(f".{kind}.log"), "w+b")  # noqa: SIM115
+    return subprocess.Popen([sys.executable, *command], env=env, stdout=log, stderr=log)
 
 
 def _wait(url: str, server: subprocess.Popen) -> None:
@@ -296,7 +297,8 @@ def _wait(url: str, server: subprocess.Popen) -> None:
     deadline = time.time() + 300
     while time.time() < deadline:
         if server.poll() is not None:
-            last = (server.stderr.read().decode().strip().splitlines() or ["no output"])[-1]
+            server.stdout.seek(0)
+            last = (server.stdout.read().decode().strip().splitlines() or ["no output"])[-1]
             sys.exit(f"vs_llamacpp.py: error: a server exited: {last}")
         try:
             if httpx.get(f"{url}/v1/models", timeout=2).status_code == 200:
