@@ -6,7 +6,8 @@ Models (random weights, saved once as decoderlm run directories): GPT-2 small's 
 context 96, 139 characters) in GPT-2's architecture. Each is exported with `decoderlm export
 --format gguf --dtype f32|f16|q8_0` and loaded by llama.cpp (llama-cpp-python); decoderlm
 decodes the run directory with `decoderlm.generate` at the matching precision (f32 against
-f32, `--dtype bfloat16` against f16, `--quantize int8` against q8_0).
+f32, `--dtype bfloat16` against f16, `--quantize int8` and `--quantize w8a8` against q8_0),
+eagerly or with --compile (its warm-up call compiles).
 
 Decoding: a 32-token prompt (random ids), --new-tokens new ones (128 and 512), greedy, both
 with --threads threads; each measurement is a fresh subprocess (load, one warm-up call, one
@@ -29,7 +30,7 @@ llama.cpp's threads spin while they wait: measure on a quiet machine. --quick: 1
 new tokens, f32 and int8 only, 32 tokens per stream (a few minutes).
 
     python benchmarks/vs_llamacpp.py [--quick] [--rounds 3] [--new-tokens 128 512]
-        [--shapes gpt2-small seed] [--precisions f32 16bit 8bit] [--threads 2] [--streams 8]
+        [--shapes gpt2-small seed] [--precisions f32 16bit 8bit w8a8] [--threads 2] [--streams 8]
         [--compile]
 """
 
@@ -55,6 +56,7 @@ PRECISIONS = {  # name: (decoderlm options, GGUF dtype)
     "f32": ({}, "f32"),
     "16bit": ({"dtype": "bfloat16"}, "f16"),
     "8bit": ({"quantize": "int8"}, "q8_0"),
+    "w8a8": ({"quantize": "w8a8"}, "q8_0"),  # int8 weights and 8-bit activations, as q8_0
 }
 PROMPT_TOKENS = 32
 
@@ -224,7 +226,7 @@ def prepare(args, root: Path) -> list[dict]:
         for name in args.precisions:
             options, gguf_dtype = PRECISIONS[name]
             out = root / f"{shape}-{gguf_dtype}.gguf"
-            failed = export(run, gguf_dtype, out)
+            failed = None if out.is_file() else export(run, gguf_dtype, out)
             if failed:
                 print(f"{shape} {name}: `decoderlm export --dtype {gguf_dtype}` failed: {failed}")
                 continue
@@ -369,7 +371,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.quick:
         args.rounds, args.new_tokens, args.serve_tokens = 1, [128], 32
-        args.precisions = [p for p in args.precisions if p != "16bit"]
+        args.precisions = [p for p in args.precisions if p in ("f32", "8bit")]
     try:
         import llama_cpp
     except ImportError:

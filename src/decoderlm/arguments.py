@@ -53,4 +53,4 @@ NotEmptyPath = Annotated[str | Path, Check("a non-empty string", lambda v: str(v
 # the weights' and activations' dtype while decoding, and the quantisation of its matrices
 # (decoderlm.generation.precision)
 DecodeDType = Literal["float32", "bfloat16"]
-Quantize = Literal["int8"]
+Quantize = Literal["int8", "w8a8"]

@@ -318,8 +318,8 @@ def print_report(
         batch_size: windows per forward pass.
         dtype: score with the weights and activations in float32 or bfloat16, as `decoderlm
             sample --dtype` decodes (default: float32, bfloat16 with --quantize).
-        quantize: int8: score with weight-only int8 matrices, as `decoderlm sample
-            --quantize int8` decodes.
+        quantize: int8 or w8a8: score with int8 matrices (w8a8: and 8-bit activations), as
+            `decoderlm sample --quantize` decodes.
 
     Returns:
         0, the exit status.

@@ -17,6 +17,7 @@ from decoderlm.generation.generate import generate
 from decoderlm.generation.precision import (
     Int8Linear,
     PackedLinear,
+    W8A8Linear,
     activation_dtype,
     packing_available,
     prepare_for_decoding,
@@ -68,15 +69,21 @@ def _logprobs(model, idx):
 # bfloat16 keeps 8 bits of mantissa (relative rounding 2^-9 per weight and activation), so
 # over two layers log-probabilities of a few nats move by a few hundredths (0.032 here); int8
 # rounds each weight to 1/254 of its row's largest one and runs the products in bfloat16 too
-# (0.042 here). The bounds are about 3x what this model shows, so they catch a wrong scale or
-# layout (errors of whole nats) without failing on rounding.
-LOGPROB_TOLERANCE = {"bfloat16": 0.1, "int8": 0.15}
+# (0.042 here); w8a8 also rounds each product's input to 1/255 of its range (0.058 here).
+# The bounds are about 3x what this model shows, so they catch a wrong scale or layout (errors
+# of whole nats) without failing on rounding.
+LOGPROB_TOLERANCE = {"bfloat16": 0.1, "int8": 0.15, "w8a8": 0.2}
+OPTIONS = {
+    "bfloat16": {"dtype": "bfloat16"},
+    "int8": {"quantize": "int8"},
+    "w8a8": {"quantize": "w8a8"},
+}
 
 
-@pytest.mark.parametrize("precision", ["bfloat16", "int8"])
+@pytest.mark.parametrize("precision", list(OPTIONS))
 def test_logits_are_within_tolerance_of_float32(trained, precision):
     model, held_out = trained
-    options = {"quantize": "int8"} if precision == "int8" else {"dtype": "bfloat16"}
+    options = OPTIONS[precision]
     low = _prepared(model, **options)
     assert activation_dtype(low) == torch.bfloat16  # so the KV cache is bfloat16 too
     idx = held_out[:64].view(2, 32)
@@ -89,12 +96,12 @@ def test_logits_are_within_tolerance_of_float32(trained, precision):
     assert abs(loss_low - loss_exact) / loss_exact < 0.01
 
 
-@pytest.mark.parametrize("precision", ["bfloat16", "int8"])
+@pytest.mark.parametrize("precision", list(OPTIONS))
 def test_greedy_tokens_mostly_equal_float32(trained, precision):
     # a trained model is confident, so lower precision should rarely flip an argmax: over 8
     # prompts of 48 new tokens, at least 90% of the tokens agree position by position
     model, held_out = trained
-    options = {"quantize": "int8"} if precision == "int8" else {"dtype": "bfloat16"}
+    options = OPTIONS[precision]
     low = _prepared(model, **options)
     prompts = held_out[:64].view(8, 8)
     exact = generate(model, prompts, 48, do_sample=False)[:, 8:]
@@ -102,11 +109,11 @@ def test_greedy_tokens_mostly_equal_float32(trained, precision):
     assert (exact == approx).float().mean() >= 0.9
 
 
-@pytest.mark.parametrize("precision", ["bfloat16", "int8"])
+@pytest.mark.parametrize("precision", list(OPTIONS))
 def test_cached_decoding_matches_the_full_forward_at_low_precision(trained, precision):
     # the one-token step (KV cache in bfloat16) against the prepared model's own full forward
     model, held_out = trained
-    options = {"quantize": "int8"} if precision == "int8" else {"dtype": "bfloat16"}
+    options = OPTIONS[precision]
     low = _prepared(model, **options)
     from decoderlm.model.kv_cache import KVCache
 
@@ -154,6 +161,23 @@ def test_int8_linear_is_the_dequantized_product(bias):
     assert torch.allclose(layer(x[:1, :1]), expected[:1, :1], rtol=1e-2, atol=1e-2)
 
 
+@pytest.mark.parametrize("rows", [1, 3, 15])  # 15: the written-out path of more than 8 rows
+def test_w8a8_linear_is_the_dequantized_product_of_quantized_inputs(rows):
+    linear = torch.nn.Linear(64, 50)
+    layer = W8A8Linear(linear, torch.float32)
+    x = torch.randn(rows, 64)
+    dequantized = layer.scales[:, None] * layer.weight.float()
+    exact = F.linear(x, dequantized, linear.bias.detach())
+    y = layer(x)
+    assert y.dtype == x.dtype and y.shape == (rows, 50)
+    # inputs rounded to 1/255 of their range: each output moves by at most about
+    # sum_i |w_i| * step / 2 (a worst case; rounding errors mostly cancel)
+    step = (x.max().clamp(min=0) - x.min().clamp(max=0)) / 255
+    bound = dequantized.abs().sum(1) * step / 2
+    assert ((y - exact).abs() <= bound + 1e-4).all()
+    assert (y - exact).abs().max() < 0.05 * exact.abs().max()
+
+
 @pytest.mark.skipif(not packing_available(), reason="no oneDNN bfloat16 products on this CPU")
 def test_packed_linear_is_the_bfloat16_product():
     linear = torch.nn.Linear(64, 300).bfloat16()
@@ -179,7 +203,9 @@ def test_the_cli_refuses_int8_for_such_a_model_in_one_line(capsys, tmp_path):
     one_line_error(capsys, argv, "--quantize int8 needs", "multiple of 16")
 
 
-@pytest.mark.parametrize("flags", [["--dtype", "bfloat16"], ["--quantize", "int8"]])
+@pytest.mark.parametrize(
+    "flags", [["--dtype", "bfloat16"], ["--quantize", "int8"], ["--quantize", "w8a8"]]
+)
 def test_sample_and_eval_take_the_flags(capsys, tmp_path, flags):
     from decoderlm.cli import main
 
@@ -220,7 +246,7 @@ def test_one_query_attention_is_scaled_dot_product_attention(dtype, masked):
     assert torch.allclose(got.float(), expected, atol=1e-5 if dtype == torch.float32 else 2e-2)
 
 
-@pytest.mark.parametrize("options", [{"dtype": "bfloat16"}, {"quantize": "int8"}])
+@pytest.mark.parametrize("options", list(OPTIONS.values()))
 @pytest.mark.parametrize("compiled", [False, True])
 def test_prepared_models_decode_under_torch_compile(trained, options, compiled):
     # a model prepared for compiled decoding (plain bfloat16 matrices) and one prepared for

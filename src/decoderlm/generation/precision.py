@@ -1,4 +1,5 @@
-"""Lower-precision weights for decoding: bfloat16, and weight-only int8.
+"""Lower-precision weights for decoding: bfloat16, weight-only int8, and int8 weights with
+8-bit activations.
 
 Decoding one token multiplies one row by every weight matrix, so its time is the bytes of
 weights it reads: 4 per parameter in float32, 2 in bfloat16, 1 in int8.
@@ -9,11 +10,15 @@ fewer of them, in place:
   with oneDNN's bfloat16 kernels every matrix (the unembedding included) is repacked once into
   oneDNN's blocked layout (`PackedLinear`): a one-row product then reads the weight at the
   memory's rate, where F.linear on the plain layout reads it at about half of it
-  (`benchmarks/decode_precision.py --kernels` compares them).
+  (`python benchmarks/decode_profile.py` names the operators a token's time goes to).
 - quantize "int8": the block matrices and the unembedding become `Int8Linear` (int8 weights,
   one float scale per output row, symmetric: w ~ scale[o] * q[o, i], |q| <= 127), multiplied by
   torch's `aten._weight_int8pack_mm`; the embeddings, norms and biases stay in the activation
   dtype (bfloat16 unless dtype says float32), and so does the KV cache.
+- quantize "w8a8": the same int8 weights (`W8A8Linear`), multiplied by oneDNN's int8 products
+  with each product's input quantised to 8 bits on the fly, as llama.cpp's q8_0 does: the
+  products run on integers (VNNI), where int8 weights converted to floats one by one cost
+  more arithmetic than a memory read on a 2-core machine.
 
 The float32 model is left as it is (its decoding is `cpu_decode`'s). A prepared model decodes
 (`generate`, the server) and evaluates (`decoderlm.evaluate`) but does not train: its matrices
@@ -34,6 +39,8 @@ __all__ = [
     "INT8_MULTIPLE",
     "Int8Linear",
     "PackedLinear",
+    "W8A8Linear",
+    "w8a8_available",
     "packing_available",
     "prepare_for_decoding",
     "quantize_int8",
@@ -96,6 +103,69 @@ class Int8Linear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, int8"
 
 
+class W8A8Linear(nn.Module):
+    """y = x @ (scales[:, None] * weight).T + bias with int8 weights and int8 activations,
+    for inference on an x86 CPU: x [..., in_features] (float32 or bfloat16) -> [...,
+    out_features] in x's dtype.
+
+    Up to 8 rows (decoding), x is quantised on the fly to uint8 with one scale and zero point
+    for all its rows (asymmetric, over their min and max) and multiplied by oneDNN's int8
+    product (`torch.ops.onednn.qlinear_pointwise`, VNNI instructions, int32 accumulation):
+    as in llama.cpp's q8_0 products, the dot products run on 8-bit integers, so no weight is
+    converted to a float. With more rows (a prompt, an evaluation) the same arithmetic runs
+    written out, each row quantised with its own scale, in float32 with the dequantised weight.
+
+    Buffers: weight [out, in] int8, scales [out] float32, bias [out] (the activation dtype) or
+    None; `packed` is oneDNN's copy of weight (an opaque layout).
+    """
+
+    def __init__(self, linear: nn.Linear, bias_dtype: torch.dtype):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        q, scales = quantize_int8(linear.weight)
+        self.register_buffer("weight", q)
+        self.register_buffer("scales", scales.float())
+        self.packed = torch.ops.onednn.qlinear_prepack(q, [1, self.in_features])
+        self._zero_points = torch.zeros(self.out_features, dtype=torch.long)
+        bias = None if linear.bias is None else linear.bias.detach().to(bias_dtype).clone()
+        self.register_buffer("bias", bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, self.in_features).float()
+        if flat.size(0) <= INT8_GEMV_MAX_ROWS:
+            y = _w8a8_product(flat, self.packed, self.scales, self._zero_points, x.dtype)
+        else:
+            lo = flat.amin(1, keepdim=True).clamp(max=0)
+            hi = flat.amax(1, keepdim=True).clamp(min=0)
+            scale = ((hi - lo) / 255).clamp(min=1e-12)
+            zero = (-lo / scale).round()
+            fake = ((flat / scale + zero).round().clamp(0, 255) - zero) * scale
+            y = F.linear(fake, self.weight.float() * self.scales[:, None]).to(x.dtype)
+        y = y.view(*x.shape[:-1], self.out_features)
+        return y if self.bias is None else y + self.bias
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, w8a8"
+
+
+@torch.compiler.disable  # oneDNN's packed int8 weight is opaque to torch.compile
+def _w8a8_product(flat, packed, scales, zero_points, dtype):
+    """oneDNN's int8 product of flat [rows, in] float32, quantised here with one scale."""
+    lo, hi = (float(v) for v in torch.aminmax(flat))
+    lo, hi = min(lo, 0.0), max(hi, 0.0)
+    scale = (hi - lo) / 255 or 1.0
+    zero = min(255, max(0, round(-lo / scale)))
+    xq = (flat / scale + zero).round_().clamp_(0, 255).to(torch.uint8)
+    return torch.ops.onednn.qlinear_pointwise(
+        xq, scale, zero, packed, scales, zero_points, None, 1.0, 0, dtype, "none", [], ""
+    )
+
+
+def w8a8_available() -> bool:
+    """Whether this torch has oneDNN's int8 products (W8A8Linear): x86 CPUs."""
+    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.onednn, "qlinear_prepack")
+
+
 class PackedLinear(nn.Module):
     """nn.Linear whose bfloat16 weight is repacked once into oneDNN's blocked layout, for
     inference on the CPU: x [..., in_features] bfloat16 -> [..., out_features] bfloat16,
@@ -145,12 +215,19 @@ def _linears(model: nn.Module) -> list[tuple[nn.Module, str, nn.Linear]]:
     ]
 
 
-def _check_int8(model: nn.Module, linears) -> None:
+def _check_int8(model: nn.Module, linears, quantize: str) -> None:
     if model.device.type != "cpu":
         raise UserError(
-            f"--quantize int8 decodes on the CPU only (the model is on {model.device}); "
+            f"--quantize {quantize} decodes on the CPU only (the model is on {model.device}); "
             "use --device cpu, or --dtype bfloat16 on this device"
         )
+    if quantize == "w8a8":
+        if not w8a8_available():
+            raise UserError(
+                "--quantize w8a8 needs oneDNN's int8 products, which this torch or CPU lacks; "
+                "use --quantize int8"
+            )
+        return
     odd = sorted({layer.in_features for _, _, layer in linears} - {0})
     odd = [n for n in odd if n % INT8_MULTIPLE]
     if odd:
@@ -175,8 +252,9 @@ def prepare_for_decoding(
         model: a DecoderLM (eval mode, any device; int8 only on the CPU).
         dtype: "float32" or "bfloat16", the weights' and activations' dtype; None: float32,
             or bfloat16 with quantize="int8".
-        quantize: None, or "int8": weight-only int8 block matrices and unembedding (see the
-            module docstring).
+        quantize: None; "int8": weight-only int8 block matrices and unembedding (see the
+            module docstring); "w8a8": the same int8 weights, multiplied with activations
+            quantised to 8 bits on the fly (`W8A8Linear`, x86 CPUs).
         compile: the model will decode with generate(..., compile=True): bfloat16 matrices
             stay plain tensors, whose one-row products the compiled step fuses itself (a
             packed one would run outside the compiled graph).
@@ -186,26 +264,26 @@ def prepare_for_decoding(
         it decodes and evaluates but cannot be trained or saved (its matrices are buffers).
 
     Raises:
-        UserError: an unknown dtype or quantize; int8 for a model off the CPU, or with a matrix
-            whose input width (d_model, d_ff) is not a multiple of 16.
+        UserError: an unknown dtype or quantize; int8 or w8a8 for a model off the CPU; int8
+            with a matrix whose input width (d_model, d_ff) is not a multiple of 16; w8a8
+            without oneDNN's int8 products.
     """
     if dtype is not None and dtype not in DTYPES:
         raise UserError(f"unknown dtype {dtype!r}; use one of {', '.join(DTYPES)}")
-    if quantize not in (None, "int8"):
-        raise UserError(f"unknown quantization {quantize!r}; use int8")
+    if quantize not in (None, "int8", "w8a8"):
+        raise UserError(f"unknown quantization {quantize!r}; use int8 or w8a8")
     target = DTYPES[dtype or ("bfloat16" if quantize else "float32")]
     linears = _linears(model)
     if quantize:
-        _check_int8(model, linears)
+        _check_int8(model, linears, quantize)
     if target == torch.float32 and not quantize:
         return model
     pack = not (quantize or compile) and model.device.type == "cpu" and packing_available()
     if quantize or pack:
         _untie(model)
         # built from the float32 weights, before the rest of the model changes dtype
-        new = [
-            (p, n, Int8Linear(x, target) if quantize else PackedLinear(x)) for p, n, x in linears
-        ]
+        kind = {"int8": Int8Linear, "w8a8": W8A8Linear}.get(quantize)
+        new = [(p, n, kind(x, target) if kind else PackedLinear(x)) for p, n, x in linears]
     model.to(target)  # embeddings, norms, biases, position tables: the activation dtype
     for parent, name, layer in new if quantize or pack else []:
         setattr(parent, name, layer)

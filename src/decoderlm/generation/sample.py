@@ -67,7 +67,8 @@ def sample(
         dtype: the weights' and activations' dtype while decoding: float32, or bfloat16
             (half the bytes per token; default: float32, bfloat16 with --quantize).
         quantize: int8: weight-only int8 block matrices and unembedding, a scale per row
-            (CPU; input widths multiples of 16).
+            (CPU; input widths multiples of 16); w8a8: the same int8 weights multiplied with
+            activations quantised to 8 bits (oneDNN's integer products, x86 CPUs).
 
     Returns:
         0, the exit status.

@@ -217,7 +217,8 @@ def serve(
             at start (needs a C++ compiler on the CPU).
         dtype: the weights' and activations' dtype while decoding: float32, or bfloat16
             (default: float32, bfloat16 with --quantize).
-        quantize: int8: weight-only int8 block matrices and unembedding (CPU).
+        quantize: int8: weight-only int8 block matrices and unembedding (CPU); w8a8: the
+            same int8 weights with activations quantised to 8 bits (x86 CPUs).
 
     Returns:
         0 once the server has stopped.
