@@ -1,13 +1,13 @@
-"""What bfloat16 and int8 decoding cost in quality: whole-split validation loss and greedy text
-against float32, for a trained char run and for GPT-2-shape weights.
+"""What bfloat16, int8 and w8a8 decoding cost in quality: whole-split validation loss and
+greedy text against float32, for a trained char run and for GPT-2-shape weights.
 
-For each model, `decoderlm.generation.precision.prepare_for_decoding` makes a bfloat16 and a
-weight-only int8 copy (per-row scales); each precision is scored over the whole validation
-split (`decoderlm.evaluate.evaluate`: non-overlapping block_size windows, deterministic) and
-greedily continues --prompts prompts (--prompt-tokens ids taken evenly from the validation
-split, --new-tokens new ones); the share of prompts whose greedy continuation is identical to
-float32's is printed, with the loss and its change relative to float32 (the goal: int8 within
-1%).
+For each model, `decoderlm.generation.precision.prepare_for_decoding` makes a bfloat16, a
+weight-only int8 (per-row scales) and a w8a8 copy (the same weights, 8-bit activations); each
+precision is scored over the whole validation split (`decoderlm.evaluate.evaluate`:
+non-overlapping block_size windows, deterministic) and greedily continues --prompts prompts
+(--prompt-tokens ids taken evenly from the validation split, --new-tokens new ones); the share
+of prompts whose greedy continuation is identical to float32's is printed, with the loss and
+its change relative to float32 (the goal: int8 within 1%).
 
 The char run is --run DIR, or (default) one trained here by `decoderlm train` with the default
 preset on the shipped corpus (--train-steps, 500 by default: about 90 s on a quiet 2-core
@@ -35,7 +35,12 @@ import torch
 
 from common import ROOT, arguments, decoderlm_train, require_file, run_main
 
-PRECISIONS = {"float32": {}, "bfloat16": {"dtype": "bfloat16"}, "int8": {"quantize": "int8"}}
+PRECISIONS = {
+    "float32": {},
+    "bfloat16": {"dtype": "bfloat16"},
+    "int8": {"quantize": "int8"},
+    "w8a8": {"quantize": "w8a8"},
+}
 
 
 def char_model(args, tmp: Path):
