@@ -257,3 +257,23 @@ def test_prepared_models_decode_under_torch_compile(trained, options, compiled):
     prompt = held_out[:8].view(1, 8)
     eager = generate(low, prompt, 12, do_sample=False)
     assert torch.equal(generate(low, prompt, 12, do_sample=False, compile=True), eager)
+
+
+def test_bfloat16_decoding_over_many_keys_takes_the_written_out_attention(monkeypatch):
+    # past 2^15 key elements a bfloat16 step runs `one_query_attention`; its logits are the
+    # full forward's to bfloat16 rounding
+    import decoderlm.model.model as model_module
+    from decoderlm.model.kv_cache import KVCache
+
+    calls = []
+    real = model_module.one_query_attention
+    monkeypatch.setattr(model_module, "one_query_attention", lambda *a: calls.append(1) or real(*a))
+    model = prepare_for_decoding(tiny_model(block_size=600), dtype="bfloat16")
+    idx = torch.randint(0, 65, (1, 520))  # 520 keys x 4 heads x 16 > 2^15
+    cache = KVCache(model.config, 1, "cpu", torch.bfloat16)
+    with torch.no_grad():
+        model.forward_cached(idx[:, :519], cache, torch.arange(519)[None])
+        step = model.forward_cached(idx[:, 519:], cache, torch.tensor([[519]]))[0, -1].float()
+        full = model(idx)[0][0, -1].float()
+    assert len(calls) == model.config.n_layers
+    assert (F.log_softmax(step, -1) - F.log_softmax(full, -1)).abs().max() < 0.1

@@ -77,15 +77,21 @@ def attention_pattern(q: Tensor, k: Tensor) -> Tensor:
     return scores.float().masked_fill(future, float("-inf")).softmax(dim=-1)
 
 
-ONE_QUERY_MIN_KEYS = 128  # below this many cached keys the fused kernel is as fast
+ONE_QUERY_MIN_ELEMENTS = 2**15  # n_heads x keys x head_dim; below it the fused kernel wins
 
 
 def _written_out_wins(q: Tensor, k: Tensor) -> bool:
     """Whether `one_query_attention` beats scaled_dot_product_attention: bfloat16 on the CPU
-    over many keys, where torch's CPU flash-attention kernel takes 3-6x longer for one query
-    (`python benchmarks/decode_profile.py --shape small` shows it as
-    aten::_scaled_dot_product_flash_attention_for_cpu)."""
-    return q.dtype == torch.bfloat16 and q.device.type == "cpu" and k.size(-2) >= ONE_QUERY_MIN_KEYS
+    once a sequence's keys hold 2^15 elements or more (n_heads x S x head_dim: 43 keys of
+    GPT-2 small's 12 x 64, 256 of 4 x 32), past which torch's CPU flash-attention kernel
+    (aten::_scaled_dot_product_flash_attention_for_cpu in `python benchmarks/decode_profile.py
+    --shape small`) takes up to several times longer for one query; its cost grows about
+    twice as fast with S as the written-out product's."""
+    return (
+        q.dtype == torch.bfloat16
+        and q.device.type == "cpu"
+        and k[0].numel() >= ONE_QUERY_MIN_ELEMENTS
+    )
 
 
 def one_query_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
