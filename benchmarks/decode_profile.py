@@ -32,7 +32,7 @@ SHAPES = {
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
-    parser.add_argument("--quantize", choices=["int8"], default=None)
+    parser.add_argument("--quantize", choices=["int8", "w8a8"], default=None)
     parser.add_argument("--shape", choices=list(SHAPES), default="tiny")
     args = parser.parse_args()
     torch.manual_seed(0)

@@ -155,7 +155,7 @@ def _w8a8_product(flat, packed, scales, zero_points, dtype):
     lo, hi = min(lo, 0.0), max(hi, 0.0)
     scale = (hi - lo) / 255 or 1.0
     zero = min(255, max(0, round(-lo / scale)))
-    xq = (flat / scale + zero).round_().clamp_(0, 255).to(torch.uint8)
+    xq = flat.div(scale).add_(zero).round_().clamp_(0, 255).to(torch.uint8)
     return torch.ops.onednn.qlinear_pointwise(
         xq, scale, zero, packed, scales, zero_points, None, 1.0, 0, dtype, "none", [], ""
     )
