@@ -3,12 +3,12 @@
 768), batch 1, 32-token prompt, at the precision `decoderlm sample --dtype/--quantize` decodes
 with (`decoderlm.generation.precision.prepare_for_decoding`).
 
-    python benchmarks/decode_profile.py [--dtype bfloat16] [--quantize int8] [--shape small]
+    python benchmarks/decode_profile.py [--dtype bfloat16] [--quantize int8|w8a8] [--shape small]
 
 Prints tokens/s (256 tokens, after a warm-up) and the operators that took the most time. In
 float32 the block products and the unembedding are aten::bmm / aten::addmm / aten::mm rows; in
 bfloat16 mkldnn::_linear_pointwise (oneDNN's packed products); with int8
-aten::_weight_int8pack_mm.
+aten::_weight_int8pack_mm; with w8a8 onednn::qlinear_pointwise.
 """
 
 from __future__ import annotations
