@@ -112,8 +112,9 @@ class W8A8Linear(nn.Module):
     for all its rows (asymmetric, over their min and max) and multiplied by oneDNN's int8
     product (`torch.ops.onednn.qlinear_pointwise`, VNNI instructions, int32 accumulation):
     as in llama.cpp's q8_0 products, the dot products run on 8-bit integers, so no weight is
-    converted to a float. With more rows (a prompt, an evaluation) the same arithmetic runs
-    written out, each row quantised with its own scale, in float32 with the dequantised weight.
+    converted to a float. With more rows (a prompt, an evaluation) the same rounding runs
+    written out, each row quantised with its own scale, then multiplied in bfloat16 by the
+    dequantised weight (oneDNN's int8 product takes one scale for all rows).
 
     Buffers: weight [out, in] int8, scales [out] float32, bias [out] (the activation dtype) or
     None; `packed` is oneDNN's copy of weight (an opaque layout).
@@ -140,7 +141,8 @@ class W8A8Linear(nn.Module):
             scale = ((hi - lo) / 255).clamp(min=1e-12)
             zero = (-lo / scale).round()
             fake = ((flat / scale + zero).round().clamp(0, 255) - zero) * scale
-            y = F.linear(fake, self.weight.float() * self.scales[:, None]).to(x.dtype)
+            weight = self.weight.to(torch.bfloat16) * self.scales.bfloat16()[:, None]
+            y = F.linear(fake.bfloat16(), weight).to(x.dtype)
         y = y.view(*x.shape[:-1], self.out_features)
         return y if self.bias is None else y + self.bias
 
