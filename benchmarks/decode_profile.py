@@ -1,10 +1,14 @@
-"""Where greedy decoding spends its time: torch.profiler over 128 new tokens of the 4-layer,
-256-wide GPT-2 shape (vocabulary 50,257, random weights), batch 1, 32-token prompt.
+"""Where greedy decoding spends its time: torch.profiler over 128 new tokens of a GPT-2 shape
+(vocabulary 50,257, random weights; --shape tiny: 4 layers x 256, small: GPT-2 small's 12 x
+768), batch 1, 32-token prompt, at the precision `decoderlm sample --dtype/--quantize` decodes
+with (`decoderlm.generation.precision.prepare_for_decoding`).
 
-    python benchmarks/decode_profile.py [--dtype bfloat16]
+    python benchmarks/decode_profile.py [--dtype bfloat16] [--quantize int8|w8a8] [--shape small]
 
-Prints tokens/s (256 tokens, after a warm-up) and the operators that took the most time; the
-unembedding is the aten::mm row, the block products the aten::addmm row.
+Prints tokens/s (256 tokens, after a warm-up) and the operators that took the most time. In
+float32 the block products and the unembedding are aten::bmm / aten::addmm / aten::mm rows; in
+bfloat16 mkldnn::_linear_pointwise (oneDNN's packed products); with int8
+aten::_weight_int8pack_mm; with w8a8 onednn::qlinear_pointwise.
 """
 
 from __future__ import annotations
@@ -17,28 +21,32 @@ from torch.profiler import ProfilerActivity, profile
 
 from decoderlm import DecoderLM, ModelConfig
 from decoderlm.generation.generate import generate
+from decoderlm.generation.precision import prepare_for_decoding
+
+SHAPES = {
+    "tiny": dict(n_layers=4, n_heads=4, d_model=256),
+    "small": dict(n_layers=12, n_heads=12, d_model=768),
+}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
+    parser.add_argument("--quantize", choices=["int8", "w8a8"], default=None)
+    parser.add_argument("--shape", choices=list(SHAPES), default="tiny")
     args = parser.parse_args()
     torch.manual_seed(0)
     config = ModelConfig(
-        vocab_size=50257,
-        block_size=1024,
-        n_layers=4,
-        n_heads=4,
-        d_model=256,
-        activation="gelu_tanh",
+        vocab_size=50257, block_size=1024, activation="gelu_tanh", **SHAPES[args.shape]
     )
-    model = DecoderLM(config).eval().to(getattr(torch, args.dtype))
+    model = prepare_for_decoding(DecoderLM(config).eval(), args.dtype, args.quantize)
     prompt = torch.randint(0, 50257, (1, 32))
     for _ in range(2):
         generate(model, prompt, 64, do_sample=False)
     start = time.perf_counter()
     generate(model, prompt, 256, do_sample=False)
-    print(f"{args.dtype}: {256 / (time.perf_counter() - start):.1f} tokens/s")
+    name = args.dtype + (f", {args.quantize}" if args.quantize else "")
+    print(f"{name}: {256 / (time.perf_counter() - start):.1f} tokens/s")
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         generate(model, prompt, 128, do_sample=False)
     print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12))

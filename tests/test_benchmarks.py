@@ -103,3 +103,19 @@ def test_no_benchmark_defaults_to_a_path_outside_the_repository():
     for path in [*BENCHMARKS.glob("*.py"), *BENCHMARKS.glob("*.sh"), BENCHMARKS / "README.md"]:
         text = path.read_text(encoding="utf-8")
         assert "../shared" not in text and '"shared"' not in text, path.name
+
+
+def test_vs_llamacpp_without_llama_cpp_says_how_to_install_it():
+    # as if llama-cpp-python were not installed: one line naming the pip command
+    code = (
+        "import runpy, sys\n"
+        "sys.modules['llama_cpp'] = None\n"
+        f"sys.argv = ['vs_llamacpp.py']; sys.path.insert(0, {str(BENCHMARKS)!r})\n"
+        f"runpy.run_path({str(BENCHMARKS / 'vs_llamacpp.py')!r}, run_name='__main__')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 2 and done.stdout == "" and done.stderr.count("\n") == 1
+    assert (
+        "llama_cpp is not installed" in done.stderr
+        and "pip install llama-cpp-python" in done.stderr
+    )

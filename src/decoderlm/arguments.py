@@ -12,9 +12,18 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
-__all__ = ["Check", "Fields", "NonNegativeInt", "NotEmptyPath", "NotEmptyStr", "PositiveInt"]
+__all__ = [
+    "Check",
+    "DecodeDType",
+    "Fields",
+    "NonNegativeInt",
+    "NotEmptyPath",
+    "NotEmptyStr",
+    "PositiveInt",
+    "Quantize",
+]
 
 
 @dataclass(frozen=True)
@@ -41,3 +50,7 @@ NonNegativeInt = Annotated[int, Check("an integer >= 0", lambda v: v >= 0)]
 PositiveInt = Annotated[int, Check("an integer > 0", lambda v: v > 0)]
 NotEmptyStr = Annotated[str, Check("a non-empty string", lambda v: v != "")]
 NotEmptyPath = Annotated[str | Path, Check("a non-empty string", lambda v: str(v) != "")]
+# the weights' and activations' dtype while decoding, and the quantisation of its matrices
+# (decoderlm.generation.precision)
+DecodeDType = Literal["float32", "bfloat16"]
+Quantize = Literal["int8", "w8a8"]

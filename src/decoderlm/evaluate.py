@@ -17,12 +17,13 @@ from typing import Literal
 import numpy as np
 import torch
 
-from .arguments import NotEmptyStr, PositiveInt
+from .arguments import DecodeDType, NotEmptyStr, PositiveInt, Quantize
 from .data.corpus import check_split, is_token_dir, load_corpus, load_token_dir, windows
 from .data.prepare import encode_source, source_files
 from .errors import UserError, checked_device
 from .files import json_text, read_json
 from .finetune.sources import check_vocab, load_model
+from .generation.precision import prepare_for_decoding
 from .model.model import DecoderLM
 from .model.weights import CONFIG_NAME
 from .tokenizers import CharTokenizer, Tokenizer, load_tokenizer
@@ -195,6 +196,8 @@ def evaluate_run(
     device: str = "cpu",
     batch_size: int = 32,
     verify: bool = True,
+    dtype: DecodeDType | None = None,
+    quantize: Quantize | None = None,
 ) -> dict:
     """Loss of the model in run directory `run` on a whole split or text.
 
@@ -209,6 +212,8 @@ def evaluate_run(
         device: where the model runs. batch_size: windows per forward pass.
         verify: check the weights against the digests config.json records (see
             `decoderlm.model.weights.verify_file`).
+        dtype, quantize: score the model as decoding runs it at that precision (see
+            `generation.precision.prepare_for_decoding`; default float32 weights).
 
     Returns:
         A dict: run, data (where the ids came from), split, tokenizer (kind), nats_per_token,
@@ -225,6 +230,7 @@ def evaluate_run(
     if split not in (None, "val", "train"):
         raise UserError(f"unknown split {split!r}; use 'val' or 'train'")
     model = load_model(run, map_location=device, verify=verify)  # an adapter run: over its base
+    prepare_for_decoding(model, dtype, quantize)
     tokenizer = load_tokenizer(run)
     check_vocab(tokenizer, model, run)
     if data is None:
@@ -297,6 +303,8 @@ def print_report(
     device: str = "cpu",
     batch_size: PositiveInt = 32,
     no_verify: bool = False,
+    dtype: DecodeDType | None = None,
+    quantize: Quantize | None = None,
 ) -> int:
     """Loss, bits per character and perplexity of a run.
 
@@ -314,6 +322,10 @@ def print_report(
         batch_size: windows per forward pass.
         no_verify: load the weights without checking them against the sizes and sha256
             digests that config.json records (for huge files).
+        dtype: score with the weights and activations in float32 or bfloat16, as `decoderlm
+            sample --dtype` decodes (default: float32, bfloat16 with --quantize).
+        quantize: int8 or w8a8: score with int8 matrices (w8a8: and 8-bit activations), as
+            `decoderlm sample --quantize` decodes.
 
     Returns:
         0, the exit status.
@@ -321,6 +333,8 @@ def print_report(
     Raises:
         UserError / MissingFileError: as `evaluate_run`, and an unusable device.
     """
-    report = evaluate_run(run, data, split, checked_device(device), batch_size, not no_verify)
+    report = evaluate_run(
+        run, data, split, checked_device(device), batch_size, not no_verify, dtype, quantize
+    )
     print(json_text(report) if json else format_report(report))
     return 0

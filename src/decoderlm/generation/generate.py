@@ -16,6 +16,7 @@ import torch
 from ..errors import UserError
 from ..model.kv_cache import KVCache
 from . import cpu_decode
+from .precision import activation_dtype
 
 __all__ = [
     "generate",
@@ -270,7 +271,7 @@ def stream_generate(
     if attention_mask is not None and not attention_mask.bool().all():
         mask = torch.ones(ids.shape, dtype=torch.bool, device=idx.device)
         mask[:, :T0] = attention_mask.to(device=idx.device, dtype=torch.bool)
-    dtype = model.lm_head.weight.dtype
+    dtype = activation_dtype(model)  # the KV cache's
     if model.device.type == "cpu":
         cpu_decode.install(model)
     was_training = model.training

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import sys
 
-from ..arguments import NonNegativeInt, NotEmptyStr, PositiveInt
+from ..arguments import DecodeDType, NonNegativeInt, NotEmptyStr, PositiveInt, Quantize
 from ..errors import UserError
 from ..files import read_text
 from ..finetune.sources import load_model_and_tokenizer
 from ..tokenizers import CharTokenizer, Tokenizer
 from .generate import check_controls, stream_text
+from .precision import prepare_for_decoding
 
 __all__ = ["sample", "read_prompts"]
 
@@ -33,6 +34,8 @@ def sample(
     only_new: bool = False,
     ignore_eos: bool = False,
     no_verify: bool = False,
+    dtype: DecodeDType | None = None,
+    quantize: Quantize | None = None,
 ) -> int:
     """Print text sampled from a trained model.
 
@@ -69,6 +72,11 @@ def sample(
             the vocabulary has one).
         no_verify: load the weights without checking them against the sizes and sha256
             digests that config.json records (for huge files).
+        dtype: the weights' and activations' dtype while decoding: float32, or bfloat16
+            (half the bytes per token; default: float32, bfloat16 with --quantize).
+        quantize: int8: weight-only int8 block matrices and unembedding, a scale per row
+            (CPU; input widths multiples of 16); w8a8: the same int8 weights multiplied with
+            activations quantised to 8 bits (oneDNN's integer products, x86 CPUs).
 
     Returns:
         0, the exit status.
@@ -80,6 +88,7 @@ def sample(
     """
     check_controls(temperature, top_k, top_p)  # before anything is loaded or printed
     model, tokenizer = load_model_and_tokenizer(run, hf, device, gguf, verify=not no_verify)
+    prepare_for_decoding(model, dtype, quantize, compile)
     if block_size is not None:
         model.crop_block_size(block_size)
     prompts = list(prompt or []) + (read_prompts(prompt_file) if prompt_file else [])

@@ -29,6 +29,7 @@ import torch
 from ..model.kv_cache import KVCache, SlotKVCache
 from . import cpu_decode
 from .generate import decode_step, sample_next
+from .precision import activation_dtype
 
 __all__ = ["Scheduler", "Sequence", "Token"]
 
@@ -106,7 +107,7 @@ class Scheduler:
         self._wake = threading.Condition()
         self._closed = False
         self._cache = SlotKVCache(
-            model.config, max_batch_size, model.device, model.lm_head.weight.dtype
+            model.config, max_batch_size, model.device, activation_dtype(model)
         )
         if model.device.type == "cpu":
             cpu_decode.install(model)
@@ -171,7 +172,7 @@ class Scheduler:
     def _prefill(self, windows: list[list[int]]) -> tuple[KVCache, torch.Tensor]:
         """One forward pass over windows of ids of one length (at most max_positions): their
         cache, batch len(windows), and the logits [len(windows), V'] of the token after each."""
-        dtype = self.model.lm_head.weight.dtype
+        dtype = activation_dtype(self.model)
         cache = KVCache(self.model.config, len(windows), self.model.device, dtype)
         idx = torch.tensor(windows, dtype=torch.long, device=self.model.device)
         positions = torch.arange(idx.size(1), device=idx.device)[None].expand_as(idx)

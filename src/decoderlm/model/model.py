@@ -34,7 +34,15 @@ from .kv_cache import KVCache
 from .positions import apply_rope, rope_cos_sin, sinusoidal_positions
 from .weights import load_state, read_model_dir, resolve_tied, save_model
 
-__all__ = ["DecoderLM", "CausalSelfAttention", "MLP", "Block", "RMSNorm", "attention_pattern"]
+__all__ = [
+    "DecoderLM",
+    "CausalSelfAttention",
+    "MLP",
+    "Block",
+    "RMSNorm",
+    "attention_pattern",
+    "one_query_attention",
+]
 
 
 class RMSNorm(nn.Module):
@@ -70,6 +78,34 @@ def attention_pattern(q: Tensor, k: Tensor) -> Tensor:
     return scores.float().masked_fill(future, float("-inf")).softmax(dim=-1)
 
 
+ONE_QUERY_MIN_ELEMENTS = 2**15  # n_heads x keys x head_dim; below it the fused kernel wins
+
+
+def _written_out_wins(q: Tensor, k: Tensor) -> bool:
+    """Whether `one_query_attention` beats scaled_dot_product_attention: bfloat16 on the CPU
+    once a sequence's keys hold 2^15 elements or more (n_heads x S x head_dim: 43 keys of
+    GPT-2 small's 12 x 64, 256 of 4 x 32), past which torch's CPU flash-attention kernel
+    (aten::_scaled_dot_product_flash_attention_for_cpu in `python benchmarks/decode_profile.py
+    --shape small`) takes up to several times longer for one query; its cost grows about
+    twice as fast with S as the written-out product's."""
+    return (
+        q.dtype == torch.bfloat16
+        and q.device.type == "cpu"
+        and k[0].numel() >= ONE_QUERY_MIN_ELEMENTS
+    )
+
+
+def one_query_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
+    """softmax(q k^T / sqrt(head_dim)) v for new queries that may see every key allowed by
+    `mask` (bool [B, 1, T, S], True where allowed; None: all of them, as for one new token
+    after its cache): q [B, n_heads, T, head_dim], k, v [B, n_heads, S, head_dim] ->
+    [B, n_heads, T, head_dim] in v's dtype; the softmax runs in float32."""
+    scores = ((q * (1.0 / math.sqrt(q.size(-1)))) @ k.transpose(-2, -1)).float()
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    return scores.softmax(dim=-1).to(v.dtype) @ v
+
+
 class CausalSelfAttention(nn.Module):
     """Multi-head causal self-attention with one fused QKV projection.
 
@@ -77,7 +113,8 @@ class CausalSelfAttention(nn.Module):
     rope: (cos, sin) [T or B x 1 x T, head_dim / 2] when the config's pos_encoding is "rope".
     cache: a `KVCache` (decoding); this layer's new keys and values are appended to it and
     attention runs over all of them under `mask` (bool [B, 1, T, S], True where query t may
-    see key s; None: plain causal, see `KVCache.attention_mask`).
+    see key s; None: plain causal, see `KVCache.attention_mask`); one new bfloat16 token over
+    many cached keys on the CPU runs `one_query_attention` (the same product, faster there).
 
     `impl` picks the training kernel: "sdpa" (F.scaled_dot_product_attention, memory linear in
     T) or "explicit" (`attention_pattern` written out, in training mode; eval mode keeps
@@ -122,6 +159,8 @@ class CausalSelfAttention(nn.Module):
             att = self.hook_pattern(attention_pattern(q, k))  # [B, n_heads, T, T] float32
             att = F.dropout(att, dropout_p) if dropout_p > 0 else att
             z = att.to(v.dtype) @ v
+        elif cache is not None and T == 1 and _written_out_wins(q, k):
+            z = one_query_attention(q, k, v, mask)
         else:
             z = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=mask is None and T > 1

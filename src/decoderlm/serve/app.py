@@ -15,6 +15,7 @@ import socket
 import sys
 from pathlib import Path
 
+from ..arguments import DecodeDType, Quantize
 from ..errors import UserError, flag_name
 
 __all__ = ["create_app", "run_server", "serve"]
@@ -240,6 +241,8 @@ def serve(
     api_key: list[str] | None = None,
     compile: bool = False,
     no_verify: bool = False,
+    dtype: DecodeDType | None = None,
+    quantize: Quantize | None = None,
 ) -> int:
     """An OpenAI-style HTTP API for a model.
 
@@ -275,6 +278,10 @@ def serve(
             at start (needs a C++ compiler on the CPU).
         no_verify: load the weights without checking them against the sizes and sha256
             digests that config.json records (for huge files).
+        dtype: the weights' and activations' dtype while decoding: float32, or bfloat16
+            (default: float32, bfloat16 with --quantize).
+        quantize: int8: weight-only int8 block matrices and unembedding (CPU); w8a8: the
+            same int8 weights with activations quantised to 8 bits (x86 CPUs).
 
     Returns:
         0 once the server has stopped.
@@ -305,6 +312,7 @@ def serve(
     except ImportError as e:
         raise _missing_extra(e) from None
     from ..finetune.sources import load_model_and_tokenizer
+    from ..generation.precision import prepare_for_decoding
 
     limits = ServeLimits(
         max_tokens=max_tokens_limit,
@@ -317,6 +325,7 @@ def serve(
         max_body_bytes=max_body_bytes,
     )
     model, tokenizer = load_model_and_tokenizer(run, hf, device, gguf, verify=not no_verify)
+    prepare_for_decoding(model, dtype, quantize, compile)
     name = served_model_name or Path(run or hf or gguf).resolve().name
     run_server(model, tokenizer, name, host, port, limits, compile, api_keys)
     return 0

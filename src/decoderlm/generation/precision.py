@@ -1,0 +1,300 @@
+"""Lower-precision weights for decoding: bfloat16, weight-only int8, and int8 weights with
+8-bit activations.
+
+Decoding one token multiplies one row by every weight matrix, so its time is the bytes of
+weights it reads: 4 per parameter in float32, 2 in bfloat16, 1 in int8.
+`prepare_for_decoding(model, dtype, quantize)` turns a loaded model into one that reads
+fewer of them, in place:
+
+- dtype "bfloat16": every weight and activation, and so the KV cache, in bfloat16. On a CPU
+  with oneDNN's bfloat16 kernels every matrix (the unembedding included) is repacked once into
+  oneDNN's blocked layout (`PackedLinear`): a one-row product then reads the weight at the
+  memory's rate, where F.linear on the plain layout reads it at about half of it
+  (`python benchmarks/decode_profile.py` names the operators a token's time goes to).
+- quantize "int8": the block matrices and the unembedding become `Int8Linear` (int8 weights,
+  one float scale per output row, symmetric: w ~ scale[o] * q[o, i], |q| <= 127), multiplied by
+  torch's `aten._weight_int8pack_mm`; the embeddings, norms and biases stay in the activation
+  dtype (bfloat16 unless dtype says float32), and so does the KV cache.
+- quantize "w8a8": the same int8 weights (`W8A8Linear`), multiplied by oneDNN's int8 products
+  with each product's input quantised to 8 bits on the fly, as llama.cpp's q8_0 does: the
+  products run on integers (VNNI), where int8 weights converted to floats one by one cost
+  more arithmetic than a memory read on a 2-core machine.
+
+The float32 model is left as it is (its decoding is `cpu_decode`'s). A prepared model decodes
+(`generate`, the server) and evaluates (`decoderlm.evaluate`) but does not train: its matrices
+are no longer parameters.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ..arguments import DecodeDType, Quantize
+from ..errors import UserError
+
+__all__ = [
+    "DTYPES",
+    "INT8_MULTIPLE",
+    "Int8Linear",
+    "PackedLinear",
+    "W8A8Linear",
+    "w8a8_available",
+    "packing_available",
+    "prepare_for_decoding",
+    "quantize_int8",
+    "activation_dtype",
+]
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+INT8_MULTIPLE = 16  # _weight_int8pack_mm reads the input width in blocks of 16 (others crash)
+INT8_GEMV_MAX_ROWS = 8  # rows up to which _weight_int8pack_mm beats dequantise-then-multiply
+
+
+def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric per-output-row int8 quantisation of weight [out, in] (any float dtype).
+
+    Returns:
+        (q [out, in] int8, scales [out] bfloat16) with weight ~ scales[:, None] * q: each
+        row's scale is its largest |weight| / 127, rounded to bfloat16 first so that q is
+        rounded against the scale the product uses (an all-zero row gets scale 1 and q 0).
+    """
+    w = weight.detach().float()
+    scales = (w.abs().amax(dim=1) / 127.0).bfloat16()
+    scales = torch.where(scales > 0, scales, torch.ones_like(scales))
+    q = torch.round(w / scales.float()[:, None]).clamp(-128, 127).to(torch.int8)
+    return q.contiguous(), scales
+
+
+class Int8Linear(nn.Module):
+    """y = x @ (scales[:, None] * weight).T + bias with int8 weights, for inference.
+
+    x [..., in_features] in float32 or bfloat16 -> y [..., out_features] in x's dtype; the
+    product runs in bfloat16 (x is cast to it). Up to 8 rows (decoding) it is
+    `torch.ops.aten._weight_int8pack_mm`, which reads each int8 weight once, accumulates in
+    float32 and supports in_features that are multiples of 16 only (`prepare_for_decoding`
+    refuses others); with more rows (a prompt, an evaluation), whose cost in that kernel grows
+    with the rows, the weight is dequantised to bfloat16 for one F.linear.
+
+    Buffers: weight [out, in] int8, scales [out] bfloat16; bias [out] (the activation dtype)
+    or None.
+    """
+
+    def __init__(self, linear: nn.Linear, bias_dtype: torch.dtype):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        q, scales = quantize_int8(linear.weight)
+        self.register_buffer("weight", q)
+        self.register_buffer("scales", scales)
+        bias = None if linear.bias is None else linear.bias.detach().to(bias_dtype).clone()
+        self.register_buffer("bias", bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, self.in_features).to(torch.bfloat16)
+        if flat.size(0) <= INT8_GEMV_MAX_ROWS:  # decoding: one pass over the int8 weight
+            y = torch.ops.aten._weight_int8pack_mm(flat, self.weight, self.scales)
+        else:  # a prompt or an evaluation: the kernel's time grows with the rows; dequantise
+            y = F.linear(flat, self.weight.to(torch.bfloat16) * self.scales[:, None])
+        y = y.view(*x.shape[:-1], self.out_features).to(x.dtype)
+        return y if self.bias is None else y + self.bias
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, int8"
+
+
+class W8A8Linear(nn.Module):
+    """y = x @ (scales[:, None] * weight).T + bias with int8 weights and int8 activations,
+    for inference on an x86 CPU: x [..., in_features] (float32 or bfloat16) -> [...,
+    out_features] in x's dtype.
+
+    Up to 8 rows (decoding), x is quantised on the fly to uint8 with one scale and zero point
+    for all its rows (asymmetric, over their min and max) and multiplied by oneDNN's int8
+    product (`torch.ops.onednn.qlinear_pointwise`, VNNI instructions, int32 accumulation):
+    as in llama.cpp's q8_0 products, the dot products run on 8-bit integers, so no weight is
+    converted to a float. With more rows (a prompt, an evaluation) the same rounding runs
+    written out, each row quantised with its own scale, then multiplied in bfloat16 by the
+    dequantised weight (oneDNN's int8 product takes one scale for all rows).
+
+    Buffers: weight [out, in] int8, scales [out] float32, bias [out] (the activation dtype) or
+    None; `packed` is oneDNN's copy of weight (an opaque layout).
+    """
+
+    def __init__(self, linear: nn.Linear, bias_dtype: torch.dtype):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        q, scales = quantize_int8(linear.weight)
+        self.register_buffer("weight", q)
+        self.register_buffer("scales", scales.float())
+        self.packed = torch.ops.onednn.qlinear_prepack(q, [1, self.in_features])
+        self._zero_points = torch.zeros(self.out_features, dtype=torch.long)
+        bias = None if linear.bias is None else linear.bias.detach().to(bias_dtype).clone()
+        self.register_buffer("bias", bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, self.in_features).float()
+        if flat.size(0) <= INT8_GEMV_MAX_ROWS:
+            y = _w8a8_product(flat, self.packed, self.scales, self._zero_points, x.dtype)
+        else:
+            lo = flat.amin(1, keepdim=True).clamp(max=0)
+            hi = flat.amax(1, keepdim=True).clamp(min=0)
+            scale = ((hi - lo) / 255).clamp(min=1e-12)
+            zero = (-lo / scale).round()
+            fake = ((flat / scale + zero).round().clamp(0, 255) - zero) * scale
+            weight = self.weight.to(torch.bfloat16) * self.scales.bfloat16()[:, None]
+            y = F.linear(fake.bfloat16(), weight).to(x.dtype)
+        y = y.view(*x.shape[:-1], self.out_features)
+        return y if self.bias is None else y + self.bias
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, w8a8"
+
+
+@torch.compiler.disable  # oneDNN's packed int8 weight is opaque to torch.compile
+def _w8a8_product(flat, packed, scales, zero_points, dtype):
+    """oneDNN's int8 product of flat [rows, in] float32, quantised here with one scale."""
+    lo, hi = (float(v) for v in torch.aminmax(flat))
+    lo, hi = min(lo, 0.0), max(hi, 0.0)
+    scale = (hi - lo) / 255 or 1.0
+    zero = min(255, max(0, round(-lo / scale)))
+    xq = flat.div(scale).add_(zero).round_().clamp_(0, 255).to(torch.uint8)
+    return torch.ops.onednn.qlinear_pointwise(
+        xq, scale, zero, packed, scales, zero_points, None, 1.0, 0, dtype, "none", [], ""
+    )
+
+
+def w8a8_available() -> bool:
+    """Whether this torch has oneDNN's int8 products (W8A8Linear): x86 CPUs."""
+    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.onednn, "qlinear_prepack")
+
+
+class PackedLinear(nn.Module):
+    """nn.Linear whose bfloat16 weight is repacked once into oneDNN's blocked layout, for
+    inference on the CPU: x [..., in_features] bfloat16 -> [..., out_features] bfloat16,
+    through `torch.ops.mkldnn._linear_pointwise`, the kernel torch.compile's CPU freezing
+    uses. `weight` is the packed tensor (bfloat16, an opaque layout: products only); `bias`
+    [out] bfloat16 or None.
+    """
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        weight = linear.weight.detach().to(torch.bfloat16)
+        self.weight = torch.ops.mkldnn._reorder_linear_weight(weight, 1)
+        bias = None if linear.bias is None else linear.bias.detach().to(torch.bfloat16)
+        self.bias = bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _packed_product(x, self.weight, self.bias)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, packed"
+
+
+@torch.compiler.disable  # inductor cannot lower a weight packed outside it: run it eagerly
+def _packed_product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None):
+    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+
+
+def packing_available() -> bool:
+    """Whether this torch has oneDNN's bfloat16 products on this CPU (PackedLinear)."""
+    return torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+
+
+def activation_dtype(model: nn.Module) -> torch.dtype:
+    """The dtype of a model's activations and KV cache: that of its token embedding (a
+    prepared model's matrices may be int8 or packed)."""
+    return model.tok_emb.weight.dtype
+
+
+def _linears(model: nn.Module) -> list[tuple[nn.Module, str, nn.Linear]]:
+    """(parent, attribute, layer) of every nn.Linear of the model (DecodeLinear included)."""
+    return [
+        (parent, name, child)
+        for parent in model.modules()
+        for name, child in parent.named_children()
+        if isinstance(child, nn.Linear)
+    ]
+
+
+def _check_int8(model: nn.Module, linears, quantize: str) -> None:
+    if model.device.type != "cpu":
+        raise UserError(
+            f"--quantize {quantize} decodes on the CPU only (the model is on {model.device}); "
+            "use --device cpu, or --dtype bfloat16 on this device"
+        )
+    if quantize == "w8a8":
+        if not w8a8_available():
+            raise UserError(
+                "--quantize w8a8 needs oneDNN's int8 products, which this torch or CPU lacks; "
+                "use --quantize int8"
+            )
+        return
+    odd = sorted({layer.in_features for _, _, layer in linears} - {0})
+    odd = [n for n in odd if n % INT8_MULTIPLE]
+    if odd:
+        c = model.config
+        raise UserError(
+            f"--quantize int8 needs every matrix's input width to be a multiple of "
+            f"{INT8_MULTIPLE}; this model's d_model={c.d_model}, d_ff={c.d_ff} give {odd}; "
+            "decode it with --dtype bfloat16 instead"
+        )
+
+
+@torch.no_grad()
+def prepare_for_decoding(
+    model: nn.Module,
+    dtype: DecodeDType | None = None,
+    quantize: Quantize | None = None,
+    compile: bool = False,
+) -> nn.Module:
+    """Make a loaded DecoderLM read fewer bytes per decoded token, in place; returns it.
+
+    Args:
+        model: a DecoderLM (eval mode, any device; int8 only on the CPU).
+        dtype: "float32" or "bfloat16", the weights' and activations' dtype; None: float32,
+            or bfloat16 with quantize="int8".
+        quantize: None; "int8": weight-only int8 block matrices and unembedding (see the
+            module docstring); "w8a8": the same int8 weights, multiplied with activations
+            quantised to 8 bits on the fly (`W8A8Linear`, x86 CPUs).
+        compile: the model will decode with generate(..., compile=True): bfloat16 matrices
+            stay plain tensors, whose one-row products the compiled step fuses itself (a
+            packed one would run outside the compiled graph).
+
+    Returns:
+        The model. With neither option (or dtype "float32" alone) it is unchanged. Otherwise
+        it decodes and evaluates but cannot be trained or saved (its matrices are buffers).
+
+    Raises:
+        UserError: an unknown dtype or quantize; int8 or w8a8 for a model off the CPU; int8
+            with a matrix whose input width (d_model, d_ff) is not a multiple of 16; w8a8
+            without oneDNN's int8 products.
+    """
+    if dtype is not None and dtype not in DTYPES:
+        raise UserError(f"unknown dtype {dtype!r}; use one of {', '.join(DTYPES)}")
+    if quantize not in (None, "int8", "w8a8"):
+        raise UserError(f"unknown quantization {quantize!r}; use int8 or w8a8")
+    target = DTYPES[dtype or ("bfloat16" if quantize else "float32")]
+    linears = _linears(model)
+    if quantize:
+        _check_int8(model, linears, quantize)
+    if target == torch.float32 and not quantize:
+        return model
+    pack = not (quantize or compile) and model.device.type == "cpu" and packing_available()
+    if quantize or pack:
+        _untie(model)
+        # built from the float32 weights, before the rest of the model changes dtype
+        kind = {"int8": Int8Linear, "w8a8": W8A8Linear}.get(quantize)
+        new = [(p, n, kind(x, target) if kind else PackedLinear(x)) for p, n, x in linears]
+    model.to(target)  # embeddings, norms, biases, position tables: the activation dtype
+    for parent, name, layer in new if quantize or pack else []:
+        setattr(parent, name, layer)
+    return model
+
+
+def _untie(model: nn.Module) -> None:
+    """Give lm_head its own weight when tied to tok_emb, so that it can be replaced while the
+    embedding keeps a plain table to look rows up in."""
+    head = getattr(model, "lm_head", None)
+    if head is not None and head.weight is model.tok_emb.weight:
+        head.weight = nn.Parameter(head.weight.detach().clone(), requires_grad=False)
