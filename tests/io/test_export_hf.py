@@ -232,3 +232,24 @@ def test_padded_vocabulary_exports_its_real_rows(tmp_path, shape):
         ref = model(ids)[0]
         assert (theirs(ids).logits - ref).abs().max().item() <= 1e-4
         assert torch.equal(load_gguf(tmp_path / "m.gguf")[0](ids)[0], ref)
+
+
+@pytest.mark.parametrize(
+    ("format", "where"),
+    [("hf", "."), ("hf", "checkpoints"), ("gguf", "model.safetensors"), ("hf", "..")],
+)
+def test_refuses_output_over_the_run_itself(tmp_path, capsys, format, where):
+    """--overwrite replaces what --out names; an --out that is the run directory, inside it,
+    or above it would delete or overwrite the weights being exported, so it is refused; a new
+    file in the run directory is fine."""
+    run = tmp_path / "runs" / "run"
+    make_model_dir(run, "gpt2")
+    (run / "checkpoints").mkdir()
+    before = sorted(p.name for p in run.iterdir())
+    weights = (run / "model.safetensors").read_bytes()
+    assert _export(run, run / where, format, "--overwrite") == 2
+    assert "the run directory" in _one_line(capsys)
+    assert sorted(p.name for p in run.iterdir()) == before
+    assert (run / "model.safetensors").read_bytes() == weights
+    assert _export(run, run / "model.gguf", "gguf", "--overwrite") == 0
+    assert (run / "model.safetensors").read_bytes() == weights
