@@ -253,3 +253,14 @@ def test_refuses_output_over_the_run_itself(tmp_path, capsys, format, where):
     assert (run / "model.safetensors").read_bytes() == weights
     assert _export(run, run / "model.gguf", "gguf", "--overwrite") == 0
     assert (run / "model.safetensors").read_bytes() == weights
+
+
+def test_gguf_refusal_names_a_preset_that_exports_to_gguf(tmp_path, capsys):
+    """The preset a gguf refusal suggests for gpt2 must itself export to gguf: the classic
+    preset's exact GELU does not, so the hint adds --activation gelu_tanh."""
+    default = {k: v for k, v in PRESETS["default"].model.items() if k != "vocab_size"}
+    make_model_dir(tmp_path / "run", "gpt2", "char", **default)
+    assert _export(tmp_path / "run", tmp_path / "out.gguf", "gguf") == 2
+    assert "train with --preset classic --activation gelu_tanh or with" in _one_line(capsys)
+    classic = ModelConfig(**{**PRESETS["classic"].model, "activation": "gelu_tanh"})
+    assert export_target(classic, "gguf") == "gpt2"
