@@ -89,6 +89,16 @@ def _converter_layout(hf_dir: Path, out: Path, duplicate_output: bool) -> None:
     w.close()
 
 
+def test_sample_hf_on_a_run_directory_points_at_run(tmp_path, capsys):
+    """A decoderlm run directory given to --hf (its config.json has no model_type) is refused
+    in one line that says to use --run, not as a Hugging Face model of type None."""
+    make_model_dir(tmp_path / "run", "gpt2")
+    assert main(["sample", "--hf", str(tmp_path / "run"), "--prompt", "Hello"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "None" not in err
+    assert f"use --run {tmp_path / 'run'}" in err
+
+
 @pytest.mark.parametrize("duplicate_output", [False, True])
 def test_reads_gguf_in_llama_cpp_converter_layout(tmp_path, capsys, duplicate_output):
     model, _ = make_model_dir(tmp_path / "run", "gpt2", "gpt2")
