@@ -320,13 +320,19 @@ def resolve_tied(
 
 
 def load_state(
-    model: torch.nn.Module, state: dict[str, torch.Tensor], source, file_keys: dict | None = None
+    model: torch.nn.Module,
+    state: dict[str, torch.Tensor],
+    source,
+    file_keys: dict | None = None,
+    described_by: str = "config.json",
 ) -> torch.nn.Module:
     """Load `state` (our key names) into `model` (a DecoderLM), checked key by key and shape
     by shape first; tied or not, the token embedding or the unembedding may stand for both
     (see `resolve_tied`). Returns the model.
 
     file_keys: our key -> the file's name for it, for messages.
+    described_by: what describes the model, for messages ("config.json"; a GGUF file's
+    reader: "its metadata").
 
     Raises:
         ValueError: the tensors do not match the model (the message lists missing,
@@ -345,7 +351,7 @@ def load_state(
     ]
     if missing or unexpected or shapes:
         raise UserError(
-            f"{source} does not match config.json: missing {missing}, "
+            f"{source} does not match {described_by}: missing {missing}, "
             f"unexpected {unexpected}, shape mismatches {shapes}"
         )
     model.load_state_dict(state)
