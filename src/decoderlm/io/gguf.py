@@ -305,10 +305,13 @@ def load_gguf(path: str | Path, map_location: str = "cpu") -> tuple[DecoderLM, T
 
     Raises:
         MissingFileError: no such file.
-        UserError: not a readable GGUF file, another architecture, grouped-query attention,
-            tensors that do not match the metadata, or a tokenizer decoderlm cannot rebuild.
+        UserError: a directory, not a readable GGUF file, another architecture,
+            grouped-query attention, tensors that do not match the metadata, or a tokenizer
+            decoderlm cannot rebuild.
     """
     path = Path(path)
+    if path.is_dir():
+        raise UserError(f"{path} is a directory; --gguf takes one GGUF file (a run: --run)")
     if not path.is_file():
         raise MissingFileError(f"GGUF file {path} not found")
     meta, tensors = _read(path)

@@ -222,11 +222,15 @@ def read_model_dir(
 
     Raises:
         FileNotFoundError: the directory, config.json or model.safetensors is missing.
-        ValueError: config.json has no valid "model" entry, the weights file's size or
+        ValueError: `directory` is a file, config.json has no valid "model" entry, the
+            weights file's size or
             sha256 differs from the recorded one, or the file's parameter count differs from
             the config's.
     """
     directory = Path(directory)
+    if directory.is_file():
+        hint = f"; for a GGUF file use --gguf {directory}" if directory.suffix == ".gguf" else ""
+        raise UserError(f"{directory} is a file, not a model or run directory{hint}")
     if not directory.is_dir():
         raise MissingFileError(f"checkpoint directory {directory} not found (or not a directory)")
     if not (directory / CONFIG_NAME).exists() and list_checkpoints(directory):
