@@ -168,3 +168,38 @@ def test_rope_permutation_keeps_scores():
     assert torch.allclose(scores(*perm, _rope_interleaved), half, atol=1e-4)
     assert torch.equal(rope_interleaved_to_half(perm[0], n_heads), wq)
     assert not torch.allclose(scores(wq, wk, _rope_interleaved), half, atol=1e-2)
+
+
+@pytest.mark.parametrize(
+    ("dropped", "words"),
+    [
+        ("blk.0.ffn_up.weight", "has no tensor blk.0.ffn_up.weight"),  # read for d_ff
+        ("blk.0.ffn_down.weight", "missing ["),
+    ],
+)
+def test_gguf_with_a_missing_tensor_is_refused_naming_it(tmp_path, capsys, dropped, words):
+    """A GGUF file lacking a tensor is one line naming it (not a KeyError), and the line
+    speaks of the file's metadata, not of a config.json the file does not have."""
+    import gguf
+    import numpy as np
+
+    make_model_dir(tmp_path / "run", "gpt2")
+    assert _export(tmp_path / "run", tmp_path / "m.gguf") == 0
+    reader = gguf.GGUFReader(tmp_path / "m.gguf")
+    writer = gguf.GGUFWriter(tmp_path / "cut.gguf", "gpt2")
+    for field in reader.fields.values():
+        if field.name.startswith("GGUF.") or field.name == "general.architecture":
+            continue
+        writer.add_key_value(field.name, field.contents(), field.types[0], field.types[-1])
+    for tensor in reader.tensors:
+        if tensor.name != dropped:
+            writer.add_tensor(tensor.name, np.array(tensor.data), raw_dtype=tensor.tensor_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    capsys.readouterr()
+    assert main(["sample", "--gguf", str(tmp_path / "cut.gguf"), "--prompt", "Hello"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "config.json" not in err
+    assert words in err

@@ -232,3 +232,35 @@ def test_padded_vocabulary_exports_its_real_rows(tmp_path, shape):
         ref = model(ids)[0]
         assert (theirs(ids).logits - ref).abs().max().item() <= 1e-4
         assert torch.equal(load_gguf(tmp_path / "m.gguf")[0](ids)[0], ref)
+
+
+@pytest.mark.parametrize(
+    ("format", "where"),
+    [("hf", "."), ("hf", "checkpoints"), ("gguf", "model.safetensors"), ("hf", "..")],
+)
+def test_refuses_output_over_the_run_itself(tmp_path, capsys, format, where):
+    """--overwrite replaces what --out names; an --out that is the run directory, inside it,
+    or above it would delete or overwrite the weights being exported, so it is refused; a new
+    file in the run directory is fine."""
+    run = tmp_path / "runs" / "run"
+    make_model_dir(run, "gpt2")
+    (run / "checkpoints").mkdir()
+    before = sorted(p.name for p in run.iterdir())
+    weights = (run / "model.safetensors").read_bytes()
+    assert _export(run, run / where, format, "--overwrite") == 2
+    assert "the run directory" in _one_line(capsys)
+    assert sorted(p.name for p in run.iterdir()) == before
+    assert (run / "model.safetensors").read_bytes() == weights
+    assert _export(run, run / "model.gguf", "gguf", "--overwrite") == 0
+    assert (run / "model.safetensors").read_bytes() == weights
+
+
+def test_gguf_refusal_names_a_preset_that_exports_to_gguf(tmp_path, capsys):
+    """The preset a gguf refusal suggests for gpt2 must itself export to gguf: the classic
+    preset's exact GELU does not, so the hint adds --activation gelu_tanh."""
+    default = {k: v for k, v in PRESETS["default"].model.items() if k != "vocab_size"}
+    make_model_dir(tmp_path / "run", "gpt2", "char", **default)
+    assert _export(tmp_path / "run", tmp_path / "out.gguf", "gguf") == 2
+    assert "train with --preset classic --activation gelu_tanh or with" in _one_line(capsys)
+    classic = ModelConfig(**{**PRESETS["classic"].model, "activation": "gelu_tanh"})
+    assert export_target(classic, "gguf") == "gpt2"

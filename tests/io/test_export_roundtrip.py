@@ -89,6 +89,32 @@ def _converter_layout(hf_dir: Path, out: Path, duplicate_output: bool) -> None:
     w.close()
 
 
+def test_sample_hf_on_a_run_directory_points_at_run(tmp_path, capsys):
+    """A decoderlm run directory given to --hf (its config.json has no model_type) is refused
+    in one line that says to use --run, not as a Hugging Face model of type None."""
+    make_model_dir(tmp_path / "run", "gpt2")
+    assert main(["sample", "--hf", str(tmp_path / "run"), "--prompt", "Hello"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "None" not in err
+    assert f"use --run {tmp_path / 'run'}" in err
+
+
+def test_run_and_gguf_swapped_say_which_flag(tmp_path, capsys):
+    """A GGUF file given to --run, and a directory given to --gguf, are each one line naming
+    the flag that takes it (not "not found": the path exists)."""
+    make_model_dir(tmp_path / "run", "gpt2")
+    assert main(["export", "--run", str(tmp_path / "run"), "--format", "gguf",
+                 "--out", str(tmp_path / "m.gguf")]) == 0  # fmt: skip
+    capsys.readouterr()
+    for flag, path, words in (
+        ("--run", tmp_path / "m.gguf", f"use --gguf {tmp_path / 'm.gguf'}"),
+        ("--gguf", tmp_path / "run", "is a directory; --gguf takes one GGUF file"),
+    ):
+        assert main(["sample", flag, str(path), "--prompt", "Hello"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and words in err and "not found" not in err
+
+
 @pytest.mark.parametrize("duplicate_output", [False, True])
 def test_reads_gguf_in_llama_cpp_converter_layout(tmp_path, capsys, duplicate_output):
     model, _ = make_model_dir(tmp_path / "run", "gpt2", "gpt2")

@@ -31,14 +31,22 @@ from .targets import DTYPES, FORMATS, export_target
 __all__ = ["export"]
 
 
-def _check_out(out: Path, format: str, overwrite: bool) -> None:
-    """UserError when `out` exists and may not (or cannot) be replaced."""
+def _check_out(out: Path, run: Path, format: str, overwrite: bool) -> None:
+    """UserError when `out` exists and may not (or cannot) be replaced: without `overwrite`,
+    or when it is the run directory `run`, a file or folder in it, or a folder above it
+    (replacing it would destroy the model exported). A new path inside `run` is allowed."""
     if not out.exists():
         if not out.parent.is_dir():
             raise UserError(f"--out {out}: its directory {out.parent} does not exist")
         return
     if not overwrite:
         raise UserError(f"--out {out} already exists; pass --overwrite to replace it")
+    here, source = out.resolve(), run.resolve()
+    if here == source or source in here.parents or here in source.parents:
+        raise UserError(
+            f"--out {out} is the run directory {run}, in it or above it, and replacing it "
+            "would delete the model; export to a new path"
+        )
     if format == "gguf" and out.is_dir():
         raise UserError(f"--out {out} is a directory; a GGUF export is one file")
     if format == "hf" and not out.is_dir():
@@ -103,7 +111,7 @@ def export(
     if format == "gguf":
         check_gguf_dtype(model.config, dtype)
     tokenizer = load_tokenizer(run)
-    _check_out(out, format, overwrite)
+    _check_out(out, run, format, overwrite)
     if format == "gguf":
         save_gguf(model, tokenizer, out, dtype)
     else:

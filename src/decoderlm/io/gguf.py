@@ -242,19 +242,29 @@ def _read(path: Path):
 def _config(meta: dict, tensors: dict, arch: str, source: Path) -> ModelConfig:
     """The ModelConfig a file's metadata and tensor shapes describe."""
     get = lambda key, default=None: meta.get(f"{arch}.{key}", default)  # noqa: E731
+
+    def need(name: str, kind: str = "tensor"):
+        found = tensors.get(name) if kind == "tensor" else get(name)
+        if found is None:
+            raise UserError(
+                f"{source} has no {kind} {name if kind == 'tensor' else f'{arch}.{name}'}, "
+                f"which every {arch} GGUF file has (damaged, or written by another tool?)"
+            )
+        return found
+
     tied = "output.weight" not in tensors or torch.equal(
-        tensors["output.weight"], tensors["token_embd.weight"]
+        tensors["output.weight"], need("token_embd.weight")
     )
     fields = dict(
-        vocab_size=tensors["token_embd.weight"].size(0),
-        n_layers=get("block_count"),
-        n_heads=get("attention.head_count"),
-        d_model=get("embedding_length"),
-        d_ff=tensors["blk.0.ffn_up.weight"].size(0),
+        vocab_size=need("token_embd.weight").size(0),
+        n_layers=need("block_count", "key"),
+        n_heads=need("attention.head_count", "key"),
+        d_model=need("embedding_length", "key"),
+        d_ff=need("blk.0.ffn_up.weight").size(0),
         tie_embeddings=tied,
     )
     if arch == "gpt2":
-        block_size = tensors["position_embd.weight"].size(0)
+        block_size = need("position_embd.weight").size(0)
         shape = dict(activation="gelu_tanh", norm_eps=get("attention.layer_norm_epsilon", 1e-5))
     else:
         heads_kv = get("attention.head_count_kv", fields["n_heads"])
@@ -263,7 +273,7 @@ def _config(meta: dict, tensors: dict, arch: str, source: Path) -> ModelConfig:
                 f"{source} uses grouped-query attention ({heads_kv} key/value heads for "
                 f"{fields['n_heads']} query heads), which decoderlm's attention does not have"
             )
-        block_size = get("context_length")
+        block_size = need("context_length", "key")
         shape = dict(
             pos_encoding="rope",
             norm="rmsnorm",
@@ -295,10 +305,13 @@ def load_gguf(path: str | Path, map_location: str = "cpu") -> tuple[DecoderLM, T
 
     Raises:
         MissingFileError: no such file.
-        UserError: not a readable GGUF file, another architecture, grouped-query attention,
-            tensors that do not match the metadata, or a tokenizer decoderlm cannot rebuild.
+        UserError: a directory, not a readable GGUF file, another architecture,
+            grouped-query attention, tensors that do not match the metadata, or a tokenizer
+            decoderlm cannot rebuild.
     """
     path = Path(path)
+    if path.is_dir():
+        raise UserError(f"{path} is a directory; --gguf takes one GGUF file (a run: --run)")
     if not path.is_file():
         raise MissingFileError(f"GGUF file {path} not found")
     meta, tensors = _read(path)
@@ -325,7 +338,7 @@ def load_gguf(path: str | Path, map_location: str = "cpu") -> tuple[DecoderLM, T
         state[key] = torch.cat(
             [parts.get(n, torch.empty(0)) for n in ("attn_q", "attn_k", "attn_v")]
         )
-    model = load_state(DecoderLM(config), state, path, file_keys)
+    model = load_state(DecoderLM(config), state, path, file_keys, "its metadata")
     tokenizer = _tokenizer(meta, path)
     if tokenizer.vocab_size != config.vocab_size:
         raise UserError(

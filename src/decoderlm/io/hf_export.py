@@ -234,7 +234,8 @@ def load_hf(
     against the digest config.json records, where it records one.
 
     Raises:
-        MissingFileError / UserError: missing files, another model type, a Llama directory
+        MissingFileError / UserError: missing files, no or another model type (a decoderlm
+            run directory has none), a Llama directory
             without decoderlm_tokenizer.json, unsupported options.
     """
     directory = Path(directory)
@@ -243,6 +244,11 @@ def load_hf(
         model = load_gpt2(directory, map_location, verify=verify)
     elif model_type == "llama":
         model = load_llama(directory, map_location, verify=verify)
+    elif model_type is None:
+        raise UserError(
+            f"{directory}/config.json has no 'model_type', so it is not a Hugging Face "
+            f"model directory; for a decoderlm run directory use --run {directory}"
+        )
     else:
         raise UserError(
             f"{directory} is a Hugging Face {model_type!r} model; decoderlm reads GPT-2 "

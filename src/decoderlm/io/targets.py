@@ -86,10 +86,13 @@ def export_target(config: ModelConfig, format: str) -> str:
         return arch
     options = ", ".join(f"{_NAMES[k]} ({k}={getattr(config, k)!r})" for k in wrong)
     flags = " ".join(_flag(k, v) for k, v in wrong.items())
+    preset = f"--preset {ARCHITECTURES[arch][1]}"
+    if arch == "gpt2" and format == "gguf":  # the gpt2-shaped preset has the exact GELU
+        preset += f" {_flag('activation', 'gelu_tanh')}"
     raise UserError(
         f"this model cannot be exported to {format}: {options} "
         f"{'has' if len(wrong) == 1 else 'have'} no counterpart in GPT-2 or Llama, so the "
-        f"file would compute something else; train with --preset {ARCHITECTURES[arch][1]} "
+        f"file would compute something else; train with {preset} "
         f"or with {flags} to export as {arch}"
     )
 

@@ -222,11 +222,15 @@ def read_model_dir(
 
     Raises:
         FileNotFoundError: the directory, config.json or model.safetensors is missing.
-        ValueError: config.json has no valid "model" entry, the weights file's size or
+        ValueError: `directory` is a file, config.json has no valid "model" entry, the
+            weights file's size or
             sha256 differs from the recorded one, or the file's parameter count differs from
             the config's.
     """
     directory = Path(directory)
+    if directory.is_file():
+        hint = f"; for a GGUF file use --gguf {directory}" if directory.suffix == ".gguf" else ""
+        raise UserError(f"{directory} is a file, not a model or run directory{hint}")
     if not directory.is_dir():
         raise MissingFileError(f"checkpoint directory {directory} not found (or not a directory)")
     if not (directory / CONFIG_NAME).exists() and list_checkpoints(directory):
@@ -320,13 +324,19 @@ def resolve_tied(
 
 
 def load_state(
-    model: torch.nn.Module, state: dict[str, torch.Tensor], source, file_keys: dict | None = None
+    model: torch.nn.Module,
+    state: dict[str, torch.Tensor],
+    source,
+    file_keys: dict | None = None,
+    described_by: str = "config.json",
 ) -> torch.nn.Module:
     """Load `state` (our key names) into `model` (a DecoderLM), checked key by key and shape
     by shape first; tied or not, the token embedding or the unembedding may stand for both
     (see `resolve_tied`). Returns the model.
 
     file_keys: our key -> the file's name for it, for messages.
+    described_by: what describes the model, for messages ("config.json"; a GGUF file's
+    reader: "its metadata").
 
     Raises:
         ValueError: the tensors do not match the model (the message lists missing,
@@ -345,7 +355,7 @@ def load_state(
     ]
     if missing or unexpected or shapes:
         raise UserError(
-            f"{source} does not match config.json: missing {missing}, "
+            f"{source} does not match {described_by}: missing {missing}, "
             f"unexpected {unexpected}, shape mismatches {shapes}"
         )
     model.load_state_dict(state)
