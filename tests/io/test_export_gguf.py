@@ -11,7 +11,7 @@ import torch
 from export_models import MIXED_TEXT, greedy, make_model_dir
 
 from decoderlm.cli import main
-from decoderlm.io.gguf import load_gguf
+from decoderlm.io.gguf import DIGEST_KEY, load_gguf
 
 transformers = pytest.importorskip("transformers")
 
@@ -188,8 +188,8 @@ def test_gguf_with_a_missing_tensor_is_refused_naming_it(tmp_path, capsys, dropp
     reader = gguf.GGUFReader(tmp_path / "m.gguf")
     writer = gguf.GGUFWriter(tmp_path / "cut.gguf", "gpt2")
     for field in reader.fields.values():
-        if field.name.startswith("GGUF.") or field.name == "general.architecture":
-            continue
+        if field.name.startswith("GGUF.") or field.name in ("general.architecture", DIGEST_KEY):
+            continue  # the rewritten file's tensors differ: it records no digest
         writer.add_key_value(field.name, field.contents(), field.types[0], field.types[-1])
     for tensor in reader.tensors:
         if tensor.name != dropped:
@@ -203,3 +203,24 @@ def test_gguf_with_a_missing_tensor_is_refused_naming_it(tmp_path, capsys, dropp
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "config.json" not in err
     assert words in err
+
+
+def test_damaged_gguf_is_refused_unless_told_not_to_verify(tmp_path, capsys):
+    """One byte flipped in a GGUF export's tensor data (same size, still a valid GGUF file)
+    stops `sample --gguf` with one line naming both digests; --no-verify loads it anyway."""
+    make_model_dir(tmp_path / "run", "gpt2")
+    path = tmp_path / "m.gguf"
+    assert _export(tmp_path / "run", path) == 0
+    data = bytearray(path.read_bytes())
+    data[-100] ^= 0xFF  # inside the last tensor's data (tensor data ends the file)
+    path.write_bytes(bytes(data))
+    capsys.readouterr()
+    argv = ["sample", "--gguf", str(path), "--prompt", "Hello", "--max-new-tokens", "2"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("decoderlm: error:"), err
+    assert "sha256" in err and "--no-verify" in err and str(path) in err
+    assert main([*argv, "--no-verify"]) == 0
+    with pytest.raises(ValueError, match="sha256"):
+        load_gguf(path)
+    load_gguf(path, verify=False)

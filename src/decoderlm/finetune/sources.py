@@ -259,7 +259,7 @@ def load_model_and_tokenizer(
         if hf:
             model, tokenizer = load_hf(hf, map_location=device, verify=verify)
         elif gguf:
-            model, tokenizer = load_gguf(gguf, map_location=device)
+            model, tokenizer = load_gguf(gguf, map_location=device, verify=verify)
         else:
             model = load_model(run, map_location=device, verify=verify)
             tokenizer = load_tokenizer(run)

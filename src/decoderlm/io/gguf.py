@@ -24,11 +24,14 @@ The tokenizer is llama.cpp's "gpt2" byte-level BPE (tokenizer.ggml.model "gpt2",
 order; a char vocabulary as each character's byte symbols, with the merges that join the
 bytes of a multi-byte character (they never join two characters), so llama.cpp encodes
 covered text to decoderlm's ids. The file also carries decoderlm's tokenizer description
-(key "decoderlm.tokenizer", JSON), which `load_gguf` reads.
+(key "decoderlm.tokenizer", JSON), which `load_gguf` reads, and the sha256 of its tensor data
+(key "decoderlm.tensor_data_sha256": every tensor's stored bytes, in the file's order), which
+`load_gguf` checks, so a damaged or incompletely copied file is refused instead of sampling.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -39,7 +42,7 @@ from ..config import ModelConfig
 from ..errors import MissingFileError, UserError
 from ..files import atomic_write
 from ..model.model import DecoderLM
-from ..model.weights import load_state, unwrap_model
+from ..model.weights import VERIFY_HINT, load_state, unwrap_model
 from ..tokenizers import ByteTokenizer, CharTokenizer, GPT2Tokenizer, Tokenizer
 from ..tokenizers.gpt2 import GPT2_BPE_DIR
 from ..tokenizers.hf_json import byte_to_unicode
@@ -50,6 +53,7 @@ from .targets import DTYPES, export_target
 __all__ = ["check_gguf_dtype", "gguf_tokenizer", "load_gguf", "save_gguf"]
 
 TOKENIZER_KEY = "decoderlm.tokenizer"
+DIGEST_KEY = "decoderlm.tensor_data_sha256"
 _FILE_TYPES = {"f32": 0, "f16": 1, "q8_0": 7, "bf16": 32}  # gguf.LlamaFileType
 _NORMAL, _CONTROL = 1, 3  # gguf.TokenType
 _UNUSED_MERGE = "ĀĀ Ā"  # a merge no text reaches: no symbol "ĀĀ" is ever formed
@@ -178,7 +182,8 @@ def save_gguf(model: DecoderLM, tokenizer: Tokenizer, path: str | Path, dtype: s
             f"vocab_size={c.vocab_size}"
         )
     tokens, types, merges = gguf_tokenizer(tokenizer)
-    tensors = _gguf_tensors(model, arch)
+    encoded = {name: _encoded(name, t, dtype) for name, t in _gguf_tensors(model, arch).items()}
+    digest = _tensor_digest(np.ascontiguousarray(array) for array, _ in encoded.values())
 
     def write(tmp: str) -> None:
         w = gguf.GGUFWriter(tmp, arch)
@@ -206,9 +211,9 @@ def save_gguf(model: DecoderLM, tokenizer: Tokenizer, path: str | Path, dtype: s
             w.add_eos_token_id(tokenizer.eot_token)
         w.add_add_bos_token(False)
         w.add_string(TOKENIZER_KEY, json.dumps(tokenizer.to_dict(), ensure_ascii=False))
-        for name, tensor in tensors.items():
-            array, qtype = _encoded(name, tensor, dtype)
-            w.add_tensor(name, array, raw_dtype=qtype)
+        w.add_string(DIGEST_KEY, digest)
+        for name, (array, qtype) in encoded.items():
+            w.add_tensor(name, np.ascontiguousarray(array), raw_dtype=qtype)
         w.write_header_to_file()
         w.write_kv_data_to_file()
         w.write_tensors_to_file()
@@ -218,8 +223,34 @@ def save_gguf(model: DecoderLM, tokenizer: Tokenizer, path: str | Path, dtype: s
     return arch
 
 
-def _read(path: Path):
-    """(metadata {key: value}, tensors {name: float32 torch tensor [out, in]}) of a file."""
+def _tensor_digest(arrays) -> str:
+    """The sha256 hex digest of the arrays' bytes, one after the other."""
+    digest = hashlib.sha256()
+    for array in arrays:
+        digest.update(array)
+    return digest.hexdigest()
+
+
+def _verify(path: Path, recorded: str | None, reader) -> None:
+    """Check the tensor data of a file read by gguf.GGUFReader against the digest its
+    decoderlm key records (None: a file without one, e.g. llama.cpp's converter's: no check).
+
+    Raises:
+        UserError: the digests differ (both named, with the skip flag).
+    """
+    if recorded is None:
+        return
+    actual = _tensor_digest(np.ascontiguousarray(t.data) for t in reader.tensors)
+    if actual != recorded:
+        raise UserError(
+            f"{path}: its tensor data has sha256 {actual} but the file records {recorded} "
+            f"({DIGEST_KEY}; damaged or replaced); {VERIFY_HINT}"
+        )
+
+
+def _read(path: Path, verify: bool = True):
+    """(metadata {key: value}, tensors {name: float32 torch tensor [out, in]}) of a file; with
+    verify, its tensor data is checked first against the digest the file records."""
     import gguf
 
     try:
@@ -231,6 +262,8 @@ def _read(path: Path):
         if key.startswith("GGUF.") or key in ("tokenizer.ggml.scores",):
             continue
         metadata[key] = field.contents()
+    if verify:
+        _verify(path, metadata.get(DIGEST_KEY), reader)
     tensors = {}
     for t in reader.tensors:
         values = gguf.quants.dequantize(np.asarray(t.data), t.tensor_type)
@@ -299,13 +332,18 @@ def _tokenizer(meta: dict, source: Path) -> Tokenizer:
     )
 
 
-def load_gguf(path: str | Path, map_location: str = "cpu") -> tuple[DecoderLM, Tokenizer]:
+def load_gguf(
+    path: str | Path, map_location: str = "cpu", verify: bool = True
+) -> tuple[DecoderLM, Tokenizer]:
     """A GGUF file (architecture "gpt2" or "llama") as a DecoderLM (eval mode, float32) and
     its tokenizer. Quantised tensors (f16, bf16, q8_0, ...) are dequantised to float32.
+    verify: check the tensor data against the sha256 a decoderlm export records in the file
+    (key "decoderlm.tensor_data_sha256"; files without it load unchecked).
 
     Raises:
         MissingFileError: no such file.
-        UserError: a directory, not a readable GGUF file, another architecture,
+        UserError: a directory, not a readable GGUF file, tensor data that does not match
+            its recorded sha256 (verify), another architecture,
             grouped-query attention, tensors that do not match the metadata, or a tokenizer
             decoderlm cannot rebuild.
     """
@@ -314,7 +352,7 @@ def load_gguf(path: str | Path, map_location: str = "cpu") -> tuple[DecoderLM, T
         raise UserError(f"{path} is a directory; --gguf takes one GGUF file (a run: --run)")
     if not path.is_file():
         raise MissingFileError(f"GGUF file {path} not found")
-    meta, tensors = _read(path)
+    meta, tensors = _read(path, verify)
     arch = meta.get("general.architecture")
     if arch not in ("gpt2", "llama"):
         raise UserError(f"{path} holds a {arch!r} model; decoderlm reads 'gpt2' and 'llama'")

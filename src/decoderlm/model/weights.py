@@ -65,6 +65,7 @@ _CHUNK = 1 << 20  # bytes hashed at a time
 _STEP_PREFIX = "step-"
 _WRAPPER_PREFIXES = ("module.", "_orig_mod.")  # DDP / DataParallel and torch.compile
 _PAIR = ("tok_emb.weight", "lm_head.weight")  # the token embedding and the unembedding
+VERIFY_HINT = "copy it again, or skip this check with --no-verify (Python: verify=False)"
 
 
 def file_digest(path: str | Path) -> dict[str, Any]:
@@ -114,7 +115,7 @@ def verify_file(path: str | Path, recorded: dict[str, Any] | None) -> None:
     if recorded is None:
         return
     path = Path(path)
-    skip = "copy it again, or skip this check with --no-verify (Python: verify=False)"
+    skip = VERIFY_HINT
     size = path.stat().st_size
     if size != recorded["size"]:
         raise UserError(
