@@ -183,7 +183,7 @@ def test_gguf_with_a_missing_tensor_is_refused_naming_it(tmp_path, capsys, dropp
     import gguf
     import numpy as np
 
-    make_model_dir(tmp_path / "run", "gpt2")
+    make_model_dir(tmp_path / "run", "gpt2", "byte")  # a small vocabulary: fast
     assert _export(tmp_path / "run", tmp_path / "m.gguf") == 0
     reader = gguf.GGUFReader(tmp_path / "m.gguf")
     writer = gguf.GGUFWriter(tmp_path / "cut.gguf", "gpt2")
@@ -208,7 +208,7 @@ def test_gguf_with_a_missing_tensor_is_refused_naming_it(tmp_path, capsys, dropp
 def test_damaged_gguf_is_refused_unless_told_not_to_verify(tmp_path, capsys):
     """One byte flipped in a GGUF export's tensor data (same size, still a valid GGUF file)
     stops `sample --gguf` with one line naming both digests; --no-verify loads it anyway."""
-    make_model_dir(tmp_path / "run", "gpt2")
+    make_model_dir(tmp_path / "run", "gpt2", "byte")  # a small vocabulary: fast
     path = tmp_path / "m.gguf"
     assert _export(tmp_path / "run", path) == 0
     data = bytearray(path.read_bytes())
