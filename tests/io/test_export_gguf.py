@@ -5,6 +5,7 @@ llama.cpp itself."""
 from __future__ import annotations
 
 import importlib.util
+import sys
 
 import pytest
 import torch
@@ -12,6 +13,8 @@ from export_models import MIXED_TEXT, greedy, make_model_dir
 
 from decoderlm.cli import main
 from decoderlm.io.gguf import DIGEST_KEY, load_gguf
+
+from conftest import one_line_error
 
 transformers = pytest.importorskip("transformers")
 
@@ -224,3 +227,21 @@ def test_damaged_gguf_is_refused_unless_told_not_to_verify(tmp_path, capsys):
     with pytest.raises(ValueError, match="sha256"):
         load_gguf(path)
     load_gguf(path, verify=False)
+
+
+@pytest.mark.parametrize("command", ["export", "sample"])
+def test_without_the_gguf_package_is_one_line_naming_the_extra(tmp_path, capsys, monkeypatch,
+                                                               command):  # fmt: skip
+    """Where the [export] extra (the gguf package) is not installed, writing or reading a GGUF
+    file says how to install it in one line instead of an ImportError traceback."""
+    make_model_dir(tmp_path / "run", "gpt2", "byte")
+    assert _export(tmp_path / "run", tmp_path / "m.gguf") == 0
+    monkeypatch.setitem(sys.modules, "gguf", None)  # import gguf now raises ImportError
+    if command == "export":
+        argv = ["export", "--run", str(tmp_path / "run"), "--format", "gguf",
+                "--out", str(tmp_path / "n.gguf")]  # fmt: skip
+    else:
+        argv = ["sample", "--gguf", str(tmp_path / "m.gguf"), "--prompt", "Hi"]
+    capsys.readouterr()
+    one_line_error(capsys, argv, "decoderlm[export]")
+    assert not (tmp_path / "n.gguf").exists()

@@ -107,10 +107,26 @@ def check_gguf_dtype(config: ModelConfig, dtype: str) -> None:
             )
 
 
+def _gguf_package():
+    """The `gguf` package (llama.cpp's gguf-py, the [export] extra).
+
+    Raises:
+        UserError: it is not installed (one line saying how to install it).
+    """
+    try:
+        import gguf
+    except ImportError as e:
+        raise UserError(
+            f"GGUF files need the gguf package (llama.cpp's gguf-py): "
+            f"pip install 'decoderlm[export]' ({e})"
+        ) from None
+    return gguf
+
+
 def _encoded(name: str, tensor: torch.Tensor, dtype: str):
     """(array, GGMLQuantizationType) of one tensor in `dtype` (1-D tensors, norms and the
     position table stay float32)."""
-    import gguf
+    gguf = _gguf_package()
 
     array = tensor.numpy()
     if dtype == "f32" or array.ndim == 1 or name == "position_embd.weight":
@@ -167,10 +183,11 @@ def save_gguf(model: DecoderLM, tokenizer: Tokenizer, path: str | Path, dtype: s
         the architecture written ("gpt2" | "llama").
 
     Raises:
-        UserError: the model does not export to GGUF (the blocking options named), an unknown
+        UserError: the gguf package is missing, the model does not export to GGUF (the
+            blocking options named), an unknown
             dtype or one the model's row lengths cannot take, or a tokenizer that does not fit.
     """
-    import gguf
+    gguf = _gguf_package()
 
     model = unwrap_model(model)
     c = model.config
@@ -251,7 +268,7 @@ def _verify(path: Path, recorded: str | None, reader) -> None:
 def _read(path: Path, verify: bool = True):
     """(metadata {key: value}, tensors {name: float32 torch tensor [out, in]}) of a file; with
     verify, its tensor data is checked first against the digest the file records."""
-    import gguf
+    gguf = _gguf_package()
 
     try:
         reader = gguf.GGUFReader(path)
@@ -342,7 +359,8 @@ def load_gguf(
 
     Raises:
         MissingFileError: no such file.
-        UserError: a directory, not a readable GGUF file, tensor data that does not match
+        UserError: the gguf package is missing, a directory, not a readable GGUF file,
+            tensor data that does not match
             its recorded sha256 (verify), another architecture,
             grouped-query attention, tensors that do not match the metadata, or a tokenizer
             decoderlm cannot rebuild.
