@@ -143,16 +143,122 @@ def test_refuses_unknown_format_and_dtype(tmp_path, capsys, args, words):
     assert not (tmp_path / "o").exists()
 
 
+def _tree(root) -> dict:
+    """Every file and folder under `root`: its relative path and its bytes (None: a folder)."""
+    return {
+        str(p.relative_to(root)): (p.read_bytes() if p.is_file() else None)
+        for p in sorted(root.rglob("*"))
+    }
+
+
 def test_refuses_existing_output_without_overwrite(tmp_path, capsys):
     make_model_dir(tmp_path / "run", "gpt2")
-    (tmp_path / "hf").mkdir()
-    (tmp_path / "hf" / "keep.txt").write_text("mine")
+    assert _export(tmp_path / "run", tmp_path / "hf") == 0
+    before = _tree(tmp_path / "hf")
     assert _export(tmp_path / "run", tmp_path / "hf") == 2
     assert "--overwrite" in _one_line(capsys)
-    assert (tmp_path / "hf" / "keep.txt").read_text() == "mine"
-    assert _export(tmp_path / "run", tmp_path / "hf", "hf", "--overwrite") == 0
-    assert not (tmp_path / "hf" / "keep.txt").exists()
-    assert (tmp_path / "hf" / "model.safetensors").is_file()
+    assert _tree(tmp_path / "hf") == before
+
+
+def _another_run(path):
+    """A run directory of another model: its weights, checkpoints and metrics."""
+    make_model_dir(path, "gpt2", seed=3)
+    (path / "checkpoints" / "step-00000010").mkdir(parents=True)
+    (path / "checkpoints" / "step-00000010" / "model.safetensors").write_bytes(b"weights")
+    (path / "metrics.jsonl").write_text('{"step": 10, "loss": 3.2}\n')
+
+
+@pytest.mark.parametrize("overwrite", [[], ["--overwrite"]])
+@pytest.mark.parametrize(
+    ("fill", "named"), [("notes", "thesis.txt"), ("run", "checkpoints/, metrics.jsonl")]
+)
+def test_an_out_folder_holding_other_files_is_refused_and_left_as_it_was(
+    tmp_path, capsys, overwrite, fill, named
+):
+    """An hf export replaces only the files a hf export writes: an --out folder that holds
+    anything else (someone's notes, another run's checkpoints and metrics) is refused, with
+    or without --overwrite, naming what it holds, and nothing in it changes."""
+    make_model_dir(tmp_path / "run", "gpt2")
+    out = tmp_path / "mywork"
+    if fill == "notes":
+        out.mkdir()
+        (out / "thesis.txt").write_text("three years of notes")
+    else:
+        _another_run(out)
+    before = _tree(out)
+    assert _export(tmp_path / "run", out, "hf", *overwrite) == 2
+    line = _one_line(capsys)
+    assert f"--out {out} holds {named}" in line and "new or empty folder" in line
+    assert _tree(out) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mywork", "run"]  # no temp folder
+
+
+def test_reexport_over_a_previous_export_replaces_its_files(tmp_path, capsys):
+    """--overwrite over an earlier hf export: the folder holds exactly the files an export
+    writes (HF_FILES), now the second model's, and nothing is left beside it."""
+    from decoderlm.io.hf_export import HF_FILES
+
+    make_model_dir(tmp_path / "first", "gpt2", seed=1)
+    second, _ = make_model_dir(tmp_path / "second", "gpt2", seed=2)
+    assert _export(tmp_path / "first", tmp_path / "hf") == 0
+    assert sorted(p.name for p in (tmp_path / "hf").iterdir()) == sorted(HF_FILES)
+    assert _export(tmp_path / "second", tmp_path / "hf", "hf", "--overwrite") == 0
+    assert sorted(p.name for p in (tmp_path / "hf").iterdir()) == sorted(HF_FILES)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["first", "hf", "second"]
+    ids = torch.randint(0, second.config.vocab_size, (1, 16))
+    with torch.no_grad():
+        assert torch.equal(load_hf(tmp_path / "hf")[0](ids)[0], second(ids)[0])
+
+
+def test_gguf_over_a_directory_is_refused_and_over_a_file_replaces_it(tmp_path, capsys):
+    """A GGUF export is one file: an existing directory as --out is refused and kept, with or
+    without --overwrite; an existing file is replaced with --overwrite."""
+    make_model_dir(tmp_path / "run", "gpt2")
+    (tmp_path / "mywork").mkdir()
+    (tmp_path / "mywork" / "thesis.txt").write_text("notes")
+    for extra in ([], ["--overwrite"]):
+        assert _export(tmp_path / "run", tmp_path / "mywork", "gguf", *extra) == 2
+        assert "is a directory; a GGUF export is one file" in _one_line(capsys)
+        assert (tmp_path / "mywork" / "thesis.txt").read_text() == "notes"
+    (tmp_path / "m.gguf").write_bytes(b"old")
+    assert _export(tmp_path / "run", tmp_path / "m.gguf", "gguf", "--overwrite") == 0
+    assert (tmp_path / "m.gguf").read_bytes()[:4] == b"GGUF"
+
+
+@pytest.mark.parametrize("format", ["hf", "gguf"])
+def test_out_in_a_folder_that_does_not_exist_makes_it_and_says_so(tmp_path, capsys, format):
+    make_model_dir(tmp_path / "run", "gpt2")
+    out = tmp_path / "exports" / "tiny" / ("hf" if format == "hf" else "m.gguf")
+    assert _export(tmp_path / "run", out, format) == 0
+    assert f"(made the folder {out.parent})" in capsys.readouterr().out
+    assert out.exists() and (out.is_dir() if format == "hf" else out.is_file())
+
+
+def test_out_under_a_file_is_one_line(tmp_path, capsys):
+    make_model_dir(tmp_path / "run", "gpt2")
+    (tmp_path / "notes.txt").write_text("notes")
+    assert _export(tmp_path / "run", tmp_path / "notes.txt" / "hf") == 2
+    assert f"{tmp_path / 'notes.txt'} is a file, not a folder" in _one_line(capsys)
+    assert (tmp_path / "notes.txt").read_text() == "notes"
+
+
+@pytest.mark.parametrize("inside", ["checkpoints", "samples/early"])
+def test_run_given_as_a_folder_inside_the_run_names_the_run_directory(tmp_path, capsys, inside):
+    """--run RUN/checkpoints (or any folder in a run without config.json) names the run."""
+    run = tmp_path / "run"
+    _another_run(run)
+    (run / "samples" / "early").mkdir(parents=True)
+    assert _export(run / inside, tmp_path / "hf") == 2
+    line = _one_line(capsys)
+    assert f"give --run {run}" in line and "config.json not found" not in line
+    assert not (tmp_path / "hf").exists()
+
+
+def test_run_given_as_the_checkpoints_of_an_unfinished_run_names_the_run(tmp_path, capsys):
+    """A run still training has checkpoints/ but no config.json yet."""
+    (tmp_path / "run" / "checkpoints").mkdir(parents=True)
+    assert _export(tmp_path / "run" / "checkpoints", tmp_path / "hf") == 2
+    assert f"give --run {tmp_path / 'run'}" in _one_line(capsys)
 
 
 def test_refuses_run_without_weights(tmp_path, capsys):
@@ -180,9 +286,10 @@ def test_failed_write_leaves_nothing(tmp_path, monkeypatch, format):
         monkeypatch.setattr("decoderlm.io.hf.save_file", full)
     else:
         monkeypatch.setattr(gguf_module, "_encoded", full)
-    out = tmp_path / ("hf" if format == "hf" else "m.gguf")
-    assert _export(tmp_path / "run", out, format) == 2
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+    for out in (tmp_path / "hf", tmp_path / "new" / "hf"):  # the folder it made goes too
+        out = out.with_suffix("" if format == "hf" else ".gguf")
+        assert _export(tmp_path / "run", out, format) == 2
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
 
 
 def test_python_export_refuses_like_the_command(tmp_path):

@@ -8,39 +8,60 @@
     gguf    one GGUF file llama.cpp loads (`decoderlm.io.gguf`)
 
 Which models export as which architecture: `decoderlm.io.targets`. The output appears whole
-or not at all (written under a temporary name, then renamed into place).
+or not at all: a GGUF file is written under a temporary name, then renamed into place; a hf
+export is written into a temporary folder beside --out, then renamed to --out, or, where --out
+is an earlier hf export, its files moved in one by one (os.replace). An --out folder that holds
+anything else is refused, never emptied; missing parent folders of --out are made (and said).
 """
 
 from __future__ import annotations
 
 import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Literal
 
 from ..arguments import NotEmptyPath
 from ..errors import UserError
-from ..files import make_temp_dir
+from ..files import fsync_dir, make_temp_dir
 from ..model.model import DecoderLM
+from ..model.weights import CONFIG_NAME
 from ..tokenizers import load_tokenizer
 from .gguf import check_gguf_dtype, save_gguf
-from .hf_export import save_hf
+from .hf_export import HF_FILES, save_hf
 from .targets import DTYPES, FORMATS, export_target
 
 __all__ = ["export"]
 
 
-def _check_out(out: Path, run: Path, format: str, overwrite: bool) -> None:
-    """UserError when `out` exists and may not (or cannot) be replaced: without `overwrite`,
-    or when it is the run directory `run`, a file or folder in it, or a folder above it
-    (replacing it would destroy the model exported). A new path inside `run` is allowed."""
-    if not out.exists():
-        if not out.parent.is_dir():
-            raise UserError(f"--out {out}: its directory {out.parent} does not exist")
+def _check_run(run: Path) -> None:
+    """UserError naming the run directory when `run` is a folder inside one (its
+    checkpoints/, say) rather than the directory that holds the model's config.json."""
+    if not run.is_dir() or (run / CONFIG_NAME).exists():
         return
-    if not overwrite:
-        raise UserError(f"--out {out} already exists; pass --overwrite to replace it")
+    above = next((p for p in run.parents if (p / CONFIG_NAME).is_file()), None)
+    if above is None and run.name == "checkpoints":
+        above = run.parent
+    if above is not None:
+        raise UserError(
+            f"--run {run} is a folder inside the run directory {above}, not a model "
+            f"directory; give --run {above}"
+        )
+
+
+def _listed(names: list[str]) -> str:
+    shown = ", ".join(names[:3])
+    return shown if len(names) <= 3 else f"{shown} and {len(names) - 3} more"
+
+
+def _check_out(out: Path, run: Path, format: str, overwrite: bool) -> None:
+    """UserError when `out` exists and may not (or cannot) be replaced: when it is the run
+    directory `run`, a file or folder in it, or a folder above it (replacing it would destroy
+    the model exported); a directory for gguf, a file for hf; for hf, a directory holding
+    anything but the files a hf export writes (`HF_FILES`); and without `overwrite`. A new
+    path inside `run` is allowed."""
+    if not out.exists():
+        return
     here, source = out.resolve(), run.resolve()
     if here == source or source in here.parents or here in source.parents:
         raise UserError(
@@ -51,17 +72,49 @@ def _check_out(out: Path, run: Path, format: str, overwrite: bool) -> None:
         raise UserError(f"--out {out} is a directory; a GGUF export is one file")
     if format == "hf" and not out.is_dir():
         raise UserError(f"--out {out} is a file; a Hugging Face export is a directory")
+    if format == "hf":
+        others = sorted(
+            p.name + ("/" if p.is_dir() else "")
+            for p in out.iterdir()
+            if p.name not in HF_FILES or not p.is_file()
+        )
+        if others:
+            raise UserError(
+                f"--out {out} holds {_listed(others)}, which a hf export does not write, "
+                "so it is not replaced; export to a new or empty folder"
+            )
+    if not overwrite:
+        raise UserError(f"--out {out} already exists; pass --overwrite to replace it")
 
 
-def _replace_dir(stage: Path, out: Path) -> None:
-    """Move the finished directory `stage` to `out`, replacing what is there."""
+def _make_folder(folder: Path, out: Path) -> Path | None:
+    """Make `folder` with its missing parents; the outermost folder made (None when `folder`
+    exists already). UserError when part of the path is a file."""
+    missing = [p for p in (folder, *folder.parents) if not p.exists()]
+    there = missing[-1].parent if missing else folder  # the nearest part that exists
+    if not there.is_dir():
+        raise UserError(f"--out {out}: {there} is a file, not a folder")
+    if not missing:
+        return None
+    folder.mkdir(parents=True)
+    return missing[-1]
+
+
+def _move_files_in(stage: Path, out: Path) -> None:
+    """Put the files of the finished hf directory `stage` in `out` and remove `stage`: a new
+    `out` is `stage` renamed; into an existing one (holding only `HF_FILES`, see `_check_out`)
+    each file is moved with os.replace, config.json last, and a file of an earlier export that
+    this one did not write is removed. Nothing else in `out` is touched."""
     if not out.exists():
         os.replace(stage, out)
         return
-    old = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".old"))
-    os.replace(out, old / "dir")
-    os.replace(stage, out)
-    shutil.rmtree(old)
+    written = sorted((p.name for p in stage.iterdir()), key=lambda name: name == CONFIG_NAME)
+    for name in written:
+        os.replace(stage / name, out / name)
+    for name in set(HF_FILES) - set(written):
+        (out / name).unlink(missing_ok=True)
+    stage.rmdir()
+    fsync_dir(out)
 
 
 def export(
@@ -87,7 +140,8 @@ def export(
         out: the directory (hf) or file (gguf) to write.
         dtype: the weights' number format: f32, f16, bf16, or q8_0 (gguf only: blocks of 32
             int8 values with an f16 scale).
-        overwrite: replace an existing --out.
+        overwrite: replace an existing --out: a GGUF file, or the files of an earlier hf
+            export (a folder holding anything else is refused).
         no_verify: read the weights without checking them against the sizes and sha256
             digests that config.json records (for huge files).
 
@@ -96,8 +150,10 @@ def export(
 
     Raises:
         UserError / MissingFileError: an unknown format or dtype, --out exists without
-            overwrite, the run has no weights or no tokenizer, the model has options neither
-            format represents, or a dtype the format or the model cannot take.
+            overwrite, an --out folder holding files a hf export does not write, --run a
+            folder inside a run directory, the run has no weights or no tokenizer, the model
+            has options neither format represents, or a dtype the format or the model cannot
+            take.
     """
     if format not in FORMATS:
         raise UserError(f"unknown format {format!r}; use one of {list(FORMATS)}")
@@ -106,21 +162,29 @@ def export(
     if format == "hf" and dtype == "q8_0":
         raise UserError("q8_0 is a GGUF quantisation; a hf export takes f32, f16 or bf16")
     run, out = Path(run), Path(out)
+    _check_run(run)
     model = DecoderLM.from_pretrained(run, verify=not no_verify)
     arch = export_target(model.config, format)
     if format == "gguf":
         check_gguf_dtype(model.config, dtype)
     tokenizer = load_tokenizer(run)
     _check_out(out, run, format, overwrite)
-    if format == "gguf":
-        save_gguf(model, tokenizer, out, dtype)
-    else:
-        stage = make_temp_dir(out.parent, f".{out.name}.", ".tmp")
-        try:
-            save_hf(model, tokenizer, stage, dtype)
-            _replace_dir(stage, out)
-        except BaseException:
-            shutil.rmtree(stage, ignore_errors=True)
-            raise
-    print(f"exported {run} as {arch} ({format}, {dtype}) to {out}")
+    made = _make_folder(out.parent, out)
+    try:
+        if format == "gguf":
+            save_gguf(model, tokenizer, out, dtype)
+        else:
+            stage = make_temp_dir(out.parent, f".{out.name}.", ".tmp")
+            try:
+                save_hf(model, tokenizer, stage, dtype)
+                _move_files_in(stage, out)
+            except BaseException:
+                shutil.rmtree(stage, ignore_errors=True)
+                raise
+    except BaseException:
+        if made is not None:
+            shutil.rmtree(made, ignore_errors=True)
+        raise
+    said = "" if made is None else f" (made the folder {out.parent})"
+    print(f"exported {run} as {arch} ({format}, {dtype}) to {out}{said}")
     return out

@@ -27,13 +27,30 @@ from ..config import ModelConfig
 from ..errors import UserError
 from ..files import atomic_write, read_json, write_json
 from ..model.model import DecoderLM
-from ..model.weights import CHECKSUMS_KEY, file_digest, load_state, unwrap_model
+from ..model.weights import (
+    CHECKSUMS_KEY,
+    CONFIG_NAME,
+    WEIGHTS_NAME,
+    file_digest,
+    load_state,
+    unwrap_model,
+)
 from ..tokenizers import GPT2Tokenizer, Tokenizer, load_tokenizer
-from ..tokenizers.base import END_OF_TEXT, TOKENIZER_NAME
+from ..tokenizers.base import END_OF_TEXT, HF_TOKENIZER_NAME, TOKENIZER_NAME
 from .hf import _read_hf_weights, load_gpt2, save_gpt2
 from .targets import export_target
 
-__all__ = ["load_hf", "load_llama", "save_hf", "save_llama"]
+__all__ = ["HF_FILES", "load_hf", "load_llama", "save_hf", "save_llama"]
+
+HF_FILES = (
+    CONFIG_NAME,
+    WEIGHTS_NAME,
+    HF_TOKENIZER_NAME,
+    TOKENIZER_NAME,
+    "tokenizer_config.json",
+    "generation_config.json",
+)
+"""The names of the files `save_hf` writes (and all it writes)."""
 
 _TORCH_DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
 _LLAMA_BLOCK = {
