@@ -97,16 +97,30 @@ def test_logits_are_within_tolerance_of_float32(trained, precision):
 
 
 @pytest.mark.parametrize("precision", list(OPTIONS))
-def test_greedy_tokens_mostly_equal_float32(trained, precision):
-    # a trained model is confident, so lower precision should rarely flip an argmax: over 8
-    # prompts of 48 new tokens, at least 90% of the tokens agree position by position
+def test_greedy_tokens_equal_float32_where_its_choice_is_clear(trained, precision):
+    # What lower precision promises is a bound on each log-probability (LOGPROB_TOLERANCE),
+    # not agreement on near-ties: a bound e moves the gap between the top two tokens by at most
+    # 2e, so wherever float32's gap exceeds 2e the argmax cannot change. Along float32's greedy
+    # continuations of 16 prompts (24 new tokens each, so that the 32-token context never
+    # slides and one forward pass sees what decoding saw): the bound holds, the argmax agrees at
+    # every clear position, and the low-precision model's own greedy decoding (KV cache and
+    # all) is float32's up to each continuation's first near-tie. How often a near-tie flips
+    # depends on the CPU's rounding (bfloat16 products on AMX differ), so it is not asserted.
     model, held_out = trained
-    options = OPTIONS[precision]
-    low = _prepared(model, **options)
-    prompts = held_out[:64].view(8, 8)
-    exact = generate(model, prompts, 48, do_sample=False)[:, 8:]
-    approx = generate(low, prompts, 48, do_sample=False)[:, 8:]
-    assert (exact == approx).float().mean() >= 0.9
+    low = _prepared(model, **OPTIONS[precision])
+    bound = LOGPROB_TOLERANCE[precision]
+    prompts = held_out[:128].view(16, 8)
+    exact = generate(model, prompts, 24, do_sample=False)
+    want, got = _logprobs(model, exact[:, :-1])[:, 7:], _logprobs(low, exact[:, :-1])[:, 7:]
+    assert (got - want).abs().max() <= bound
+    top2 = want.topk(2, dim=-1).values
+    clear = top2[..., 0] - top2[..., 1] > 2 * bound  # [16, 24]
+    assert clear.sum() >= 96  # a quarter of the positions at least: a real check
+    assert torch.equal(got.argmax(-1)[clear], exact[:, 8:][clear])
+    approx = generate(low, prompts, 24, do_sample=False)
+    for row in range(16):
+        upto = int(clear[row].long().cumprod(0).sum())  # positions before the first near-tie
+        assert torch.equal(approx[row, 8 : 8 + upto], exact[row, 8 : 8 + upto])
 
 
 @pytest.mark.parametrize("precision", list(OPTIONS))
