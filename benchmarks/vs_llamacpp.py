@@ -48,9 +48,13 @@ from pathlib import Path
 from common import arguments
 
 INSTALL = (
-    "vs_llamacpp.py: error: llama_cpp is not installed; build it from source with "
-    '`CMAKE_ARGS="-DGGML_NATIVE=ON" pip install llama-cpp-python` (needs cmake and a C++ '
-    "compiler: apt-get install -y cmake build-essential)"
+    "vs_llamacpp.py: error: llama_cpp is not installed; build it from source for this CPU, "
+    "without AMX (its q8_0 path dies with SIGILL on some AMX machines): "
+    '`CMAKE_ARGS=\'-DGGML_NATIVE=ON "-DCMAKE_C_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16" '
+    '"-DCMAKE_CXX_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"\' '
+    'pip install "llama-cpp-python[server]>=0.3.36"` (on x86-64; elsewhere '
+    "CMAKE_ARGS=-DGGML_NATIVE=ON; needs cmake and a C++ compiler: apt-get install -y cmake "
+    "build-essential)"
 )
 PRECISIONS = {  # name: (decoderlm options, GGUF dtype)
     "f32": ({}, "f32"),
