@@ -54,6 +54,15 @@ def randomize(model: DecoderLM, seed: int = 0) -> DecoderLM:
     return model
 
 
+@pytest.fixture(autouse=True)
+def _in_an_empty_working_directory(tmp_path_factory, monkeypatch):
+    """Every test runs in a new empty working directory: what a reader's commands leave in the
+    checkout (report.html, runs/, data/) cannot change what a test sees, and a command a test
+    runs with its default output paths writes nothing into the checkout. Tests name the
+    repository's files from `__file__`."""
+    monkeypatch.chdir(tmp_path_factory.mktemp("cwd"))
+
+
 @pytest.fixture
 def tiny():
     return tiny_model()

@@ -24,7 +24,8 @@ from decoderlm.generation.precision import (
     quantize_int8,
 )
 
-RUN = "tests/fixtures/run_v0/gpt2-style"  # a char run: d_model 32, d_ff 128, vocab 61
+# a char run: d_model 32, d_ff 128, vocab 61
+RUN = str(Path(__file__).parents[1] / "fixtures" / "run_v0" / "gpt2-style")
 
 
 def _markov_text(n: int, vocab: int, seed: int = 0) -> torch.Tensor:
