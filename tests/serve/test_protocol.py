@@ -33,7 +33,7 @@ def schema():
     try:
         yield app.openapi()
     finally:
-        app.state.serving.close()
+        app.state.serving_completion.close()
 
 
 def _ref(content: dict) -> str:
@@ -149,14 +149,17 @@ def test_the_serve_module_and_command_load_without_fastapi_or_pydantic():
         ({"served_model_name": "", "run": "x"}, "--served-model-name must not be empty"),
         ({"port": 0}, "--port must be in [1, 65536), got 0"),
         ({"port": 65536}, "--port must be in [1, 65536), got 65536"),
-        ({"max_batch_size": 0}, "--max-batch-size must be an integer >= 1, got 0"),
-        ({"max_tokens_limit": 0}, "--max-tokens-limit must be an integer >= 1, got 0"),
-        ({"max_prompt_tokens": -3}, "--max-prompt-tokens must be an integer >= 1, got -3"),
-        ({"max_stop": -1}, "--max-stop must be an integer >= 0, got -1"),
-        ({"max_logprobs": 21}, "--max-logprobs must be in [0, 20], got 21"),
-        ({"max_queue": -1}, "--max-queue must be an integer >= 0, got -1"),
-        ({"max_body_bytes": 0}, "--max-body-bytes must be an integer >= 1, got 0"),
-        ({"request_timeout": -1.0}, "--request-timeout must be >= 0 seconds, got -1.0"),
+        ({"limits": {"max_batch_size": 0}}, "--max-batch-size must be an integer >= 1, got 0"),
+        ({"limits": {"max_tokens_limit": 0}}, "--max-tokens-limit must be an integer >= 1, got 0"),
+        (
+            {"limits": {"max_prompt_tokens": -3}},
+            "--max-prompt-tokens must be an integer >= 1, got -3",
+        ),
+        ({"limits": {"max_stop": -1}}, "--max-stop must be an integer >= 0, got -1"),
+        ({"limits": {"max_logprobs": 21}}, "--max-logprobs must be in [0, 20], got 21"),
+        ({"limits": {"max_queue": -1}}, "--max-queue must be an integer >= 0, got -1"),
+        ({"limits": {"max_body_bytes": 0}}, "--max-body-bytes must be an integer >= 1, got 0"),
+        ({"limits": {"request_timeout": -1.0}}, "--request-timeout must be >= 0 seconds, got -1.0"),
         ({"api_key": [""]}, "--api-key (or DECODERLM_API_KEY) must be a non-empty key"),
     ],
 )
