@@ -98,8 +98,8 @@ class RunPlan:
         tokenizer: the run's tokenizer.
         train_ids, val_ids: [N] token ids of the two splits (int64 tensors, or numpy /
             memmapped arrays).
-        checkpoint: resuming: the checkpoint continued from, and its trainer state.
-        resume_state: see `checkpoint`.
+        checkpoint: resuming: the checkpoint directory continued from; None for a new run.
+        resume_state: resuming: that checkpoint's trainer state (`load_trainer_state`).
         start_model: the model training starts from: the checkpoint's (resuming) or
             --init-from's (fine-tuning); None for a new model.
         init_from: fine-tuning: config.json["init_from"] (where the weights came from).
@@ -175,7 +175,7 @@ def check_plan(plan: RunPlan, info: DistInfo, overwrite: bool) -> None:
     check_run_dir(plan.out_dir, overwrite, resuming=plan.checkpoint is not None)
 
 
-def checkpoint_model(checkpoint: Path, map_location: str = "cpu", verify: bool = True):
+def checkpoint_model(checkpoint: Path, map_location: str = "cpu", verify: bool = True) -> DecoderLM:
     """A checkpoint's model as training continues from it: LoRA layers kept, not merged
     (`decoderlm.finetune.sources.load_model` with merge=False)."""
     return load_model(checkpoint, map_location=map_location, merge=False, verify=verify)
@@ -295,8 +295,8 @@ def _resumed_plan(request: RunRequest, info: DistInfo, log) -> RunPlan:
             f"--resume continues the run in {out_dir} itself; drop --out "
             f"{request.out} (copy the run directory first to branch it)"
         )
-    checkpoint, resume_state, resumed, tokenizer = _resume_point(out_dir, info, log, request.verify)
-    saved = read_json(checkpoint / "config.json")
+    point = _resume_point(out_dir, info, log, request.verify)
+    saved = read_json(point.checkpoint / "config.json")
     if request.preset is not None and request.preset != saved.get("preset"):
         raise UserError(
             f"the checkpoint was trained with preset {saved.get('preset')!r}, "
@@ -305,13 +305,13 @@ def _resumed_plan(request: RunRequest, info: DistInfo, log) -> RunPlan:
     overrides = request.train_overrides
     given = {"dataset": request.dataset, "max_chars": request.max_chars}
     given["val_fraction"] = overrides.get("val_fraction")
-    spec = _resumed_data_spec(saved, checkpoint / "config.json", request.data, given)
+    spec = _resumed_data_spec(saved, point.checkpoint / "config.json", request.data, given)
     _check_same("model config", saved["model"], request.model_overrides)
     finetuning = {k: v for k, v in overrides.items() if k in _FINETUNE_FIELDS}
     _check_same("fine-tuning settings", saved["train"], finetuning)
     model_cfg = ModelConfig.from_dict(saved["model"])
     train_cfg = TrainConfig.from_stored({**saved["train"], **overrides})
-    tokenizer, train_ids, val_ids, corpus, fingerprint = load_corpus(spec, tokenizer)
+    tokenizer, train_ids, val_ids, corpus, fingerprint = load_corpus(spec, point.tokenizer)
     if spec.get("fingerprint") not in (None, fingerprint):
         raise UserError(
             f"the corpus at {spec['token_dir'] or spec['path']} is not the one "
@@ -329,9 +329,9 @@ def _resumed_plan(request: RunRequest, info: DistInfo, log) -> RunPlan:
         tokenizer=tokenizer,
         train_ids=train_ids,
         val_ids=val_ids,
-        checkpoint=checkpoint,
-        resume_state=resume_state,
-        start_model=resumed,
+        checkpoint=point.checkpoint,
+        resume_state=point.trainer_state,
+        start_model=point.model,
         init_from=saved.get("init_from"),
     )
 
@@ -376,21 +376,35 @@ def _check_same(kind: str, saved: dict, overrides: dict) -> None:
         )
 
 
-def _resume_point(run_dir: Path, info: DistInfo, log, verify: bool = True):
-    """(checkpoint, its trainer state, model and tokenizer) for the newest checkpoint of
-    run_dir that loads whole. A damaged newer one is skipped with a warning and renamed
-    damaged-step-N (by rank 0), so it stays on disk for inspection but out of the
-    keep_checkpoints rotation."""
+@dataclass(frozen=True)
+class _ResumePoint:
+    """A checkpoint a run continues from, loaded: its directory, trainer state
+    (`load_trainer_state`), model (`checkpoint_model`) and tokenizer."""
+
+    checkpoint: Path
+    trainer_state: dict
+    model: DecoderLM
+    tokenizer: Tokenizer
+
+
+def _resume_point(run_dir: Path, info: DistInfo, log, verify: bool = True) -> _ResumePoint:
+    """The newest checkpoint of run_dir that loads whole. A damaged newer one is skipped
+    with a warning and renamed damaged-step-N (by rank 0), so it stays on disk for
+    inspection but out of the keep_checkpoints rotation.
+
+    Raises:
+        UserError / MissingFileError: run_dir is a file, has no checkpoint, or none loads.
+    """
     if run_dir.exists() and not run_dir.is_dir():
         raise UserError(f"--resume {run_dir} is a file; give the run directory")
     latest_checkpoint(run_dir)  # raises a clear error when there is none
     for candidate in reversed(list_checkpoints(run_dir)):
         try:
-            return (
-                candidate,
-                load_trainer_state(candidate, verify),
-                checkpoint_model(candidate, verify=verify),
-                load_tokenizer(candidate),
+            return _ResumePoint(
+                checkpoint=candidate,
+                trainer_state=load_trainer_state(candidate, verify),
+                model=checkpoint_model(candidate, verify=verify),
+                tokenizer=load_tokenizer(candidate),
             )
         except (ValueError, FileNotFoundError) as e:
             aside = candidate.with_name("damaged-" + candidate.name)

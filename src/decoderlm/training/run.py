@@ -197,9 +197,9 @@ def run_experiment(
                 plan.train_cfg,
                 plan.train_ids,
                 plan.val_ids,
-                plan.out_dir,
-                not no_progress,
-                info,
+                run_dir=plan.out_dir,
+                progress=not no_progress,
+                info=info,
                 resume=plan.resume_state,
                 checkpoint_files={"extra": plan.extra, "tokenizer": plan.tokenizer},
                 log=log,
@@ -296,12 +296,12 @@ def _save(
     write_artifacts(
         final,
         plan.tokenizer,
-        plan.train_cfg.artifacts,
-        plan.val_ids,
-        plan.out_dir,
-        plan.train_cfg.data.seed,
-        plotter,
-        log,
+        settings=plan.train_cfg.artifacts,
+        val_ids=plan.val_ids,
+        out_dir=plan.out_dir,
+        seed=plan.train_cfg.data.seed,
+        plotter=plotter,
+        log=log,
     )
 
 
