@@ -666,10 +666,11 @@ class TrainConfig:
     @classmethod
     def from_stored(cls, data: dict[str, Any]) -> TrainConfig:
         """The TrainConfig a run directory's config.json["train"] (or a checkpoint's) holds.
-        Such a dict lists every setting its run trained with; one without "optimizer" trained
-        with AdamW alone.
+        Such a dict is flat (`to_dict`'s format) and lists every setting its run trained
+        with; one without "optimizer" trained with AdamW alone.
 
         Raises:
-            UserError: as `from_dict`.
+            UserError: a key names no setting (the message lists the known ones), or a
+                setting is invalid.
         """
-        return cls.from_dict({"optimizer": "adamw", **data})
+        return cls(**{"optimizer": "adamw", **data})

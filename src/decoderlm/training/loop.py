@@ -241,8 +241,9 @@ def _initial_state(
     resume: dict | None,
     run_dir: Path | None,
 ) -> TrainState:
-    """A new TrainState (AdamW, a loss scaler for float16, the window generator seeded with
-    cfg.data.seed), or the checkpoint's when resuming."""
+    """A new TrainState (the optimizer of `optim.configure_optimizer`, a loss scaler for
+    float16, the window generator seeded with cfg.data.seed), or the checkpoint's when
+    resuming."""
     state = TrainState(
         model,
         configure_optimizer(model, cfg),
@@ -317,9 +318,12 @@ def train(
     val_bytes_per_token: float | None = None,
     on_step: Callable[[float], None] | None = None,
 ) -> TrainResult:
-    """Train `model` in place: AdamW, warm-up + cosine schedule, clipping, mixed precision,
-    gradient accumulation, checkpoints, and DDP / FSDP2 under torchrun (see the module
-    docstring for the batches and metrics.jsonl).
+    """Train `model` in place: cfg.optim.optimizer ("muon": Muon on the blocks' weight
+    matrices and AdamW on the rest; "adamw": AdamW on everything; `optim.configure_optimizer`),
+    the learning rate following cfg.steps.schedule ("wsd" warm-up-stable-decay, "cosine"
+    warm-up + cosine decay, or "constant"; `optim.lr_at`), gradient-norm clipping, mixed
+    precision, gradient accumulation, checkpoints, and DDP / FSDP2 under torchrun (see the
+    module docstring for the batches and metrics.jsonl).
 
     Args:
         model: the DecoderLM, already on this process's device.
