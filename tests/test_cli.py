@@ -165,7 +165,7 @@ def test_train_refuses_a_vocab_size_below_the_tokenizers(tmp_path, capsys):
         ("preset: gpt2\nbatch_size: many\n", "--batch-size: expected an integer > 0, got 'many'"),
         (
             "preset: gpt2\ndtype: fp8\n",
-            "--dtype: expected one of float32, bfloat16, float16, fp32, bf16, fp16",
+            "--dtype: expected one of float32, bfloat16, float16, f32, bf16, f16, fp32, fp16",
         ),
         ("preset: gpt2\nseq_lenn: 3\n", "unknown setting 'seq_lenn' in the settings file"),
         ("preset: [gpt2\n", "the settings file does not parse"),
@@ -196,7 +196,8 @@ def test_bad_flags_and_values_are_one_line(tmp_path, capsys):
     one_line_error(capsys, ["params", "--model-config", str(tmp_path / "no.json")], "no.json")
     one_line_error(capsys, ["sample"], "give one of --run or --hf")
     one_line_error(capsys, ["prepare", "--data", "x"], "missing --out")
-    one_line_error(capsys, ["eval"], "the following arguments are required: --run")
+    one_line_error(capsys, ["eval"], "give one of --run or --hf or --gguf")
+    one_line_error(capsys, ["eval", "--gguf", "m.gguf"], "--gguf m.gguf records no data to score")
     one_line_error(capsys, ["train", "--n-layers"], "--n-layers: expected one argument")
     one_line_error(
         capsys,
@@ -275,7 +276,7 @@ def test_settings_file_then_command_line_overrides(tmp_path, capsys):
         ("[model\n", "does not parse"),
         (
             "[train]\ndtype = 'float8'\n",
-            "--dtype: expected one of float32, bfloat16, float16, fp32, bf16, fp16",
+            "--dtype: expected one of float32, bfloat16, float16, f32, bf16, f16, fp32, fp16",
         ),
     ):
         settings.write_text(text, encoding="utf-8")
@@ -360,7 +361,14 @@ def test_version(capsys):
 
 
 @pytest.mark.parametrize(
-    "short,long", [("fp32", "float32"), ("bf16", "bfloat16"), ("fp16", "float16")]
+    "short,long",
+    [
+        ("f32", "float32"),
+        ("bf16", "bfloat16"),
+        ("f16", "float16"),
+        ("fp32", "float32"),
+        ("fp16", "float16"),
+    ],
 )
 def test_dtype_names_are_the_same_in_params_and_train(capsys, short, long):
     from decoderlm.config import TrainConfig
