@@ -4,7 +4,7 @@ and 8-bit precision, with each contender's share of the machine's read bandwidth
 Models (random weights, saved once as decoderlm run directories): GPT-2 small's shape (124M,
 50,257 BPE vocabulary, from transformers' GPT2LMHeadModel) and the seed model's shape (3 x 128,
 context 96, 139 characters) in GPT-2's architecture. Each is exported with `decoderlm export
---format gguf --dtype f32|f16|q8_0` and loaded by llama.cpp (llama-cpp-python); decoderlm
+--format gguf --outtype f32|f16|q8_0` and loaded by llama.cpp (llama-cpp-python); decoderlm
 decodes the run directory with `decoderlm.generate` at the matching precision (f32 against
 f32, `--dtype bfloat16` against f16, `--quantize int8` and `--quantize w8a8` against q8_0),
 eagerly or with --compile (its warm-up call compiles).
@@ -98,7 +98,7 @@ def save_models(root: Path, shapes: list[str]) -> dict[str, Path]:
 def export(run: Path, gguf_dtype: str, out: Path) -> str | None:
     """`decoderlm export --format gguf`; None when it worked, else its last line."""
     command = [sys.executable, "-m", "decoderlm", "export", "--run", str(run), "--format", "gguf"]
-    command += ["--dtype", gguf_dtype, "--out", str(out)]
+    command += ["--outtype", gguf_dtype, "--out", str(out)]
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode == 0 and out.is_file():
         return None
@@ -228,7 +228,7 @@ def prepare(args, root: Path) -> list[dict]:
             out = root / f"{shape}-{gguf_dtype}.gguf"
             failed = None if out.is_file() else export(run, gguf_dtype, out)
             if failed:
-                print(f"{shape} {name}: `decoderlm export --dtype {gguf_dtype}` failed: {failed}")
+                print(f"{shape} {name}: `decoderlm export --outtype {gguf_dtype}` failed: {failed}")
                 continue
             common = {"vocab_size": model["vocab_size"], "max_new": max(news)}
             cases.append({

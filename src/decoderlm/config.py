@@ -19,14 +19,13 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from .errors import UserError
+from .options import DtypeName, canonical_dtype
 
 __all__ = [
-    "DTYPE_ALIASES",
     "ArtifactsConfig",
     "CheckpointConfig",
     "ComputeConfig",
     "DataConfig",
-    "DtypeName",
     "EvalConfig",
     "FinetuneConfig",
     "LoggingConfig",
@@ -34,7 +33,6 @@ __all__ = [
     "OptimConfig",
     "StepsConfig",
     "TrainConfig",
-    "canonical_dtype",
 ]
 
 
@@ -100,22 +98,6 @@ def _check_real(
             " (a string: YAML reads 1e-3 as text; write 1.0e-3)" if isinstance(value, str) else ""
         )
         raise UserError(f"{name} must be a finite number {interval}, got {value!r}{hint}")
-
-
-# the number formats: torch's names, and their short names (accepted everywhere, the same)
-DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
-DtypeName = Literal["float32", "bfloat16", "float16", "fp32", "bf16", "fp16"]
-
-
-def canonical_dtype(name: str) -> str:
-    """torch's name of a number format: "bf16" -> "bfloat16", "float32" -> "float32", ...
-
-    Raises:
-        ValueError: not one of DtypeName.
-    """
-    if name not in typing.get_args(DtypeName):
-        raise UserError(f"dtype must be one of {list(typing.get_args(DtypeName))}, got {name!r}")
-    return DTYPE_ALIASES.get(name, name)
 
 
 def _check_choices(obj) -> None:
@@ -442,8 +424,8 @@ class ComputeConfig:
 
     dtype: DtypeName = "bfloat16"
     """"float32"; "bfloat16" for bfloat16 autocast; "float16" for float16 autocast with a
-    GradScaler (dynamic loss scaling). Weights and optimizer state stay float32. "fp32",
-    "bf16", "fp16" are the same (stored as the long names)."""
+    GradScaler (dynamic loss scaling). Weights and optimizer state stay float32. "f32",
+    "bf16", "f16" (and "fp32", "fp16") are the same (stored as the long names)."""
     compile: bool = False
     """Wrap the model in torch.compile for training."""
     activation_checkpointing: bool = False

@@ -222,6 +222,26 @@ def test_sample_and_eval_take_the_flags(capsys, tmp_path, flags):
     assert math.isfinite(low) and abs(low - exact) / exact < 0.01
 
 
+def test_sample_and_eval_take_the_short_dtype_names_and_refuse_float16_in_one_line(
+    capsys, tmp_path
+):
+    from decoderlm.cli import main
+
+    data = tmp_path / "text.txt"
+    data.write_text("The cat sat on the mat. " * 20)
+    outputs = {}
+    for dtype in ("bf16", "bfloat16", "f32", "float32"):
+        argv = ["sample", "--run", RUN, "--prompt", "ab", "--max-new-tokens", "12"]
+        assert main([*argv, "--temperature", "0", "--dtype", dtype]) == 0
+        text = capsys.readouterr().out
+        assert main(["eval", "--run", RUN, "--data", str(data), "--json", "--dtype", dtype]) == 0
+        outputs[dtype] = (text, json.loads(capsys.readouterr().out)["nats_per_token"])
+    assert outputs["bf16"] == outputs["bfloat16"] and outputs["f32"] == outputs["float32"]
+    assert outputs["bf16"][1] != outputs["f32"][1]  # it did decode in bfloat16
+    for command in (["sample", "--run", RUN], ["eval", "--run", RUN, "--data", str(data)]):
+        one_line_error(capsys, [*command, "--dtype", "f16"], "a model decodes in float32 or")
+
+
 def test_serve_has_the_flags(capsys):
     from decoderlm.cli import main
 

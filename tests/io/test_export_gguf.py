@@ -28,7 +28,7 @@ RELATIVE_TOLERANCE = {"f32": None, "f16": 2e-3, "bf16": 1.5e-2, "q8_0": 3e-2}
 
 def _export(run, out, dtype="f32", *extra) -> int:
     return main(["export", "--run", str(run), "--format", "gguf", "--out", str(out),
-                 "--dtype", dtype, *extra])  # fmt: skip
+                 "--outtype", dtype, *extra])  # fmt: skip
 
 
 def _hf_from_gguf(path):

@@ -66,7 +66,7 @@ def test_hf_export_half_precision(tmp_path, dtype):
     from transformers import AutoModelForCausalLM
 
     model, _ = make_model_dir(tmp_path / "run", "llama")
-    assert _export(tmp_path / "run", tmp_path / "hf", "hf", "--dtype", dtype) == 0
+    assert _export(tmp_path / "run", tmp_path / "hf", "hf", "--outtype", dtype) == 0
     theirs = AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
     assert theirs.dtype == {"f16": torch.float16, "bf16": torch.bfloat16}[dtype]
     ids = torch.randint(0, model.config.vocab_size, (1, 16))
@@ -123,8 +123,8 @@ def test_summary_of_exportable_models():
     ("args", "words"),
     [
         (["--format", "onnx"], "expected one of hf, gguf, got 'onnx'"),
-        (["--dtype", "q4_0"], "expected one of f32, f16, bf16, q8_0, got 'q4_0'"),
-        (["--dtype", "q8_0"], "q8_0 is a GGUF quantisation"),
+        (["--outtype", "q4_0"], "expected one of f32, f16, bf16, q8_0, got 'q4_0'"),
+        (["--outtype", "q8_0"], "q8_0 is a GGUF quantisation"),
     ],
 )
 def test_refuses_unknown_format_and_dtype(tmp_path, capsys, args, words):
@@ -191,7 +191,7 @@ def test_python_export_refuses_like_the_command(tmp_path):
     make_model_dir(tmp_path / "run", "gpt2")
     for kwargs, words in (
         (dict(format="onnx"), "unknown format 'onnx'"),
-        (dict(format="gguf", dtype="q4_0"), "unknown dtype 'q4_0'"),
+        (dict(format="gguf", outtype="q4_0"), "unknown outtype 'q4_0'"),
     ):
         with pytest.raises(ValueError, match=words):
             export(tmp_path / "run", out=tmp_path / "o", **kwargs)

@@ -10,6 +10,7 @@ import pytest
 
 from decoderlm import CharTokenizer
 from decoderlm.errors import UserError
+from decoderlm.options import ModelSource
 from decoderlm.serve.app import serve
 
 from conftest import running, tiny_model
@@ -145,8 +146,9 @@ def test_the_serve_module_and_command_load_without_fastapi_or_pydantic():
 @pytest.mark.parametrize(
     "flags,message",
     [
-        ({"run": ""}, "--run must not be empty"),
-        ({"served_model_name": "", "run": "x"}, "--served-model-name must not be empty"),
+        ({"source": {"run": ""}}, "--run must not be empty"),
+        ({"source": {"hf": ""}}, "--hf must not be empty"),
+        ({"served_model_name": ""}, "--served-model-name must not be empty"),
         ({"port": 0}, "--port must be in [1, 65536), got 0"),
         ({"port": 65536}, "--port must be in [1, 65536), got 65536"),
         ({"limits": {"max_batch_size": 0}}, "--max-batch-size must be an integer >= 1, got 0"),
@@ -165,8 +167,9 @@ def test_the_serve_module_and_command_load_without_fastapi_or_pydantic():
 )
 def test_the_serve_command_refuses_bad_flags_before_loading(tmp_path, flags, message):
     # the run directory does not exist: a flag error must come first
+    flags = {"source": {"run": str(tmp_path / "none")}, **flags}
     with pytest.raises(UserError) as e:
-        serve(**{"run": str(tmp_path / "none"), **flags})
+        serve(**{**flags, "source": ModelSource(**flags["source"])})
     assert str(e.value).startswith(message)
 
 

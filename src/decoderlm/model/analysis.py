@@ -7,6 +7,7 @@ import re
 
 from ..config import ModelConfig
 from ..errors import UserError
+from ..options import canonical_dtype
 
 __all__ = [
     "count_parameters",
@@ -62,14 +63,12 @@ def count_parameters(config: ModelConfig) -> dict[str, int]:
     return counts
 
 
-DTYPE_BYTES = {"fp32": 4, "float32": 4, "bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2}
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}  # by torch's name (canonical_dtype)
 
 
 def _bytes_per_element(dtype: str) -> int:
-    try:
-        return DTYPE_BYTES[dtype]
-    except KeyError:
-        raise UserError(f"unknown dtype {dtype!r}; use one of {sorted(DTYPE_BYTES)}") from None
+    """Bytes of one element of a number format (any name of DtypeName; UserError else)."""
+    return DTYPE_BYTES[canonical_dtype(dtype)]
 
 
 def matmul_parameters(config: ModelConfig) -> int:

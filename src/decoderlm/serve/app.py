@@ -17,8 +17,9 @@ import sys
 from pathlib import Path
 from typing import Annotated
 
-from ..arguments import DecodeDType, Fields, Quantize
-from ..errors import UserError, flag_name
+from ..arguments import Fields
+from ..errors import UserError
+from ..options import Decoding, ModelSource
 from .limits import ServeLimits
 
 __all__ = ["create_app", "run_server", "serve"]
@@ -211,11 +212,10 @@ def run_server(
     uvicorn.run(app, host=host, port=port, log_level="info")
 
 
-def _check_flags(run, hf, served_model_name, port: int) -> None:
+def _check_flags(served_model_name, port: int) -> None:
     """UserError for an empty name or a port outside [1, 65536)."""
-    for name, value in (("run", run), ("hf", hf), ("served_model_name", served_model_name)):
-        if value == "":
-            raise UserError(f"{flag_name(name)} must not be empty")
+    if served_model_name == "":
+        raise UserError("--served-model-name must not be empty")
     if not 1 <= port < 65536:
         raise UserError(f"--port must be in [1, 65536), got {port}")
 
@@ -234,19 +234,13 @@ def _api_keys(flags: list[str] | None) -> tuple[str, ...]:
 
 
 def serve(
-    run: str | None = None,
-    hf: str | None = None,
-    gguf: str | None = None,
-    device: str = "cpu",
+    source: Annotated[ModelSource, Fields(ModelSource)] = ModelSource(),
     host: str = "127.0.0.1",
     port: int = 8000,
     served_model_name: str | None = None,
     limits: Annotated[dict | None, Fields(ServeLimits, "limits")] = None,
     api_key: list[str] | None = None,
-    compile: bool = False,
-    no_verify: bool = False,
-    dtype: DecodeDType | None = None,
-    quantize: Quantize | None = None,
+    decoding: Annotated[Decoding, Fields(Decoding)] = Decoding(),
 ) -> int:
     """An OpenAI-style HTTP API for a model.
 
@@ -257,11 +251,7 @@ def serve(
     end-of-text token where the vocabulary has one, as in `decoderlm sample`.
 
     Args:
-        run: a run directory (give --run, --hf or --gguf).
-        hf: a Hugging Face GPT-2 or Llama directory (config.json + model.safetensors), e.g.
-            from `decoderlm export` (its tokenizer; else GPT-2 BPE).
-        gguf: a GGUF file (gpt2 or llama), e.g. from `decoderlm export` or llama.cpp.
-        device: cpu, cuda, ...
+        source: the model (`ModelSource`: --run, --hf or --gguf; --device, --no-verify).
         host: the address to listen on.
         port: the TCP port to listen on, in [1, 65536).
         served_model_name: the model id clients send (default: the directory's name).
@@ -271,14 +261,8 @@ def serve(
         api_key: a key clients must send as "Authorization: Bearer KEY" on every path but
             /health; repeat for several (default: the DECODERLM_API_KEY environment
             variable; neither: no key needed).
-        compile: decode with torch.compile: faster per token after a one-time compile
-            at start (needs a C++ compiler on the CPU).
-        no_verify: load the weights without checking them against the sizes and sha256
-            digests that config.json records (for huge files).
-        dtype: the weights' and activations' dtype while decoding: float32, or bfloat16
-            (default: float32, bfloat16 with --quantize).
-        quantize: int8: weight-only int8 block matrices and unembedding (CPU); w8a8: the
-            same int8 weights with activations quantised to 8 bits (x86 CPUs).
+        decoding: how the model decodes (`Decoding`: --dtype, --quantize, --compile; a
+            compiled step is compiled once, at start).
 
     Returns:
         0 once the server has stopped.
@@ -286,10 +270,10 @@ def serve(
     Raises:
         UserError: a bad flag (checked before the model is loaded), the [serve] extra is
             not installed, or the model cannot be loaded (see
-            `finetune.sources.load_model_and_tokenizer`).
+            `generation.loading.load_for_decoding`).
         OSError: host:port cannot be listened on.
     """
-    _check_flags(run, hf, served_model_name, port)
+    _check_flags(served_model_name, port)
     server_limits = ServeLimits(**(limits or {}))
     api_keys = _api_keys(api_key)
     try:  # the [serve] extra, before the model is loaded
@@ -297,11 +281,9 @@ def serve(
         import uvicorn  # noqa: F401
     except ImportError as e:
         raise _missing_extra(e) from None
-    from ..finetune.sources import load_model_and_tokenizer
-    from ..generation.precision import prepare_for_decoding
+    from ..generation.loading import load_for_decoding
 
-    model, tokenizer = load_model_and_tokenizer(run, hf, device, gguf, verify=not no_verify)
-    prepare_for_decoding(model, dtype, quantize, compile)
-    name = served_model_name or Path(run or hf or gguf).resolve().name
-    run_server(model, tokenizer, name, host, port, server_limits, compile, api_keys)
+    model, tokenizer = load_for_decoding(source, decoding)
+    name = served_model_name or Path(source.path).resolve().name
+    run_server(model, tokenizer, name, host, port, server_limits, decoding.compile, api_keys)
     return 0
