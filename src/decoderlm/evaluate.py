@@ -22,11 +22,11 @@ from .data.corpus import check_split, is_token_dir, load_corpus, load_token_dir,
 from .data.prepare import encode_source, source_files
 from .errors import UserError, checked_device
 from .files import json_text, read_json
-from .finetune.sources import check_vocab, load_model
 from .generation.precision import prepare_for_decoding
+from .io.load import load_from_flags
 from .model.model import DecoderLM
 from .model.weights import CONFIG_NAME
-from .tokenizers import CharTokenizer, Tokenizer, load_tokenizer
+from .tokenizers import CharTokenizer, Tokenizer
 
 __all__ = [
     "LN2",
@@ -229,10 +229,8 @@ def evaluate_run(
     run = Path(run)
     if split not in (None, "val", "train"):
         raise UserError(f"unknown split {split!r}; use 'val' or 'train'")
-    model = load_model(run, map_location=device, verify=verify)  # an adapter run: over its base
+    model, tokenizer = load_from_flags(run=run, device=device, verify=verify)  # adapters: merged
     prepare_for_decoding(model, dtype, quantize)
-    tokenizer = load_tokenizer(run)
-    check_vocab(tokenizer, model, run)
     if data is None:
         split = split or "val"
         ids, n_unknown, source = _ids_of_data_spec(run, tokenizer, split)

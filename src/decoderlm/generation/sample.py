@@ -7,7 +7,7 @@ import sys
 from ..arguments import DecodeDType, NonNegativeInt, NotEmptyStr, PositiveInt, Quantize
 from ..errors import UserError
 from ..files import read_text
-from ..finetune.sources import load_model_and_tokenizer
+from ..io.load import load_from_flags
 from ..tokenizers import CharTokenizer, Tokenizer
 from .generate import check_controls, stream_text
 from .precision import prepare_for_decoding
@@ -87,7 +87,9 @@ def sample(
             checked before sampling), a bad sampling setting.
     """
     check_controls(temperature, top_k, top_p)  # before anything is loaded or printed
-    model, tokenizer = load_model_and_tokenizer(run, hf, device, gguf, verify=not no_verify)
+    model, tokenizer = load_from_flags(
+        run=run, hf=hf, gguf=gguf, device=device, verify=not no_verify
+    )
     prepare_for_decoding(model, dtype, quantize, compile)
     if block_size is not None:
         model.crop_block_size(block_size)

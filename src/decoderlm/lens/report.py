@@ -23,7 +23,7 @@ import torch
 from ..arguments import NonNegativeInt, NotEmptyStr, PositiveInt
 from ..errors import UserError, one_of
 from ..files import atomic_write, read_text
-from ..finetune.sources import load_model_and_tokenizer
+from ..io.load import load_from_flags
 from ..model.model import DecoderLM
 from ..tokenizers import Tokenizer
 from .lens import (
@@ -305,7 +305,9 @@ def inspect(
     out = _report_path(out)
     if text_file is not None:
         text = read_text(text_file, "--text-file")
-    model, tokenizer = load_model_and_tokenizer(run, hf, device, gguf, verify=not no_verify)
+    model, tokenizer = load_from_flags(
+        run=run, hf=hf, gguf=gguf, device=device, verify=not no_verify
+    )
     n = min(max_tokens, model.config.max_positions)
     ids = tokenizer.encode(text, allowed_special="all")[:n]  # as a prompt
     corrupted = None if corrupt is None else tokenizer.encode(corrupt, allowed_special="all")[:n]

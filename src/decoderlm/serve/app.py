@@ -289,7 +289,7 @@ def serve(
     Raises:
         UserError: a bad flag (checked before the model is loaded), the [serve] extra is
             not installed, or the model cannot be loaded (see
-            `finetune.sources.load_model_and_tokenizer`).
+            `decoderlm.io.load.load_from_flags`).
         OSError: host:port cannot be listened on.
     """
     _check_flags(
@@ -311,8 +311,8 @@ def serve(
         from .serving import ServeLimits
     except ImportError as e:
         raise _missing_extra(e) from None
-    from ..finetune.sources import load_model_and_tokenizer
     from ..generation.precision import prepare_for_decoding
+    from ..io.load import load_from_flags
 
     limits = ServeLimits(
         max_tokens=max_tokens_limit,
@@ -324,7 +324,9 @@ def serve(
         request_timeout=request_timeout or None,
         max_body_bytes=max_body_bytes,
     )
-    model, tokenizer = load_model_and_tokenizer(run, hf, device, gguf, verify=not no_verify)
+    model, tokenizer = load_from_flags(
+        run=run, hf=hf, gguf=gguf, device=device, verify=not no_verify
+    )
     prepare_for_decoding(model, dtype, quantize, compile)
     name = served_model_name or Path(run or hf or gguf).resolve().name
     run_server(model, tokenizer, name, host, port, limits, compile, api_keys)

@@ -75,7 +75,7 @@ __all__ = [
     "ServeLimits",
     "Serving",
     "encode",
-    "end_of_text",
+    "eos_token_and_id",
     "validation_error",
 ]
 
@@ -185,7 +185,7 @@ def encode(tokenizer, text: str) -> list[int]:
     return tokenizer.encode(text)
 
 
-def end_of_text(tokenizer) -> tuple[str | None, int | None]:
+def eos_token_and_id(tokenizer) -> tuple[str | None, int | None]:
     """(text, id) of the token served as end of text: the tokenizer's `eot_token` (and its
     special-token string), else a line break "\\n" when it is one token of the vocabulary,
     else (None, None)."""
@@ -483,7 +483,7 @@ class Serving:
     def tokenizer_info(self) -> TokenizerInfo:
         """GET /tokenizer_info."""
         tok = self.tokenizer
-        eos, eos_id = end_of_text(tok)
+        eos, eos_id = eos_token_and_id(tok)
         return TokenizerInfo(
             tokenizer_class=type(tok).__name__,
             kind=tok.kind,

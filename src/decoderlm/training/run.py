@@ -26,16 +26,17 @@ from ..data.corpus import check_split, data_spec, load_corpus
 from ..errors import UserError, checked_device
 from ..evaluate import LN2
 from ..files import atomic_write, read_json
+from ..finetune.init_from import finetune_config
 from ..finetune.merge import merge_run
-from ..finetune.sources import finetune_config, load_model, load_source
 from ..finetune.trainable import lora_entry, prepare_trainable, trainable_counts
+from ..io.load import load_model, load_source, load_tokenizer
 from ..io.targets import export_summary
 from ..lens.plots import Plotter
 from ..model.analysis import out_of_memory_as_user_error
 from ..model.model import DecoderLM
 from ..model.weights import ADAPTER_NAME, list_checkpoints
 from ..presets import PresetName, get_preset
-from ..tokenizers import CharTokenizer, Tokenizer, load_tokenizer
+from ..tokenizers import CharTokenizer, Tokenizer
 from .artifacts import write_artifacts
 from .checkpoints import latest_checkpoint, load_trainer_state
 from .launch import resume_command
