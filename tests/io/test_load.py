@@ -104,3 +104,38 @@ def test_a_run_read_alone_gets_the_end_of_text_id_of_its_saved_tokenizer(tmp_pat
     assert model.set_end_of_text(None).eos_token_id is None
     with pytest.raises(UserError, match="an end-of-text id is an integer"):
         model.set_end_of_text("3")
+
+
+def test_an_adapter_directory_loads_over_its_base_with_its_end_of_text(tmp_path):
+    # a LoRA directory (adapters alone, the base recorded by path and sha256) loads merged or
+    # not, with the base's logits moved by the adapters, and stops at its tokenizer's id
+    from decoderlm.io.load import weights_sha256
+    from decoderlm.model.lora import apply_lora
+    from decoderlm.model.weights import save_model
+
+    base, tok = make_model_dir(tmp_path / "base", "gpt2", "char")
+    adapted = decoderlm.DecoderLM.from_pretrained(tmp_path / "base")
+    modules = apply_lora(adapted, rank=2, alpha=4.0, targets="qkv,fc")
+    with torch.no_grad():
+        for name, p in adapted.named_parameters():
+            if name.endswith("lora_B"):
+                p.normal_(0.0, 0.5)
+    lora = {"rank": 2, "alpha": 4.0, "dropout": 0.0, "targets": "qkv,fc", "modules": modules}
+    init_from = {"path": str(tmp_path / "base"), "sha256": weights_sha256(tmp_path / "base")}
+    save_model(adapted, tmp_path / "lora", {"lora": lora, "init_from": init_from})
+    tok.save_pretrained(tmp_path / "lora")
+    idx = torch.tensor([[1, 5, 2, 7, 3]])
+    with torch.no_grad():
+        want = adapted(idx)[0]
+        assert (want - base(idx)[0]).abs().max() > 1e-2  # the adapters change the logits
+        for model in (
+            load_model(tmp_path / "lora"),
+            load_model(tmp_path / "lora", merge=False),
+            load_model_and_tokenizer(tmp_path / "lora")[0],
+            load_from_flags(run=tmp_path / "lora")[0],
+        ):
+            assert (model(idx)[0] - want).abs().max() < 1e-4
+            assert model.eos_token_id == tok.eot_token is not None
+    make_model_dir(tmp_path / "base", "gpt2", "char", seed=1)  # other weights, same shape
+    with pytest.raises(UserError, match="changed since .* was trained from it"):
+        load_model(tmp_path / "lora")

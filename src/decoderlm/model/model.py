@@ -502,11 +502,12 @@ class DecoderLM(nn.Module):
                 none loads unchecked.
 
         The model's `eos_token_id` is the <|endoftext|> id of the directory's tokenizer
-        file (None without one).
+        file (None without one; `set_end_of_text`). Loading any source, an adapter
+        directory included, with its tokenizer: `decoderlm.io.load`.
 
         Raises:
-            FileNotFoundError: config.json or model.safetensors is missing.
-            ValueError: the files do not describe a matching model, the weights file differs
+            MissingFileError: config.json or model.safetensors is missing.
+            UserError: the files do not describe a matching model, the weights file differs
                 from what config.json records (damaged or truncated: the message names the
                 file and both digests or sizes), the tokenizer file is malformed, or the
                 model is tied and the file holds two different matrices (see

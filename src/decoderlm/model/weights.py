@@ -319,7 +319,7 @@ def resolve_tied(
     raise UserError(
         f"{source} holds two different matrices {names[0]} and {names[1]} ({diff}) but the "
         f"model ties them (one matrix for both); loading would drop one. Load them untied "
-        f"with tie_embeddings=False (DecoderLM.from_pretrained or decoderlm.io.hf.load_gpt2), "
+        f"with tie_embeddings=False (DecoderLM.from_pretrained or decoderlm.load_gpt2), "
         f"or set tie_embeddings (GPT-2: tie_word_embeddings) to false in config.json"
     )
 
