@@ -13,8 +13,9 @@ A source is one of
 `load_model(source)`, `load_tokenizer(source)` and `load_model_and_tokenizer(source)` tell them
 apart by what the path is (`source_kind`); `load_from_flags(run=, hf=, gguf=)` takes one named
 kind, as the commands' --run / --hf / --gguf do. Every model they give has `eos_token_id` set
-to its tokenizer's end-of-text id (`DecoderLM.set_end_of_text`, called in `_paired` and, for a
-run directory read alone, by `DecoderLM.from_pretrained` from the saved tokenizer file).
+to its tokenizer's end-of-text id (`DecoderLM.set_end_of_text`: with the tokenizer loaded
+beside it, checked to fit its vocabulary; for a run read alone, from its saved tokenizer file,
+as `DecoderLM.from_pretrained` does).
 `load_source` is what `decoderlm train --init-from SRC` starts from: a run or a GPT-2
 directory, with a record of it (path, kind, sha256 of its weights) for the new run's
 config.json.
@@ -31,11 +32,10 @@ from ..files import read_json
 from ..model.analysis import out_of_memory_as_user_error
 from ..model.model import DecoderLM
 from ..model.weights import ADAPTER_NAME, CONFIG_NAME, WEIGHTS_NAME, recorded_digest
-from ..tokenizers import GPT2Tokenizer, Tokenizer, read_end_of_text_id, read_tokenizer
+from ..tokenizers import Tokenizer, read_end_of_text_id, read_tokenizer
 from .adapters import adapted_model, adapter_config, checked_adapter_dir, is_adapter_dir
 from .gguf import load_gguf, load_gguf_tokenizer
 from .hf import hf_tokenizer, load_hf
-from .hf_gpt2 import load_gpt2
 from .hf_weights import HF_WEIGHT_FILES, hf_weight_files
 
 __all__ = [
@@ -255,8 +255,8 @@ def weights_sha256(directory: str | Path) -> str:
 def load_source(src: str | Path, map_location: str = "cpu", verify: bool = True) -> Source:
     """The model, tokenizer and source record of SRC for `decoderlm train --init-from SRC`: a
     decoderlm run or model directory (an adapter directory: merged over its base) or a
-    Hugging Face GPT-2 directory. verify: check the weight files against the digests
-    config.json records (`load_run`).
+    Hugging Face GPT-2 directory (its tokenizer as `decoderlm.io.hf.hf_tokenizer` reads it).
+    verify: check the weight files against the digests config.json records (`load_run`).
 
     Raises:
         MissingFileError / UserError: SRC is not such a directory (the message says what one
@@ -267,27 +267,23 @@ def load_source(src: str | Path, map_location: str = "cpu", verify: bool = True)
     config = read_json(path / CONFIG_NAME) if (path / CONFIG_NAME).is_file() else None
     if not path.is_dir() or not isinstance(config, dict):
         raise UserError(f"--init-from {src} is not a model: {_NOT_A_MODEL}")
-    if "model" in config:
-        kind = "decoderlm"
-        if not (path / "tokenizer.json").is_file():
-            raise UserError(f"{src} has no tokenizer.json; a run directory saves its tokenizer")
-        model, tokenizer = load_run(path, map_location, verify=verify), read_tokenizer(path)
-    elif config.get("model_type") == "gpt2":
-        kind = "gpt2"
-        if not any((path / name).is_file() for name in HF_WEIGHT_FILES):
-            raise UserError(f"--init-from {src} is not a model: {_NOT_A_MODEL}")
-        model, tokenizer = load_gpt2(path, map_location, verify=verify), GPT2Tokenizer()
-    elif "model_type" in config:
+    kind = source_kind(path)
+    if kind == "hf" and config["model_type"] != "gpt2":
         raise UserError(
             f"--init-from {src} is a Hugging Face {config['model_type']!r} model; only GPT-2 "
             f"checkpoints (model_type 'gpt2') and decoderlm runs can be fine-tuned"
         )
-    else:
+    if kind == "hf" and not any((path / name).is_file() for name in HF_WEIGHT_FILES):
         raise UserError(f"--init-from {src} is not a model: {_NOT_A_MODEL}")
-    _paired(model, tokenizer, src)
+    if kind == "run" and "model" not in config:
+        raise UserError(f"--init-from {src} is not a model: {_NOT_A_MODEL}")
+    if kind == "run" and not (path / "tokenizer.json").is_file():
+        raise UserError(f"{src} has no tokenizer.json; a run directory saves its tokenizer")
+    model, tokenizer = _load(kind, path, map_location, True, verify)
     # a digest the load has just checked is the file's: no second pass over a large file
     checked = recorded_digest(config, WEIGHTS_NAME, path / CONFIG_NAME) if verify else None
-    use_recorded = checked is not None and kind == "decoderlm" and (path / WEIGHTS_NAME).is_file()
+    use_recorded = checked is not None and kind == "run" and (path / WEIGHTS_NAME).is_file()
     sha256 = checked["sha256"] if use_recorded else weights_sha256(path)
-    info = {"path": str(path.resolve()), "kind": kind, "sha256": sha256}
+    record_kind = "gpt2" if kind == "hf" else "decoderlm"
+    info = {"path": str(path.resolve()), "kind": record_kind, "sha256": sha256}
     return Source(model, tokenizer, info)
