@@ -136,6 +136,12 @@ def test_an_adapter_directory_loads_over_its_base_with_its_end_of_text(tmp_path)
         ):
             assert (model(idx)[0] - want).abs().max() < 1e-4
             assert model.eos_token_id == tok.eot_token is not None
+    out = tmp_path / "exported"  # export, as every command, loads it over its base
+    assert (
+        main(["export", "--run", str(tmp_path / "lora"), "--format", "hf", "--out", str(out)]) == 0
+    )
+    with torch.no_grad():
+        assert (load_model(out)(idx)[0] - want).abs().max() < 1e-4
     make_model_dir(tmp_path / "base", "gpt2", "char", seed=1)  # other weights, same shape
     with pytest.raises(UserError, match="changed since .* was trained from it"):
         load_model(tmp_path / "lora")

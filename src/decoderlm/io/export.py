@@ -81,7 +81,7 @@ def export(
 
     Args:
         run: a run directory, or a model directory with config.json, model.safetensors and
-            the tokenizer files.
+            the tokenizer files (a LoRA run: its adapters merged over its base).
         format: hf (a directory for transformers) or gguf (one file for llama.cpp).
         out: the directory (hf) or file (gguf) to write.
         dtype: the weights' number format: f32, f16, bf16, or q8_0 (gguf only: blocks of 32
