@@ -42,7 +42,7 @@ def main() -> None:
     import transformers
 
     from decoderlm.generation.generate import generate
-    from decoderlm.io.hf import load_gpt2
+    from decoderlm.io.hf_gpt2 import load_gpt2
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=2)

@@ -67,7 +67,7 @@ def save_models(root: Path, shapes: list[str]) -> dict[str, Path]:
     import transformers
 
     from decoderlm import CharTokenizer
-    from decoderlm.io.hf import load_gpt2
+    from decoderlm.io.hf_gpt2 import load_gpt2
     from decoderlm.tokenizers import GPT2Tokenizer
 
     dims = {

@@ -7,7 +7,7 @@ import torch
 from decoderlm import DecoderLM, ModelConfig
 from decoderlm.cli import main
 from decoderlm.generation.generate import generate, stream_generate, stream_text
-from decoderlm.io.hf import load_gpt2, save_gpt2
+from decoderlm.io.hf_gpt2 import load_gpt2, save_gpt2
 from decoderlm.tokenizers import ByteTokenizer, CharTokenizer
 from decoderlm.tokenizers.base import END_OF_TEXT
 

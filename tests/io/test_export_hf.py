@@ -10,7 +10,7 @@ from export_models import MIXED_TEXT, greedy, make_model_dir
 
 from decoderlm.cli import main
 from decoderlm.config import ModelConfig
-from decoderlm.io.hf_export import load_hf
+from decoderlm.io.hf import load_hf
 from decoderlm.io.targets import export_summary, export_target
 from decoderlm.presets import PRESETS
 
@@ -168,7 +168,8 @@ def test_failed_write_leaves_nothing(tmp_path, monkeypatch, format):
     """A write that fails part-way (here: the disk 'fills' while writing the weights) leaves
     no output and no temporary file beside it."""
     import decoderlm.io.gguf as gguf_module
-    import decoderlm.io.hf_export as hf_module
+    import decoderlm.io.hf_gpt2 as gpt2_module
+    import decoderlm.io.hf_llama as llama_module
 
     make_model_dir(tmp_path / "run", "gpt2")
 
@@ -176,8 +177,8 @@ def test_failed_write_leaves_nothing(tmp_path, monkeypatch, format):
         raise OSError(28, "No space left on device")
 
     if format == "hf":
-        monkeypatch.setattr(hf_module, "save_file", full)
-        monkeypatch.setattr("decoderlm.io.hf.save_file", full)
+        monkeypatch.setattr(llama_module, "save_file", full)
+        monkeypatch.setattr(gpt2_module, "save_file", full)
     else:
         monkeypatch.setattr(gguf_module, "_encoded", full)
     out = tmp_path / ("hf" if format == "hf" else "m.gguf")

@@ -175,7 +175,7 @@ def test_every_model_option_gets_a_report(combo):
 
 
 def test_decoderlm_inspect_reads_a_gpt2_checkpoint(tmp_path, capsys):
-    from decoderlm.io.hf import save_gpt2
+    from decoderlm.io.hf_gpt2 import save_gpt2
 
     torch.manual_seed(0)
     model = DecoderLM(

@@ -27,7 +27,7 @@ __all__ = [
     "check_controls",
     "filter_logits",
     "decode_step",
-    "end_of_text",
+    "end_of_text_id",
 ]
 
 
@@ -131,7 +131,7 @@ def _stop_sequences(stop) -> list[torch.Tensor]:
     return out
 
 
-def end_of_text(model, eos_token_id: int | None = None, ignore_eos: bool = False) -> int | None:
+def end_of_text_id(model, eos_token_id: int | None = None, ignore_eos: bool = False) -> int | None:
     """The token id where generation stops a row by default: None with ignore_eos, else
     eos_token_id when given, else the model's `eos_token_id` attribute (set by the loaders
     from the tokenizer; None for a vocabulary without an end-of-text token)."""
@@ -277,7 +277,7 @@ def stream_generate(
     was_training = model.training
     model.eval()
     stops = _stop_sequences(stop)
-    eos = end_of_text(model, eos_token_id, ignore_eos)
+    eos = end_of_text_id(model, eos_token_id, ignore_eos)
     if eos is not None:
         stops.append(torch.tensor([eos], dtype=torch.long))
     finished = torch.zeros(B, dtype=torch.bool, device=idx.device)
@@ -332,10 +332,9 @@ def generate(model, idx: torch.Tensor, max_new_tokens: int, **options) -> torch.
             tokens end with one of them (the stop tokens are kept in the output).
         eos_token_id: the end-of-text token id: a row ends once it samples it (kept in the
             output, like a stop token). None: the model's `eos_token_id` attribute, which
-            the loaders set from the tokenizer (`DecoderLM.from_pretrained`,
-            `decoderlm.io.hf.load_gpt2`: 50256 for GPT-2 BPE;
-            `decoderlm.finetune.sources.load_model_and_tokenizer`); a model built from a
-            ModelConfig has none, so it runs on.
+            the loaders set from the tokenizer (`decoderlm.io.load`,
+            `DecoderLM.from_pretrained`, `decoderlm.io.hf_gpt2.load_gpt2`: 50256 for GPT-2
+            BPE); a model built from a ModelConfig has none, so it runs on.
         ignore_eos: True runs on past the end-of-text token (vLLM's name): exactly
             max_new_tokens tokens unless a `stop` sequence ends every row.
         pad_token_id: what a row that has stopped gets while others go on.
@@ -435,7 +434,7 @@ def stream_text(
         (delta, None) while going, then one last (delta, "stop" | "length", n_new_tokens).
     """
     idx = torch.tensor([prompt_ids], dtype=torch.long, device=model.device)
-    text, eos = TextStream(tokenizer, stop), end_of_text(model, ignore_eos=ignore_eos)
+    text, eos = TextStream(tokenizer, stop), end_of_text_id(model, ignore_eos=ignore_eos)
     tokens = stream_generate(
         model,
         idx,

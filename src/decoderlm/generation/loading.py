@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from ..finetune.sources import load_model_and_tokenizer
+from ..io.load import load_from_flags
 from ..model.model import DecoderLM
 from ..options import Decoding, ModelSource, Precision
 from ..tokenizers import Tokenizer
@@ -23,12 +23,12 @@ def load_for_decoding(
     Raises:
         UserError / MissingFileError: not exactly one of run, hf and gguf, an unusable
             device, missing or damaged files, not enough memory (see
-            `finetune.sources.load_model_and_tokenizer`); a precision the model or the
+            `decoderlm.io.load.load_from_flags`); a precision the model or the
             machine cannot decode in (see `prepare_for_decoding`).
     """
     s, precision = source, precision or Precision()
-    model, tokenizer = load_model_and_tokenizer(
-        s.run, s.hf, s.device, s.gguf, verify=not s.no_verify
+    model, tokenizer = load_from_flags(
+        run=s.run, hf=s.hf, gguf=s.gguf, device=s.device, verify=not s.no_verify
     )
     compile = isinstance(precision, Decoding) and precision.compile
     prepare_for_decoding(model, precision.dtype, precision.quantize, compile)

@@ -4,7 +4,7 @@
 `decoderlm.model.weights.save_model` wrote, with its tokenizer) and writes it in `format`:
 
     hf      a directory transformers' AutoModelForCausalLM and AutoTokenizer load with no extra
-            arguments (`decoderlm.io.hf_export`)
+            arguments (`decoderlm.io.hf`)
     gguf    one GGUF file llama.cpp loads (`decoderlm.io.gguf`)
 
 Which models export as which architecture: `decoderlm.io.targets`. The output appears whole
@@ -22,10 +22,9 @@ from typing import Literal
 from ..arguments import NotEmptyPath
 from ..errors import UserError
 from ..files import make_temp_dir
-from ..model.model import DecoderLM
-from ..tokenizers import load_tokenizer
 from .gguf import check_gguf_dtype, save_gguf
-from .hf_export import save_hf
+from .hf import save_hf
+from .load import load_run, load_tokenizer
 from .targets import DTYPES, FORMATS, export_target
 
 __all__ = ["export"]
@@ -82,7 +81,7 @@ def export(
 
     Args:
         run: a run directory, or a model directory with config.json, model.safetensors and
-            the tokenizer files.
+            the tokenizer files (a LoRA run: its adapters merged over its base).
         format: hf (a directory for transformers) or gguf (one file for llama.cpp).
         out: the directory (hf) or file (gguf) to write.
         outtype: the weights' number format in the file, as llama.cpp's converter names it:
@@ -106,7 +105,7 @@ def export(
     if format == "hf" and outtype == "q8_0":
         raise UserError("q8_0 is a GGUF quantisation; a hf export takes f32, f16 or bf16")
     run, out = Path(run), Path(out)
-    model = DecoderLM.from_pretrained(run, verify=not no_verify)
+    model = load_run(run, verify=not no_verify)
     arch = export_target(model.config, format)
     if format == "gguf":
         check_gguf_dtype(model.config, outtype)

@@ -70,7 +70,7 @@ class ServingModels:
     def tokenizer_info(self) -> TokenizerInfo:
         """GET /tokenizer_info (end of text: see `tokens`)."""
         tok = self.tokenizer
-        eos, eos_id = end_of_text(tok)
+        eos, eos_id = eos_token_and_id(tok)
         return TokenizerInfo(
             tokenizer_class=type(tok).__name__,
             kind=tok.kind,

@@ -11,7 +11,7 @@ lm-eval's `eos_string=...` to stop generations at another text).
 
 from .errors import ApiError
 
-__all__ = ["check_token_ids", "encode", "end_of_text", "prompt_token_ids"]
+__all__ = ["check_token_ids", "encode", "eos_token_and_id", "prompt_token_ids"]
 
 
 def encode(tokenizer, text: str) -> list[int]:
@@ -22,7 +22,7 @@ def encode(tokenizer, text: str) -> list[int]:
     return tokenizer.encode(text)
 
 
-def end_of_text(tokenizer) -> tuple[str | None, int | None]:
+def eos_token_and_id(tokenizer) -> tuple[str | None, int | None]:
     """(text, id) of the token served as end of text: the tokenizer's `eot_token` (and its
     special-token string), else a line break "\\n" when it is one token of the vocabulary,
     else (None, None)."""

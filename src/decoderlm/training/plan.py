@@ -18,7 +18,8 @@ from ..config import FinetuneConfig, ModelConfig, TrainConfig
 from ..data.corpus import check_split, data_spec, load_corpus
 from ..errors import UserError
 from ..files import read_json
-from ..finetune.sources import finetune_config, load_model, load_source
+from ..finetune.init_from import finetune_config
+from ..io.load import load_run, load_source
 from ..model.model import DecoderLM
 from ..model.weights import list_checkpoints
 from ..presets import get_preset
@@ -177,8 +178,8 @@ def check_plan(plan: RunPlan, info: DistInfo, overwrite: bool) -> None:
 
 def checkpoint_model(checkpoint: Path, map_location: str = "cpu", verify: bool = True) -> DecoderLM:
     """A checkpoint's model as training continues from it: LoRA layers kept, not merged
-    (`decoderlm.finetune.sources.load_model` with merge=False)."""
-    return load_model(checkpoint, map_location=map_location, merge=False, verify=verify)
+    (`decoderlm.io.load.load_run` with merge=False)."""
+    return load_run(checkpoint, map_location=map_location, merge=False, verify=verify)
 
 
 def _new_plan(request: RunRequest, log) -> RunPlan:
