@@ -17,7 +17,7 @@ from .protocol import (
     TokenizeResponse,
     TokenizerInfo,
 )
-from .tokens import check_token_ids, encode, end_of_text
+from .tokens import check_token_ids, encode, eos_token_and_id
 
 __all__ = ["ServingModels"]
 
