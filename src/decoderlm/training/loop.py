@@ -338,7 +338,9 @@ def train(
         on_step: called after each optimizer step with its wall time in seconds (e.g.
             `ThreadTuner.step_done`).
 
-    SIGINT / SIGTERM: the current step finishes, a checkpoint is saved, interrupted=True.
+    SIGINT / SIGTERM: the current step finishes (the next one too when the signal comes after
+    the step's stop agreement, `parallel.agree_across_ranks`), a checkpoint is saved,
+    interrupted=True.
 
     Returns:
         TrainResult; val_loss covers the whole validation split (None if interrupted).
