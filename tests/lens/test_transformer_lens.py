@@ -7,7 +7,7 @@ logits in both."""
 import pytest
 import torch
 
-pytest.importorskip("transformer_lens", reason="transformer-lens is not installed (dev extra)")
+pytest.importorskip("transformer_lens", reason="transformer-lens is not installed (oracles extra)")
 transformers = pytest.importorskip("transformers", reason="transformers is not installed")
 
 from decoderlm import DecoderLM, ModelConfig  # noqa: E402

@@ -342,7 +342,9 @@ def train(
         on_step: called after each optimizer step with its wall time in seconds (e.g.
             `ThreadTuner.step_done`).
 
-    SIGINT / SIGTERM: the current step finishes, a checkpoint is saved, interrupted=True.
+    SIGINT / SIGTERM: the current step finishes (the next one too when the signal comes after
+    the step's stop agreement, `parallel.agree_across_ranks`), a checkpoint is saved,
+    interrupted=True.
 
     Returns:
         TrainResult; val_loss covers the whole validation split (None if interrupted).
@@ -377,13 +379,13 @@ def train(
                 started = time.perf_counter()
                 batches = micro_batches(train_ids, state.generator, cfg, info, T)
                 loss = train_step(par, state.optimizer, state.scaler, batches, cfg, autocast, norms)
-                agree_across_ranks(loss, stop, info)
+                stopping = agree_across_ranks(loss, bool(stop), info)
                 value = _check_finite(loss.item(), step, lr, run_dir)
                 if on_step is not None:
                     on_step(time.perf_counter() - started)
                 state.add_loss(value)
                 metrics.log_step(state, lr, value, validate, norms.pop())
-                if stop:
+                if stopping:  # what the ranks agreed, not `stop`, which may have grown since
                     interrupted = True
                     break
                 if _checkpoint_due(state.step, cfg, run_dir):
