@@ -23,7 +23,7 @@ from ..io.load import load_run, load_source
 from ..model.model import DecoderLM
 from ..model.weights import list_checkpoints
 from ..presets import get_preset
-from ..tokenizers import Tokenizer, load_tokenizer
+from ..tokenizers import Tokenizer, read_tokenizer
 from .checkpoints import latest_checkpoint, load_trainer_state
 from .metrics import check_sinks
 from .parallel import DistInfo
@@ -405,7 +405,7 @@ def _resume_point(run_dir: Path, info: DistInfo, log, verify: bool = True) -> _R
                 checkpoint=candidate,
                 trainer_state=load_trainer_state(candidate, verify),
                 model=checkpoint_model(candidate, verify=verify),
-                tokenizer=load_tokenizer(candidate),
+                tokenizer=read_tokenizer(candidate),
             )
         except (ValueError, FileNotFoundError) as e:
             aside = candidate.with_name("damaged-" + candidate.name)
