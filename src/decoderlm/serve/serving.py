@@ -47,6 +47,7 @@ from dataclasses import dataclass
 from ..errors import UserError
 from ..evaluate import token_logprobs
 from ..generation.generate import TextStream
+from ..generation.params import SamplingParams
 from ..generation.scheduler import Scheduler, Sequence
 from .protocol import (
     CompletionChoice,
@@ -426,9 +427,7 @@ class Serving:
         model.eval()
         self.model, self.tokenizer, self.name, self.limits = model, tokenizer, name, limits
         self.created = int(time.time())
-        self.scheduler = Scheduler(
-            model, tokenizer.vocab_size, limits.max_batch_size, compile=compile
-        )
+        self.scheduler = Scheduler(model, tokenizer.vocab_size, limits.max_batch_size)
         self._slots = _Slots(limits.max_batch_size + limits.max_queue)
         # one prompt scored at a time: a long prompt's logits are large (block_size x
         # vocab_size floats), and the CPU cores are shared with decoding anyway
@@ -452,7 +451,7 @@ class Serving:
                 done.release()
 
         for prompt in ([0], [0, 0]):
-            self.scheduler.submit(Sequence(prompt, 3, emit, 0.0))
+            self.scheduler.submit(Sequence(prompt, SamplingParams(3, temperature=0.0), emit))
         done.acquire()
         done.acquire()
 
@@ -605,17 +604,10 @@ class Serving:
     ) -> tuple[Sequence, asyncio.Queue]:
         """Queue a sequence for the scheduler; its tokens arrive in the queue returned."""
         loop, queue = asyncio.get_running_loop(), asyncio.Queue()
-        top_k = req.top_k if req.top_k not in (None, -1, 0) else None
         seq = Sequence(
             ids,
-            req.max_tokens,
+            req.to_sampling_params(self.tokenizer.eot_token, seed),
             lambda item: loop.call_soon_threadsafe(queue.put_nowait, item),
-            req.temperature,
-            top_k,
-            req.top_p if req.top_p < 1.0 else None,
-            seed,
-            req.logprobs,
-            None if req.ignore_eos else self.tokenizer.eot_token,
         )
         self.scheduler.submit(seq)
         return seq, queue
