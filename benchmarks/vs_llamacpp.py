@@ -142,6 +142,7 @@ def ours_run(run: str, options: dict, prompt: list[int], new: int, threads: int)
     import torch
 
     from decoderlm.generation.generate import stream_generate
+    from decoderlm.generation.params import SamplingParams
     from decoderlm.generation.precision import prepare_for_decoding
     from decoderlm.model.model import DecoderLM
 
@@ -152,8 +153,7 @@ def ours_run(run: str, options: dict, prompt: list[int], new: int, threads: int)
         _MODELS[run] = prepare_for_decoding(model, *precision)
     model, idx = _MODELS[run], torch.tensor([prompt])
     times, ids, start = [], [], time.perf_counter()
-    compiled = options.get("compile", False)
-    for token in stream_generate(model, idx, new, do_sample=False, compile=compiled):
+    for token in stream_generate(model, idx, SamplingParams(new, temperature=0.0)):
         times.append(time.perf_counter())
         ids.append(int(token[0]))
     return {**_rates(times, start), "ids": ids[:16], "bytes_per_token": weight_bytes(model)}

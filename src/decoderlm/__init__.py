@@ -42,6 +42,8 @@ _HOMES = {
     "load_model": "io.load",
     "generate": "generation.generate",
     "stream_text": "generation.generate",
+    "SamplingParams": "generation.params",
+    "prepare_for_decoding": "generation.precision",
     "evaluate_run": "evaluate",
     "train": "training.loop",
     "run_experiment": "training.run",
@@ -69,6 +71,8 @@ __all__ = [
     "load_model",
     "generate",
     "stream_text",
+    "SamplingParams",
+    "prepare_for_decoding",
     "evaluate_run",
     "train",
     "run_experiment",
@@ -80,6 +84,8 @@ if TYPE_CHECKING:  # for type checkers and editors; at run time __getattr__ impo
     from .errors import UserError
     from .evaluate import evaluate_run
     from .generation.generate import generate, stream_text
+    from .generation.params import SamplingParams
+    from .generation.precision import prepare_for_decoding
     from .io.hf_gpt2 import load_gpt2, save_gpt2
     from .io.load import load_model, load_tokenizer
     from .model.analysis import count_parameters, flops_per_token, memory_bytes

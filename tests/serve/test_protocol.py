@@ -186,3 +186,37 @@ def test_a_missing_serve_extra_is_one_line_saying_what_to_install():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert "pip install 'decoderlm[serve]'" in out.stdout and out.stdout.count("\n") == 1
+
+
+def test_a_completion_request_converts_itself_to_sampling_params():
+    from decoderlm.generation.params import SamplingParams
+    from decoderlm.serve.protocol import CompletionRequest
+
+    plain = CompletionRequest(prompt="a").to_sampling_params()
+    assert plain == SamplingParams(16, 1.0, None, None, None)  # OpenAI's defaults: all off
+    for off in (-1, 0, None):
+        assert CompletionRequest(prompt="a", top_k=off).to_sampling_params().top_k is None
+    req = CompletionRequest(
+        prompt="a",
+        max_tokens=7,
+        temperature=0.5,
+        top_k=3,
+        top_p=0.25,
+        seed=10,
+        stop="x",
+        logprobs=2,
+        ignore_eos=True,
+    )
+    assert req.to_sampling_params(eos_token_id=5, seed=11) == SamplingParams(
+        max_new_tokens=7,
+        temperature=0.5,
+        top_k=3,
+        top_p=0.25,
+        seed=11,
+        stop=("x",),
+        eos_token_id=5,
+        ignore_eos=True,
+        logprobs=2,
+    )
+    assert req.to_sampling_params().seed == 10
+    assert CompletionRequest(prompt="a", stop=["x", "y"]).to_sampling_params().stop == ("x", "y")

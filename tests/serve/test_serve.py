@@ -10,6 +10,7 @@ import torch
 
 from decoderlm import CharTokenizer
 from decoderlm.generation.generate import generate
+from decoderlm.generation.precision import prepare_for_decoding
 
 from conftest import running, tiny_model
 
@@ -108,7 +109,8 @@ def test_a_compiled_server_answers_concurrent_requests_as_the_eager_model():
         tok.decode(generate(model, torch.tensor([tok.encode(p)]), 20, do_sample=False)[0, len(p) :])
         for p in prompts
     ]
-    with running(create_app(model, tok, "tiny", compile=True)) as url:
+    prepare_for_decoding(model, compile=True)  # the server decodes as prepared: compiled
+    with running(create_app(model, tok, "tiny")) as url:
 
         def complete(prompt):
             body = {"prompt": prompt, "max_tokens": 20, "temperature": 0}

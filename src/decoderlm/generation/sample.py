@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from typing import Annotated
 
 from ..arguments import Fields, NonNegativeInt, PositiveInt
@@ -10,8 +11,9 @@ from ..errors import UserError
 from ..files import read_text
 from ..options import Decoding, ModelSource
 from ..tokenizers import CharTokenizer, Tokenizer
-from .generate import check_controls, stream_text
+from .generate import stream_text
 from .loading import load_for_decoding
+from .params import SamplingParams
 
 __all__ = ["sample", "read_prompts"]
 
@@ -69,7 +71,9 @@ def sample(
             files, an empty prompt, a prompt the vocabulary cannot encode (every prompt is
             checked before sampling), a bad sampling setting.
     """
-    check_controls(temperature, top_k, top_p)  # before anything is loaded or printed
+    params = SamplingParams(  # checked before anything is loaded or printed
+        max_new_tokens, temperature, top_k, top_p, seed, tuple(stop or ()), ignore_eos=ignore_eos
+    )
     model, tokenizer = load_for_decoding(source, decoding)
     if block_size is not None:
         model.crop_block_size(block_size)
@@ -88,9 +92,8 @@ def sample(
                 print(f"### prompt {n + 1} of {len(prompts)}{of_m}")
             if not only_new:
                 sys.stdout.write(prompts[n])
-            seed_i = None if seed is None else seed + i
-            controls = (max_new_tokens, temperature, top_k, top_p, seed_i, stop, decoding.compile)
-            _print_stream(stream_text(model, tokenizer, ids, *controls, ignore_eos=ignore_eos))
+            params_i = params if seed is None else replace(params, seed=seed + i)
+            _print_stream(stream_text(model, tokenizer, ids, params_i))
     return 0
 
 

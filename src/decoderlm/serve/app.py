@@ -31,14 +31,7 @@ def _missing_extra(e: ImportError) -> UserError:
     )
 
 
-def create_app(
-    model,
-    tokenizer,
-    model_name: str,
-    limits: ServeLimits | None = None,
-    compile: bool = False,
-    api_keys=(),
-):
+def create_app(model, tokenizer, model_name: str, limits: ServeLimits | None = None, api_keys=()):
     """Build the FastAPI app serving `model` with `tokenizer` under the id `model_name`.
 
     The app's `state.serving_models` is its `serving_models.ServingModels` (models, health,
@@ -51,7 +44,6 @@ def create_app(
         tokenizer: its tokenizer.
         model_name: the model id clients send.
         limits: the server's limits (None: `limits.ServeLimits`' defaults).
-        compile: decode with the torch.compile'd step of `generation.generate.decode_step`.
         api_keys: the keys a client may send as `Authorization: Bearer KEY` (empty: none
             needed); every path but /health needs one.
 
@@ -72,7 +64,7 @@ def create_app(
         raise _missing_extra(e) from None
     limits = limits or ServeLimits()
     models = ServingModels(model, tokenizer, model_name)
-    completion = ServingCompletion(models, limits, compile)
+    completion = ServingCompletion(models, limits)
     app = FastAPI(title="decoderlm", version="0.1.0", lifespan=_lifespan)
     app.add_middleware(Guard, api_keys=tuple(api_keys), max_body_bytes=limits.max_body_bytes)
     app.state.serving_models, app.state.serving_completion = models, completion
@@ -180,13 +172,12 @@ def run_server(
     host: str = "127.0.0.1",
     port: int = 8000,
     limits: ServeLimits | None = None,
-    compile: bool = False,
     api_keys=(),
 ) -> None:
-    """Serve the API of `create_app(model, tokenizer, name, limits, compile, api_keys)` with
-    uvicorn on host:port until interrupted; with compile=True, the decoding step is compiled
-    before the server listens. Without api_keys on a host that is not loopback, one warning
-    line goes to stderr.
+    """Serve the API of `create_app(model, tokenizer, name, limits, api_keys)` with uvicorn on
+    host:port until interrupted; a model prepared with compile=True (`prepare_for_decoding`)
+    has its decoding step compiled before the server listens. Without api_keys on a host that
+    is not loopback, one warning line goes to stderr.
 
     Raises:
         UserError: FastAPI or uvicorn is not installed.
@@ -204,8 +195,11 @@ def run_server(
             "model (give --api-key KEY or set DECODERLM_API_KEY)",
             file=sys.stderr,
         )
-    app = create_app(model, tokenizer, name, limits, compile, api_keys)
-    if compile:
+    app = create_app(model, tokenizer, name, limits, api_keys)
+    from ..generation.precision import decoding_setup
+
+    setup = decoding_setup(model)
+    if setup is not None and setup.compile:
         print("compiling the decoding step (once; 10-30 s)...", flush=True)
         app.state.serving_completion.warm_up()
     print(f"serving {name} on http://{host}:{port} (POST /v1/completions)")
@@ -285,5 +279,5 @@ def serve(
 
     model, tokenizer = load_for_decoding(source, decoding)
     name = served_model_name or Path(source.path).resolve().name
-    run_server(model, tokenizer, name, host, port, server_limits, decoding.compile, api_keys)
+    run_server(model, tokenizer, name, host, port, server_limits, api_keys)
     return 0

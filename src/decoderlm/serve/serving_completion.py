@@ -27,6 +27,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
 from ..generation.generate import TextStream
+from ..generation.params import SamplingParams
 from ..generation.scheduler import Scheduler, Sequence
 from .admission import Admission
 from .errors import ApiError, refuse_extra_fields
@@ -133,23 +134,18 @@ class ServingCompletion:
         models: the model served, its tokenizer (tokenizer.vocab_size ids are sampled and
             scored) and its id (the model is put in eval mode).
         limits: what a request may ask for, and the batch size (None: the defaults).
-        compile: decode with the torch.compile'd step (`generation.generate.decode_step`).
 
     Attributes:
         scheduler: the `Scheduler` decoding every request's sequences (stopped by `close`).
         admission: the choices in progress, against max_batch_size + max_queue.
     """
 
-    def __init__(
-        self, models: ServingModels, limits: ServeLimits | None = None, compile: bool = False
-    ):
+    def __init__(self, models: ServingModels, limits: ServeLimits | None = None):
         models.model.eval()
         limits = limits or ServeLimits()
         self.models, self.limits = models, limits
         self.model, self.tokenizer = models.model, models.tokenizer
-        self.scheduler = Scheduler(
-            self.model, self.tokenizer.vocab_size, limits.max_batch_size, compile=compile
-        )
+        self.scheduler = Scheduler(self.model, self.tokenizer.vocab_size, limits.max_batch_size)
         self.admission = Admission(limits.max_batch_size + limits.max_queue)
         # one prompt scored at a time: a long prompt's logits are large (block_size x
         # vocab_size floats), and the CPU cores are shared with decoding anyway
@@ -168,7 +164,7 @@ class ServingCompletion:
                 done.release()
 
         for prompt in ([0], [0, 0]):
-            self.scheduler.submit(Sequence(prompt, 3, emit, 0.0))
+            self.scheduler.submit(Sequence(prompt, SamplingParams(3, temperature=0.0), emit))
         done.acquire()
         done.acquire()
 
@@ -227,17 +223,10 @@ class ServingCompletion:
     ) -> tuple[Sequence, asyncio.Queue]:
         """Queue a sequence for the scheduler; its tokens arrive in the queue returned."""
         loop, queue = asyncio.get_running_loop(), asyncio.Queue()
-        top_k = req.top_k if req.top_k not in (None, -1, 0) else None
         seq = Sequence(
             ids,
-            req.max_tokens,
+            req.to_sampling_params(self.tokenizer.eot_token, seed),
             lambda item: loop.call_soon_threadsafe(queue.put_nowait, item),
-            req.temperature,
-            top_k,
-            req.top_p if req.top_p < 1.0 else None,
-            seed,
-            req.logprobs,
-            None if req.ignore_eos else self.tokenizer.eot_token,
         )
         self.scheduler.submit(seq)
         return seq, queue
