@@ -50,7 +50,7 @@ def _from_dict(cls, data: dict[str, Any]):
 
 
 def _check_int(obj, *names: str, low: int = 1, high: int | None = None) -> None:
-    """Raise ValueError unless each named field is an integer in [low, high)."""
+    """Raise UserError unless each named field is an integer in [low, high)."""
     for name in names:
         value = getattr(obj, name)
         if (
@@ -66,7 +66,7 @@ def _check_int(obj, *names: str, low: int = 1, high: int | None = None) -> None:
 
 
 def _check_bool(obj, *names: str) -> None:
-    """Raise ValueError unless each named field is True or False."""
+    """Raise UserError unless each named field is True or False."""
     for name in names:
         if not isinstance(getattr(obj, name), bool):
             raise UserError(f"{name} must be true or false, got {getattr(obj, name)!r}")
@@ -80,7 +80,7 @@ def _check_real(
     low_open: bool = False,
     high_open: bool = False,
 ) -> None:
-    """Raise ValueError unless getattr(obj, name) is a finite real number in the interval."""
+    """Raise UserError unless getattr(obj, name) is a finite real number in the interval."""
     value = getattr(obj, name)
     ok = (
         isinstance(value, (int, float))
@@ -101,7 +101,7 @@ def _check_real(
 
 
 def _check_choices(obj) -> None:
-    """Raise ValueError unless each field typed Literal[...] holds one of its values."""
+    """Raise UserError unless each field typed Literal[...] holds one of its values."""
     for name, hint in typing.get_type_hints(type(obj)).items():
         choices = typing.get_args(hint) if typing.get_origin(hint) is Literal else None
         if choices and getattr(obj, name) not in choices:
@@ -166,7 +166,7 @@ class ModelConfig:
             (-c, c) (Gemma 2's final-logit soft-capping).
 
     Raises:
-        ValueError: a size is not a positive integer, padded_vocab_size is below vocab_size,
+        UserError: a size is not a positive integer, padded_vocab_size is below vocab_size,
             d_model is not divisible by n_heads,
             head_dim is odd with rope, max_positions is below block_size (or above it with
             learned positions), dropout is outside [0, 1), or an option is not one of

@@ -65,7 +65,7 @@ def evaluate(
         autocast: a context-manager factory, e.g. bfloat16 autocast.
 
     Raises:
-        ValueError: data is too short for one window.
+        UserError: data is too short for one window.
     """
     T = model.config.block_size
     check_split("evaluation", data, T)

@@ -150,7 +150,7 @@ def build_report(
         scores (on the text and on a repeated random probe), lens, embedding, patching.
 
     Raises:
-        ValueError: too few or too many tokens, a layer out of range, or a corrupted text of
+        UserError: too few or too many tokens, a layer out of range, or a corrupted text of
             another length.
     """
     model.eval()

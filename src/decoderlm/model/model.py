@@ -397,7 +397,7 @@ class DecoderLM(nn.Module):
             cross-entropy over non-ignored positions, a float32 scalar in nats, or None.
 
         Raises:
-            ValueError: idx is not [B, T] integer, T is 0 or exceeds max_positions, or an id is
+            UserError: idx is not [B, T] integer, T is 0 or exceeds max_positions, or an id is
                 outside [0, vocab_size).
         """
         logits = self._logits(idx, torch.arange(idx.size(-1), device=idx.device))
@@ -447,7 +447,7 @@ class DecoderLM(nn.Module):
         unchanged (attention is causal: position t never sees later ones).
 
         Raises:
-            ValueError: block_size is not an integer in 1..config.block_size (a context can
+            UserError: block_size is not an integer in 1..config.block_size (a context can
                 be cropped, never extended).
         """
         old = self.config

@@ -223,7 +223,7 @@ def read_model_dir(
 
     Raises:
         FileNotFoundError: the directory, config.json or model.safetensors is missing.
-        ValueError: `directory` is a file, config.json has no valid "model" entry, the
+        UserError: `directory` is a file, config.json has no valid "model" entry, the
             weights file's size or
             sha256 differs from the recorded one, or the file's parameter count differs from
             the config's.
@@ -272,7 +272,7 @@ def read_model_dir(
 
 
 def read_safetensors(path: Path, device: str = "cpu") -> dict[str, torch.Tensor]:
-    """The tensors of a safetensors file; a damaged file is a ValueError naming it."""
+    """The tensors of a safetensors file; a damaged file is a UserError naming it."""
     try:
         return load_file(str(path), device=device)
     except Exception as e:  # safetensors raises its own error type for a damaged file
@@ -295,7 +295,7 @@ def resolve_tied(
             "transformer.wte.weight").
 
     Raises:
-        ValueError: tied, and the two tensors differ; the message names both keys and the
+        UserError: tied, and the two tensors differ; the message names both keys and the
             largest absolute difference, and how to load them untied.
     """
     emb_key, head_key = (prefix + key for key in _PAIR)
@@ -340,7 +340,7 @@ def load_state(
     reader: "its metadata").
 
     Raises:
-        ValueError: the tensors do not match the model (the message lists missing,
+        UserError: the tensors do not match the model (the message lists missing,
             unexpected and mis-shaped tensors, and names `source`), or two different
             matrices for tied weights.
     """

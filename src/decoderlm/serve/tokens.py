@@ -16,7 +16,7 @@ __all__ = ["check_token_ids", "encode", "eos_token_and_id", "prompt_token_ids"]
 
 def encode(tokenizer, text: str) -> list[int]:
     """Token ids of text, special tokens' strings (e.g. "<|endoftext|>") taken as their ids,
-    as Hugging Face tokenizers and vLLM do. Raises ValueError for unknown characters."""
+    as Hugging Face tokenizers and vLLM do. Raises UserError for unknown characters."""
     if getattr(tokenizer, "special_tokens", None):
         return tokenizer.encode(text, allowed_special="all")
     return tokenizer.encode(text)

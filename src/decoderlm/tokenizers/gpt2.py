@@ -33,7 +33,7 @@ class GPT2Tokenizer(Tokenizer):
     error). Every other string encodes (byte-level: no unknown characters).
 
     Raises:
-        MissingFileError: a BPE file is missing. ValueError: a file's hash does not match
+        MissingFileError: a BPE file is missing. UserError: a file's hash does not match
             (tiktoken's error).
     """
 

@@ -272,7 +272,7 @@ def _check_can_continue(step: int, cfg: TrainConfig, run_dir: Path | None) -> No
 
 
 def _check_finite(loss: float, step: int, lr: float, run_dir: Path | None) -> float:
-    """loss, unless it is NaN or inf: then ValueError naming the last good checkpoint."""
+    """loss, unless it is NaN or inf: then UserError naming the last good checkpoint."""
     if not math.isfinite(loss):
         last_good = list_checkpoints(run_dir)[-1:] if run_dir else []
         raise UserError(
@@ -350,7 +350,7 @@ def train(
         TrainResult; val_loss covers the whole validation split (None if interrupted).
 
     Raises:
-        ValueError: a split is shorter than block_size + 1 tokens, or the loss becomes NaN or
+        UserError: a split is shorter than block_size + 1 tokens, or the loss becomes NaN or
             inf (the last good checkpoint is left in place).
     """
     T, info = model.config.block_size, info or DistInfo()

@@ -131,7 +131,7 @@ def parallelize(
     torch.compile outside them.
 
     Raises:
-        ValueError: fsdp in a single process.
+        UserError: fsdp in a single process.
     """
     choose_attention(model, cfg, device)
     if cfg.compute.activation_checkpointing:
