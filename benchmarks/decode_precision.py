@@ -46,8 +46,7 @@ PRECISIONS = {
 def char_model(args, tmp: Path):
     """(model, val ids, name) of --run, or of a run trained here."""
     from decoderlm.data.corpus import load_corpus
-    from decoderlm.finetune.sources import load_model
-    from decoderlm.tokenizers import load_tokenizer
+    from decoderlm.io.load import load_model, load_tokenizer
 
     if args.run:
         run = require_file(args.run, "pass a `decoderlm train` run directory", True, "--run")
@@ -66,7 +65,7 @@ def char_model(args, tmp: Path):
 def gpt2_model(args, tmp: Path):
     """(model, val ids, name) of --hf, or of a random GPT-2-small-shape model."""
     from decoderlm.data.corpus import data_spec, load_corpus
-    from decoderlm.io.hf import load_gpt2
+    from decoderlm.io.hf_gpt2 import load_gpt2
     from decoderlm.tokenizers import GPT2Tokenizer
 
     if args.hf:

@@ -4,11 +4,12 @@ against transformers.
 For each shape, a randomly initialised GPT-2 is saved once as a Hugging Face directory and
 loaded by both libraries; batch 1, a 32-token prompt, 256 new tokens, greedy, float32 and
 bfloat16. The contenders alternate (A B C D A B C D ...) after one warm-up run each (which
-is when `generate(..., compile=True)` compiles), and each one's greedy tokens are compared
-with transformers'. This machine's read bandwidth (summing a 1 GiB float32 tensor, best of
-5) is measured between runs, because it drifts with the load of other tenants; weight bytes
-(every parameter but the unused rows of the position table) x tokens/s is reported as a
-fraction of the higher of the two probes around the run that gave the best speed.
+is when the model prepared with `prepare_for_decoding(model, compile=True)` compiles), and
+each one's greedy tokens are compared with transformers'. This machine's read bandwidth
+(summing a 1 GiB float32 tensor, best of 5) is measured between runs, because it drifts with
+the load of other tenants; weight bytes (every parameter but the unused rows of the position
+table) x tokens/s is reported as a fraction of the higher of the two probes around the run
+that gave the best speed.
 
     python benchmarks/generate.py [--repeats 2] [--shapes small tiny] [--skip-no-cache]
 """
@@ -41,8 +42,10 @@ def read_bandwidth() -> float:
 def main() -> None:
     import transformers
 
+    from decoderlm.generation import cpu_decode
     from decoderlm.generation.generate import generate
-    from decoderlm.io.hf import load_gpt2
+    from decoderlm.generation.precision import prepare_for_decoding
+    from decoderlm.io.hf_gpt2 import load_gpt2
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=2)
@@ -65,16 +68,16 @@ def main() -> None:
             for dtype_name in args.dtypes:
                 dtype = getattr(torch, dtype_name)
                 hf = transformers.GPT2LMHeadModel.from_pretrained(tmp, dtype=dtype).eval()
-                ours = load_gpt2(tmp).to(dtype)
+                # the CPU's one-row kernels, kept plain in dtype (no packing: not prepared)
+                ours = cpu_decode.install(load_gpt2(tmp).to(dtype))
+                compiled = prepare_for_decoding(load_gpt2(tmp).to(dtype), compile=True)
                 # bytes each new token reads: every parameter but the position table (one row)
                 weight_bytes = sum(p.numel() * p.element_size() for p in ours.parameters()) - (
                     ours.pos_emb.weight[1:].numel() * ours.pos_emb.weight.element_size()
                 )
                 contenders = {
                     "decoderlm (KV cache)": lambda: generate(ours, prompt, n, do_sample=False),
-                    "decoderlm (compiled)": lambda: generate(
-                        ours, prompt, n, do_sample=False, compile=True
-                    ),
+                    "decoderlm (compiled)": lambda: generate(compiled, prompt, n, do_sample=False),
                     "transformers generate": lambda: hf.generate(
                         prompt,
                         attention_mask=torch.ones_like(prompt),

@@ -13,7 +13,8 @@ train: GPT-2 small (124M; the `gpt2` preset, context 1024) through the trainer's
     prints), and for float16 the GradScaler's scale and the steps it skipped.
 generate: greedy decoding of a random GPT-2 small, batch 1, a 32-token prompt, decoderlm's
     `generate` (KV cache) against transformers' `generate` on the same weights (saved by
-    `decoderlm.io.hf.save_gpt2`), tokens/s of each after a warm-up, and whether the tokens agree.
+    `decoderlm.io.hf_gpt2.save_gpt2`), tokens/s of each after a warm-up, and whether the
+    tokens agree.
 fsdp: the train part's step with FSDP2 (fully_shard per block, then the root) in one process
     of a torchrun job.
 """
@@ -116,7 +117,7 @@ def _adam_steps(optimizer) -> int:
 def generate_part(args) -> None:
     from transformers import GPT2LMHeadModel
 
-    from decoderlm.io.hf import save_gpt2
+    from decoderlm.io.hf_gpt2 import save_gpt2
 
     device, config = device_and_config(args)
     torch.manual_seed(0)

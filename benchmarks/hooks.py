@@ -29,6 +29,7 @@ import torch
 
 from decoderlm import CharTokenizer, DecoderLM, GPT2Tokenizer, ModelConfig
 from decoderlm.generation.generate import generate
+from decoderlm.generation.precision import prepare_for_decoding
 from decoderlm.lens.lens import default_probe, probe_metrics
 from decoderlm.lens.report import build_report, write_report
 from decoderlm.model.hooks import HeadsHookPoint, HookPoint
@@ -130,9 +131,11 @@ def hooks_part() -> None:
     torch.manual_seed(0)
     per_call = call_ns()
     print(f"one hook-point call, nothing attached: {per_call:.0f} ns")
-    decoder = DecoderLM(
-        ModelConfig(vocab_size=50257, block_size=1024, n_layers=4, n_heads=8, d_model=256)
-    ).eval()
+    decoder = prepare_for_decoding(  # as the commands decode: the CPU's one-row kernels
+        DecoderLM(
+            ModelConfig(vocab_size=50257, block_size=1024, n_layers=4, n_heads=8, d_model=256)
+        ).eval()
+    )
     prompt = torch.randint(0, 50257, (1, 32))
     small = DecoderLM(
         ModelConfig(vocab_size=139, block_size=96, n_layers=3, n_heads=4, d_model=128)

@@ -44,6 +44,11 @@ except ImportError:  # a checkout from before the subsystem folders
 torch.manual_seed(0)
 model = DecoderLM(ModelConfig(vocab_size=50257, block_size=1024, n_layers={n_layers},
                               n_heads={n_heads}, d_model={d_model})).eval()
+try:  # the commands' decoding (since it exists; older generate() calls installed its kernels)
+    from decoderlm.generation.precision import prepare_for_decoding
+    model = prepare_for_decoding(model)
+except ImportError:
+    pass
 prompt = torch.randint(0, 50257, (1, 32))
 generate(model, prompt, 32, do_sample=False)
 start = time.perf_counter()

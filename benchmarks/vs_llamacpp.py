@@ -4,7 +4,7 @@ and 8-bit precision, with each contender's share of the machine's read bandwidth
 Models (random weights, saved once as decoderlm run directories): GPT-2 small's shape (124M,
 50,257 BPE vocabulary, from transformers' GPT2LMHeadModel) and the seed model's shape (3 x 128,
 context 96, 139 characters) in GPT-2's architecture. Each is exported with `decoderlm export
---format gguf --dtype f32|f16|q8_0` and loaded by llama.cpp (llama-cpp-python); decoderlm
+--format gguf --outtype f32|f16|q8_0` and loaded by llama.cpp (llama-cpp-python); decoderlm
 decodes the run directory with `decoderlm.generate` at the matching precision (f32 against
 f32, `--dtype bfloat16` against f16, `--quantize int8` and `--quantize w8a8` against q8_0),
 eagerly or with --compile (its warm-up call compiles).
@@ -71,7 +71,7 @@ def save_models(root: Path, shapes: list[str]) -> dict[str, Path]:
     import transformers
 
     from decoderlm import CharTokenizer
-    from decoderlm.io.hf import load_gpt2
+    from decoderlm.io.hf_gpt2 import load_gpt2
     from decoderlm.tokenizers import GPT2Tokenizer
 
     dims = {
@@ -102,7 +102,7 @@ def save_models(root: Path, shapes: list[str]) -> dict[str, Path]:
 def export(run: Path, gguf_dtype: str, out: Path) -> str | None:
     """`decoderlm export --format gguf`; None when it worked, else its last line."""
     command = [sys.executable, "-m", "decoderlm", "export", "--run", str(run), "--format", "gguf"]
-    command += ["--dtype", gguf_dtype, "--out", str(out)]
+    command += ["--outtype", gguf_dtype, "--out", str(out)]
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode == 0 and out.is_file():
         return None
@@ -146,6 +146,7 @@ def ours_run(run: str, options: dict, prompt: list[int], new: int, threads: int)
     import torch
 
     from decoderlm.generation.generate import stream_generate
+    from decoderlm.generation.params import SamplingParams
     from decoderlm.generation.precision import prepare_for_decoding
     from decoderlm.model.model import DecoderLM
 
@@ -156,8 +157,7 @@ def ours_run(run: str, options: dict, prompt: list[int], new: int, threads: int)
         _MODELS[run] = prepare_for_decoding(model, *precision)
     model, idx = _MODELS[run], torch.tensor([prompt])
     times, ids, start = [], [], time.perf_counter()
-    compiled = options.get("compile", False)
-    for token in stream_generate(model, idx, new, do_sample=False, compile=compiled):
+    for token in stream_generate(model, idx, SamplingParams(new, temperature=0.0)):
         times.append(time.perf_counter())
         ids.append(int(token[0]))
     return {**_rates(times, start), "ids": ids[:16], "bytes_per_token": weight_bytes(model)}
@@ -232,7 +232,7 @@ def prepare(args, root: Path) -> list[dict]:
             out = root / f"{shape}-{gguf_dtype}.gguf"
             failed = None if out.is_file() else export(run, gguf_dtype, out)
             if failed:
-                print(f"{shape} {name}: `decoderlm export --dtype {gguf_dtype}` failed: {failed}")
+                print(f"{shape} {name}: `decoderlm export --outtype {gguf_dtype}` failed: {failed}")
                 continue
             common = {"vocab_size": model["vocab_size"], "max_new": max(news)}
             cases.append({

@@ -73,13 +73,13 @@ def test_torchs_allocation_failure_is_one_line_with_the_estimate():
 
 
 def test_a_model_too_large_to_load_or_build_is_one_line(tmp_path, monkeypatch, capsys):
-    import decoderlm.finetune.sources as sources
+    import decoderlm.io.load as loader
     import decoderlm.training.run as run
 
     def out_of_memory(*args, **kwargs):
         raise RuntimeError(TORCH_CPU_OOM)
 
-    monkeypatch.setattr(sources, "load_model", out_of_memory)
+    monkeypatch.setattr(loader, "load_run", out_of_memory)
     one_line_error(
         capsys,
         ["sample", "--run", str(RUN), "--prompt", "The "],

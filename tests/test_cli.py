@@ -165,7 +165,7 @@ def test_train_refuses_a_vocab_size_below_the_tokenizers(tmp_path, capsys):
         ("preset: gpt2\nbatch_size: many\n", "--batch-size: expected an integer > 0, got 'many'"),
         (
             "preset: gpt2\ndtype: fp8\n",
-            "--dtype: expected one of float32, bfloat16, float16, fp32, bf16, fp16",
+            "--dtype: expected one of float32, bfloat16, float16, f32, bf16, f16, fp32, fp16",
         ),
         ("preset: gpt2\nseq_lenn: 3\n", "unknown setting 'seq_lenn' in the settings file"),
         ("preset: [gpt2\n", "the settings file does not parse"),
@@ -196,7 +196,8 @@ def test_bad_flags_and_values_are_one_line(tmp_path, capsys):
     one_line_error(capsys, ["params", "--model-config", str(tmp_path / "no.json")], "no.json")
     one_line_error(capsys, ["sample"], "give one of --run or --hf")
     one_line_error(capsys, ["prepare", "--data", "x"], "missing --out")
-    one_line_error(capsys, ["eval"], "the following arguments are required: --run")
+    one_line_error(capsys, ["eval"], "give one of --run or --hf or --gguf")
+    one_line_error(capsys, ["eval", "--gguf", "m.gguf"], "--gguf m.gguf records no data to score")
     one_line_error(capsys, ["train", "--n-layers"], "--n-layers: expected one argument")
     one_line_error(
         capsys,
@@ -275,7 +276,7 @@ def test_settings_file_then_command_line_overrides(tmp_path, capsys):
         ("[model\n", "does not parse"),
         (
             "[train]\ndtype = 'float8'\n",
-            "--dtype: expected one of float32, bfloat16, float16, fp32, bf16, fp16",
+            "--dtype: expected one of float32, bfloat16, float16, f32, bf16, f16, fp32, fp16",
         ),
     ):
         settings.write_text(text, encoding="utf-8")
@@ -360,7 +361,14 @@ def test_version(capsys):
 
 
 @pytest.mark.parametrize(
-    "short,long", [("fp32", "float32"), ("bf16", "bfloat16"), ("fp16", "float16")]
+    "short,long",
+    [
+        ("f32", "float32"),
+        ("bf16", "bfloat16"),
+        ("f16", "float16"),
+        ("fp32", "float32"),
+        ("fp16", "float16"),
+    ],
 )
 def test_dtype_names_are_the_same_in_params_and_train(capsys, short, long):
     from decoderlm.config import TrainConfig
@@ -546,3 +554,95 @@ def test_flag_values_are_converted_by_their_type(hint, text, value):
 def test_values_a_type_does_not_take_are_refused(hint, value):
     with pytest.raises(ValueError):
         convert(hint, value)
+
+
+# --- option groups shared by commands (decoderlm.options) -----------------------------------
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where a test command reads from.
+
+    Attributes:
+        path: the file to read.
+        strict: refuse what looks wrong.
+    """
+
+    path: str | None = None
+    strict: bool = False
+
+    def __post_init__(self):
+        if self.path == "":
+            raise UserError("--path must not be empty")
+
+
+def grouped(source: Annotated[Source, Fields(Source)] = Source(), n: PositiveInt = 1) -> int:
+    """Run a test command with an option group.
+
+    Args:
+        source: where it reads from.
+        n: how many.
+    """
+    return 0
+
+
+def test_a_group_without_a_section_is_the_commands_own_flags_and_passes_its_dataclass(tmp_path):
+    parsed = command_flags("decoderlm g", grouped, {"path": "FILE"}, {})
+    text = " ".join(parsed.parser.format_help().split())
+    assert "[--path FILE] [--strict [true|false]] [--n N]" in text  # in the parameter's place
+    assert "the file to read." in text and "settings (Source)" not in text  # no group of its own
+    assert parsed.parse(["--path", "a", "--n", "2"]) == {"source": Source("a"), "n": 2}
+    assert parsed.parse(["--n", "2"]) == {"n": 2}  # none given: the function's default
+    (tmp_path / "s.yaml").write_text("path: b\nstrict: true\n")  # top-level keys, as its flags
+    assert parsed.parse(["--config", str(tmp_path / "s.yaml"), "--path", "c"]) == {
+        "source": Source("c", True)  # the flag wins
+    }
+    with pytest.raises(UserError, match="--path must not be empty"):  # the dataclass's check
+        parsed.parse(["--path", ""])
+    (tmp_path / "s.yaml").write_text("source:\n  path: b\n")
+    with pytest.raises(UserError, match="unknown setting 'source'"):
+        parsed.parse(["--config", str(tmp_path / "s.yaml")])
+
+
+GROUPS = {  # the option groups of each command: the same flags, with the same help
+    "ModelSource": ("sample", "serve", "inspect", "eval"),
+    "Precision": ("sample", "serve", "inspect", "eval"),
+    "Decoding": ("sample", "serve"),
+}
+
+
+@pytest.mark.parametrize("group", sorted(GROUPS))
+def test_each_shared_option_is_the_same_flag_with_the_same_help_in_every_command(group):
+    import dataclasses
+
+    import decoderlm.options as options
+    from decoderlm.cli import command
+
+    names = [f.name for f in dataclasses.fields(getattr(options, group))]
+    seen = {}
+    for name in GROUPS[group]:
+        actions = {a.dest: a for a in command(name).parser._actions}
+        flags = {
+            dest.split(".")[-1]: (a.option_strings, a.help, a.metavar, a.choices)
+            for dest, a in actions.items()
+            if dest.split(".")[-1] in names and "." in dest
+        }
+        assert sorted(flags) == sorted(names), (name, flags)
+        seen[name] = flags
+    first = seen[GROUPS[group][0]]
+    assert all(flags == first for flags in seen.values()), seen
+    assert first["dtype" if group != "ModelSource" else "run"][1]  # documented
+
+
+def test_sample_reads_its_model_and_decoding_from_a_settings_file(tmp_path, capsys):
+    run = "tests/fixtures/run_v0/gpt2-style"
+    settings = tmp_path / "s.yaml"
+    settings.write_text(f"run: {run}\ndtype: bf16\nprompt: [ab]\nmax_new_tokens: 6\n")
+    argv = ["sample", "--config", str(settings), "--temperature", "0"]
+    name, kwargs = parse(argv)
+    assert kwargs["source"].run == run and kwargs["decoding"].dtype == "bfloat16"
+    assert main(argv) == 0
+    from_file = capsys.readouterr().out
+    flags = ["--run", run, "--dtype", "bfloat16", "--prompt", "ab", "--max-new-tokens", "6"]
+    assert main(["sample", *flags, "--temperature", "0"]) == 0
+    assert capsys.readouterr().out == from_file and from_file.startswith("ab")

@@ -194,3 +194,31 @@ def test_token_logprobs_score_every_token_once_in_evaluates_windows(n):
     if (n - 1) % T == 0:  # then these are exactly evaluate's windows
         assert float(-lp.mean()) == pytest.approx(evaluate(model, torch.tensor(ids)), abs=1e-5)
     assert score_window_starts(n, T)[-1] + min(T, n - 1) == n - 1
+
+
+def test_eval_scores_a_gguf_file_and_a_hugging_face_directory_on_data(tmp_path, capsys):
+    pytest.importorskip("gguf")  # the [export] extra
+    from decoderlm import CharTokenizer
+
+    text = "The cat sat on the mat; the dog sat on the log. " * 8
+    tok = CharTokenizer.from_text(text)
+    model = tiny_model(vocab_size=tok.vocab_size, activation="gelu_tanh")  # llama.cpp's GELU
+    model.save_pretrained(tmp_path / "run")
+    tok.save_pretrained(tmp_path / "run")
+    paths = {"--run": tmp_path / "run", "--gguf": tmp_path / "m.gguf", "--hf": tmp_path / "hf"}
+    for format, flag in (("gguf", "--gguf"), ("hf", "--hf")):
+        argv = ["export", "--run", str(paths["--run"]), "--format", format]
+        assert main([*argv, "--out", str(paths[flag])]) == 0
+    (tmp_path / "text.txt").write_text(text, encoding="utf-8")
+    expected = evaluate(model, torch.tensor(tok.encode(text)))
+    capsys.readouterr()
+    for flag, path in paths.items():
+        argv = ["eval", flag, str(path), "--data", str(tmp_path / "text.txt"), "--json"]
+        assert main(argv) == 0, flag
+        report = json.loads(capsys.readouterr().out)
+        assert report["nats_per_token"] == pytest.approx(expected, rel=1e-5), flag
+        assert report["run"] == str(path) and report["tokens"] == len(text)
+    for flag in ("--gguf", "--hf"):  # no run, so no recorded data: --data is needed
+        message = f"{flag} {paths[flag]} records no data to score; give --data PATH"
+        one_line_error(capsys, ["eval", flag, str(paths[flag])], message)
+    one_line_error(capsys, ["eval", "--run", "r", "--hf", "h", "--data", "t"], "give one of --run")

@@ -35,13 +35,15 @@ _HOMES = {
     "ByteTokenizer": "tokenizers",
     "GPT2Tokenizer": "tokenizers",
     "UnknownCharacterError": "tokenizers",
-    "load_tokenizer": "tokenizers",
+    "load_tokenizer": "io.load",
     "make_tokenizer": "tokenizers",
-    "load_gpt2": "io.hf",
-    "save_gpt2": "io.hf",
-    "load_model": "finetune.sources",
+    "load_gpt2": "io.hf_gpt2",
+    "save_gpt2": "io.hf_gpt2",
+    "load_model": "io.load",
     "generate": "generation.generate",
     "stream_text": "generation.generate",
+    "SamplingParams": "generation.params",
+    "prepare_for_decoding": "generation.precision",
     "evaluate_run": "evaluate",
     "train": "training.loop",
     "run_experiment": "training.run",
@@ -69,6 +71,8 @@ __all__ = [
     "load_model",
     "generate",
     "stream_text",
+    "SamplingParams",
+    "prepare_for_decoding",
     "evaluate_run",
     "train",
     "run_experiment",
@@ -79,9 +83,11 @@ if TYPE_CHECKING:  # for type checkers and editors; at run time __getattr__ impo
     from .config import ModelConfig, TrainConfig
     from .errors import UserError
     from .evaluate import evaluate_run
-    from .finetune.sources import load_model
     from .generation.generate import generate, stream_text
-    from .io.hf import load_gpt2, save_gpt2
+    from .generation.params import SamplingParams
+    from .generation.precision import prepare_for_decoding
+    from .io.hf_gpt2 import load_gpt2, save_gpt2
+    from .io.load import load_model, load_tokenizer
     from .model.analysis import count_parameters, flops_per_token, memory_bytes
     from .model.hooks import run_with_cache
     from .model.model import DecoderLM
@@ -92,7 +98,6 @@ if TYPE_CHECKING:  # for type checkers and editors; at run time __getattr__ impo
         GPT2Tokenizer,
         Tokenizer,
         UnknownCharacterError,
-        load_tokenizer,
         make_tokenizer,
     )
     from .training.loop import train

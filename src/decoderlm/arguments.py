@@ -3,8 +3,8 @@ checks in a flag's value, and which parameter takes a dataclass's fields.
 
 `NonNegativeInt`, `PositiveInt`, `NotEmptyStr` and `NotEmptyPath` are `typing.Annotated` types
 whose `Check` the command line applies to a flag's value (a Python caller gets the plain type);
-`Fields` marks a dict parameter whose keys are a dataclass's fields (`decoderlm.cli.flags`
-gives each field a flag).
+`Fields` marks a parameter that takes a dataclass's fields (`decoderlm.cli.flags` gives each
+field a flag; `decoderlm.options` holds the groups several commands share).
 """
 
 from __future__ import annotations
@@ -37,20 +37,26 @@ class Check:
 
 @dataclass(frozen=True)
 class Fields:
-    """For `typing.Annotated[dict | None, Fields(cls, section)]` on a command's parameter: the
-    dict maps fields of dataclass `cls` (also of its nested dataclass fields) to values; the
-    command line gives each field its own flag (--n-layers) and a settings file has them under
-    `section`."""
+    """A command's parameter whose flags are the fields of dataclass `cls`: the command line
+    gives each field its own flag (--n-layers), and a settings file has them under `section`
+    (None: among the command's own settings, its flags among the command's own flags).
+
+    `Annotated[dict | None, Fields(cls, section)]`: the parameter is passed a dict of the
+    fields given (also of nested dataclass fields, flattened). `Annotated[cls, Fields(cls)]`
+    (a dataclass without nested ones): it is passed `cls(**the fields given)`, or its default
+    when none is given.
+    """
 
     cls: type
-    section: str
+    section: str | None = None
 
 
 NonNegativeInt = Annotated[int, Check("an integer >= 0", lambda v: v >= 0)]
 PositiveInt = Annotated[int, Check("an integer > 0", lambda v: v > 0)]
 NotEmptyStr = Annotated[str, Check("a non-empty string", lambda v: v != "")]
 NotEmptyPath = Annotated[str | Path, Check("a non-empty string", lambda v: str(v) != "")]
-# the weights' and activations' dtype while decoding, and the quantisation of its matrices
+# the weights' and activations' dtype while decoding (torch's names; `decoderlm.options`
+# has the names commands take), and the quantisation of its matrices
 # (decoderlm.generation.precision)
 DecodeDType = Literal["float32", "bfloat16"]
 Quantize = Literal["int8", "w8a8"]

@@ -19,14 +19,13 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from .errors import UserError
+from .options import DtypeName, canonical_dtype
 
 __all__ = [
-    "DTYPE_ALIASES",
     "ArtifactsConfig",
     "CheckpointConfig",
     "ComputeConfig",
     "DataConfig",
-    "DtypeName",
     "EvalConfig",
     "FinetuneConfig",
     "LoggingConfig",
@@ -34,7 +33,6 @@ __all__ = [
     "OptimConfig",
     "StepsConfig",
     "TrainConfig",
-    "canonical_dtype",
 ]
 
 
@@ -52,7 +50,7 @@ def _from_dict(cls, data: dict[str, Any]):
 
 
 def _check_int(obj, *names: str, low: int = 1, high: int | None = None) -> None:
-    """Raise ValueError unless each named field is an integer in [low, high)."""
+    """Raise UserError unless each named field is an integer in [low, high)."""
     for name in names:
         value = getattr(obj, name)
         if (
@@ -68,7 +66,7 @@ def _check_int(obj, *names: str, low: int = 1, high: int | None = None) -> None:
 
 
 def _check_bool(obj, *names: str) -> None:
-    """Raise ValueError unless each named field is True or False."""
+    """Raise UserError unless each named field is True or False."""
     for name in names:
         if not isinstance(getattr(obj, name), bool):
             raise UserError(f"{name} must be true or false, got {getattr(obj, name)!r}")
@@ -82,7 +80,7 @@ def _check_real(
     low_open: bool = False,
     high_open: bool = False,
 ) -> None:
-    """Raise ValueError unless getattr(obj, name) is a finite real number in the interval."""
+    """Raise UserError unless getattr(obj, name) is a finite real number in the interval."""
     value = getattr(obj, name)
     ok = (
         isinstance(value, (int, float))
@@ -102,24 +100,8 @@ def _check_real(
         raise UserError(f"{name} must be a finite number {interval}, got {value!r}{hint}")
 
 
-# the number formats: torch's names, and their short names (accepted everywhere, the same)
-DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
-DtypeName = Literal["float32", "bfloat16", "float16", "fp32", "bf16", "fp16"]
-
-
-def canonical_dtype(name: str) -> str:
-    """torch's name of a number format: "bf16" -> "bfloat16", "float32" -> "float32", ...
-
-    Raises:
-        ValueError: not one of DtypeName.
-    """
-    if name not in typing.get_args(DtypeName):
-        raise UserError(f"dtype must be one of {list(typing.get_args(DtypeName))}, got {name!r}")
-    return DTYPE_ALIASES.get(name, name)
-
-
 def _check_choices(obj) -> None:
-    """Raise ValueError unless each field typed Literal[...] holds one of its values."""
+    """Raise UserError unless each field typed Literal[...] holds one of its values."""
     for name, hint in typing.get_type_hints(type(obj)).items():
         choices = typing.get_args(hint) if typing.get_origin(hint) is Literal else None
         if choices and getattr(obj, name) not in choices:
@@ -184,7 +166,7 @@ class ModelConfig:
             (-c, c) (Gemma 2's final-logit soft-capping).
 
     Raises:
-        ValueError: a size is not a positive integer, padded_vocab_size is below vocab_size,
+        UserError: a size is not a positive integer, padded_vocab_size is below vocab_size,
             d_model is not divisible by n_heads,
             head_dim is odd with rope, max_positions is below block_size (or above it with
             learned positions), dropout is outside [0, 1), or an option is not one of
@@ -442,8 +424,8 @@ class ComputeConfig:
 
     dtype: DtypeName = "bfloat16"
     """"float32"; "bfloat16" for bfloat16 autocast; "float16" for float16 autocast with a
-    GradScaler (dynamic loss scaling). Weights and optimizer state stay float32. "fp32",
-    "bf16", "fp16" are the same (stored as the long names)."""
+    GradScaler (dynamic loss scaling). Weights and optimizer state stay float32. "f32",
+    "bf16", "f16" (and "fp32", "fp16") are the same (stored as the long names)."""
     compile: bool = False
     """Wrap the model in torch.compile for training."""
     activation_checkpointing: bool = False
@@ -666,10 +648,11 @@ class TrainConfig:
     @classmethod
     def from_stored(cls, data: dict[str, Any]) -> TrainConfig:
         """The TrainConfig a run directory's config.json["train"] (or a checkpoint's) holds.
-        Such a dict lists every setting its run trained with; one without "optimizer" trained
-        with AdamW alone.
+        Such a dict is flat (`to_dict`'s format) and lists every setting its run trained
+        with; one without "optimizer" trained with AdamW alone.
 
         Raises:
-            UserError: as `from_dict`.
+            UserError: a key names no setting (the message lists the known ones), or a
+                setting is invalid.
         """
-        return cls.from_dict({"optimizer": "adamw", **data})
+        return cls(**{"optimizer": "adamw", **data})

@@ -13,13 +13,14 @@ from typing import Any
 import torch
 
 from .arguments import NotEmptyStr, PositiveInt
-from .config import DtypeName, FinetuneConfig, ModelConfig, canonical_dtype
+from .config import FinetuneConfig, ModelConfig
 from .errors import one_of
 from .files import json_text, read_settings
 from .finetune.trainable import prepare_trainable, trainable_counts
 from .model.analysis import count_parameters, flops_per_token, memory_bytes
 from .model.lora import LoRALinear, lora_parameter_count
 from .model.model import DecoderLM
+from .options import DtypeName, canonical_dtype
 from .presets import PRESETS, PresetName, get_preset
 
 __all__ = ["list_presets", "params", "params_report", "params_table"]
@@ -71,8 +72,8 @@ def params(
             (.toml) file (optionally under `model`).
         batch_size: sequences per batch for the memory figures.
         seq_len: sequence length T (default: block_size).
-        dtype: the number format for the memory figures (fp32, bf16, fp16 are the same as
-            float32, bfloat16, float16, here and in train).
+        dtype: the number format for the memory figures (f32, bf16, f16, and fp32, fp16,
+            are the same as float32, bfloat16, float16, here and in every command).
         json: print JSON instead of a table.
         freeze: count as trainable only what this --freeze of `decoderlm train` leaves
             (default: a run's own setting).

@@ -3,8 +3,9 @@
 `evaluate` is the mean next-token cross-entropy over every non-overlapping block_size window
 of the ids (windows start at 0, T, 2T, ...; deterministic, no dropout), so the tokens scored
 are the n_windows * T targets 1 .. n_windows * T; the few tokens after the last full window
-are not scored, and `evaluate_run`'s report says how many were. Training logs the same loss
-on the validation split. `print_report` is the `decoderlm eval` command.
+are not scored, and `evaluate_source`'s report (`evaluate_run`'s for a run directory) says how
+many were. Training logs the same loss on the validation split. `print_report` is the
+`decoderlm eval` command.
 """
 
 from __future__ import annotations
@@ -12,21 +13,21 @@ from __future__ import annotations
 import contextlib
 import math
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import numpy as np
 import torch
 
-from .arguments import DecodeDType, NotEmptyStr, PositiveInt, Quantize
+from .arguments import Fields, NotEmptyStr, PositiveInt, Quantize
 from .data.corpus import check_split, is_token_dir, load_corpus, load_token_dir, windows
 from .data.prepare import encode_source, source_files
-from .errors import UserError, checked_device
+from .errors import UserError
 from .files import json_text, read_json
-from .finetune.sources import check_vocab, load_model
-from .generation.precision import prepare_for_decoding
+from .generation.loading import load_for_decoding
 from .model.model import DecoderLM
 from .model.weights import CONFIG_NAME
-from .tokenizers import CharTokenizer, Tokenizer, load_tokenizer
+from .options import DtypeName, ModelSource, Precision
+from .tokenizers import CharTokenizer, Tokenizer
 
 __all__ = [
     "LN2",
@@ -34,6 +35,7 @@ __all__ = [
     "token_logprobs",
     "score_window_starts",
     "evaluate_run",
+    "evaluate_source",
     "format_report",
     "print_report",
 ]
@@ -63,7 +65,7 @@ def evaluate(
         autocast: a context-manager factory, e.g. bfloat16 autocast.
 
     Raises:
-        ValueError: data is too short for one window.
+        UserError: data is too short for one window.
     """
     T = model.config.block_size
     check_split("evaluation", data, T)
@@ -196,62 +198,95 @@ def evaluate_run(
     device: str = "cpu",
     batch_size: int = 32,
     verify: bool = True,
-    dtype: DecodeDType | None = None,
+    dtype: DtypeName | None = None,
     quantize: Quantize | None = None,
 ) -> dict:
-    """Loss of the model in run directory `run` on a whole split or text.
+    """Loss of the model in run directory `run` on a whole split or text: `evaluate_source`
+    of ModelSource(run, device, no_verify=not verify) at Precision(dtype, quantize).
 
     Args:
         run: a run directory (model.safetensors, config.json, its tokenizer files), or a
             LoRA run's adapter directory (loaded over its base model).
-        data: None (the run's own data, from config.json's "data_spec"); a prepared token
-            directory (its `split`, default "val"; it must use the run's tokenizer); or a text
-            file / directory of text files (all of it), encoded with the run's tokenizer, with
-            characters outside a char vocabulary mapped to its unknown token and counted.
-        split: "val" (default) or "train"; not for a text file.
-        device: where the model runs. batch_size: windows per forward pass.
+        data, split, batch_size: as `evaluate_source`.
+        device: where the model runs.
         verify: check the weights against the digests config.json records (see
             `decoderlm.model.weights.verify_file`).
         dtype, quantize: score the model as decoding runs it at that precision (see
             `generation.precision.prepare_for_decoding`; default float32 weights).
 
     Returns:
-        A dict: run, data (where the ids came from), split, tokenizer (kind), nats_per_token,
-        bits_per_token, bits_per_char (char tokenizer) or bits_per_byte (byte tokenizer),
-        perplexity (exp(nats_per_token)), tokens (in the split or text), tokens_scored,
-        windows, block_size, unknown_characters, unk_token (char tokenizer).
+        The dict of `evaluate_source`.
 
     Raises:
-        FileNotFoundError / ValueError: missing or damaged files; a run without data_spec and
-            no `data`; a text with unknown characters and a char vocabulary without an unknown
-            token; ids shorter than block_size + 1.
+        UserError / MissingFileError: as `evaluate_source`.
     """
-    run = Path(run)
+    source = ModelSource(run=str(run), device=device, no_verify=not verify)
+    return evaluate_source(source, data, split, batch_size, Precision(dtype, quantize))
+
+
+def evaluate_source(
+    source: ModelSource,
+    data: str | Path | None = None,
+    split: str | None = None,
+    batch_size: int = 32,
+    precision: Precision | None = None,
+) -> dict:
+    """Loss of the model of `source` (a run directory, a Hugging Face directory or a GGUF
+    file) on a whole split or text.
+
+    Args:
+        source: the model (an adapter directory is loaded over its base model).
+        data: None (a run's own data, from config.json's "data_spec"; a Hugging Face
+            directory or GGUF file records none); a prepared token directory (its `split`,
+            default "val"; it must use the model's tokenizer); or a text file / directory of
+            text files (all of it), encoded with the model's tokenizer, with characters
+            outside a char vocabulary mapped to its unknown token and counted.
+        split: "val" (default) or "train"; not for a text file.
+        batch_size: windows per forward pass.
+        precision: score the model as decoding runs it at that precision (see
+            `generation.precision.prepare_for_decoding`; default float32 weights).
+
+    Returns:
+        A dict: run (the run directory, Hugging Face directory or GGUF file scored), data
+        (where the ids came from), split, tokenizer (kind), nats_per_token, bits_per_token,
+        bits_per_char (char tokenizer) or bits_per_byte (byte tokenizer), perplexity
+        (exp(nats_per_token)), tokens (in the split or text), tokens_scored, windows,
+        block_size, unknown_characters, unk_token (char tokenizer).
+
+    Raises:
+        UserError / MissingFileError: missing or damaged files; a run without data_spec, or
+            a Hugging Face directory or GGUF file, and no `data`; a text with unknown
+            characters and a char vocabulary without an unknown token; ids shorter than
+            block_size + 1; as `generation.loading.load_for_decoding`.
+    """
     if split not in (None, "val", "train"):
         raise UserError(f"unknown split {split!r}; use 'val' or 'train'")
-    model = load_model(run, map_location=device, verify=verify)  # an adapter run: over its base
-    prepare_for_decoding(model, dtype, quantize)
-    tokenizer = load_tokenizer(run)
-    check_vocab(tokenizer, model, run)
+    if data is None and source.run is None and source.path is not None:
+        flag = "--hf" if source.hf else "--gguf"
+        raise UserError(
+            f"{flag} {source.path} records no data to score; give --data PATH (a text file "
+            f"or a prepared token directory)"
+        )
+    model, tokenizer = load_for_decoding(source, precision)  # an adapter run: over its base
     if data is None:
         split = split or "val"
-        ids, n_unknown, source = _ids_of_data_spec(run, tokenizer, split)
+        ids, n_unknown, where = _ids_of_data_spec(Path(source.run), tokenizer, split)
     elif is_token_dir(data):
         split = split or "val"
-        ids, n_unknown, source = _ids_of_token_dir(Path(data), tokenizer, split)
+        ids, n_unknown, where = _ids_of_token_dir(Path(data), tokenizer, split)
     elif split is not None:
         raise UserError(
             f"--split chooses a split of the run's data or of a prepared token "
             f"directory; {data} is text, which is scored whole"
         )
     else:
-        (ids, n_unknown), source = _encode_text_files(tokenizer, Path(data)), str(data)
+        (ids, n_unknown), where = _encode_text_files(tokenizer, Path(data)), str(data)
     T = model.config.block_size
     nats = evaluate(model, ids, None, batch_size)  # checks len(ids) > block_size
     n_windows = (len(ids) - 1) // T
     report = {
-        "run": str(run),
-        "data": source,
+        "run": str(source.path),
+        "data": where,
         "split": split,
         "tokenizer": tokenizer.kind,
         "nats_per_token": nats,
@@ -296,45 +331,36 @@ def format_report(report: dict) -> str:
 
 
 def print_report(
-    run: NotEmptyStr,
+    source: Annotated[ModelSource, Fields(ModelSource)] = ModelSource(),
     data: NotEmptyStr | None = None,
     split: Literal["val", "train"] | None = None,
     json: bool = False,
-    device: str = "cpu",
     batch_size: PositiveInt = 32,
-    no_verify: bool = False,
-    dtype: DecodeDType | None = None,
-    quantize: Quantize | None = None,
+    precision: Annotated[Precision, Fields(Precision)] = Precision(),
 ) -> int:
     """Loss, bits per character and perplexity of a run.
 
     Score a run on a whole split of its own data (--split), a prepared token directory or a
-    text file (--data): mean next-token loss over non-overlapping block_size windows.
+    text file (--data): mean next-token loss over non-overlapping block_size windows. A
+    Hugging Face directory (--hf) or GGUF file (--gguf) is scored on --data.
 
     Args:
-        run: a run directory.
+        source: the model (`ModelSource`: --run, --hf or --gguf; --device, --no-verify).
         data: a text file (scored whole, unknown characters mapped to the run's unknown token
             and counted; its <|endoftext|> strings are ordinary text) or a prepared token
             directory (default: the data the run was trained on).
         split: split of the run's data or of a token directory (default: val).
         json: print JSON instead of text.
-        device: cpu, cuda, ...
         batch_size: windows per forward pass.
-        no_verify: load the weights without checking them against the sizes and sha256
-            digests that config.json records (for huge files).
-        dtype: score with the weights and activations in float32 or bfloat16, as `decoderlm
-            sample --dtype` decodes (default: float32, bfloat16 with --quantize).
-        quantize: int8 or w8a8: score with int8 matrices (w8a8: and 8-bit activations), as
-            `decoderlm sample --quantize` decodes.
+        precision: score the model as it decodes at that precision (`Precision`: --dtype,
+            --quantize).
 
     Returns:
         0, the exit status.
 
     Raises:
-        UserError / MissingFileError: as `evaluate_run`, and an unusable device.
+        UserError / MissingFileError: as `evaluate_source`.
     """
-    report = evaluate_run(
-        run, data, split, checked_device(device), batch_size, not no_verify, dtype, quantize
-    )
+    report = evaluate_source(source, data, split, batch_size, precision)
     print(json_text(report) if json else format_report(report))
     return 0

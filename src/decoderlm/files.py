@@ -65,7 +65,7 @@ def write_json(path: str | Path, data: Any) -> None:
 
 
 def read_json(path: str | Path) -> Any:
-    """Read a JSON file; FileNotFoundError / ValueError name the file on failure."""
+    """Read a JSON file; MissingFileError / UserError name the file on failure."""
     path = Path(path)
     if not path.is_file():
         raise MissingFileError(f"{path} not found")

@@ -165,7 +165,7 @@ PresetName = Literal[tuple(sorted(PRESETS))]
 
 
 def get_preset(name: str) -> Preset:
-    """Return the preset called `name`; raises ValueError listing the known names."""
+    """Return the preset called `name`; raises UserError listing the known names."""
     try:
         return PRESETS[name]
     except KeyError:

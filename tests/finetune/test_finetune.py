@@ -13,8 +13,8 @@ from safetensors.torch import load_file
 from decoderlm.cli import main
 from decoderlm.data.corpus import split_ids, windows
 from decoderlm.evaluate import evaluate_run
-from decoderlm.finetune.sources import load_model, load_source
 from decoderlm.finetune.trainable import freeze
+from decoderlm.io.load import load_model, load_source
 from decoderlm.model.lora import is_lora_key
 from decoderlm.model.model import DecoderLM
 from decoderlm.tokenizers import GPT2Tokenizer
@@ -173,7 +173,7 @@ def test_sample_eval_and_the_gpt2_export_work_on_adapters_and_merged(
     lora_run, tmp_path, capsys, which
 ):
     transformers = pytest.importorskip("transformers")
-    from decoderlm.io.hf import save_gpt2
+    from decoderlm.io.hf_gpt2 import save_gpt2
 
     run = lora_run
     if which == "merged":

@@ -7,7 +7,8 @@ import torch
 from decoderlm import DecoderLM, ModelConfig
 from decoderlm.cli import main
 from decoderlm.generation.generate import generate, stream_generate, stream_text
-from decoderlm.io.hf import load_gpt2, save_gpt2
+from decoderlm.generation.params import SamplingParams
+from decoderlm.io.hf_gpt2 import load_gpt2, save_gpt2
 from decoderlm.tokenizers import ByteTokenizer, CharTokenizer
 from decoderlm.tokenizers.base import END_OF_TEXT
 
@@ -39,7 +40,9 @@ def test_a_loaded_gpt2_model_stops_at_50256_by_default(tmp_path):
     assert out.tolist() == [[464, 2068, 50256]]  # the end-of-text token is kept, as a stop id
     assert generate(model, prompt, 5, ignore_eos=True).size(1) == 2 + 5
     assert generate(model, prompt, 5, eos_token_id=7).size(1) == 2 + 5  # another id: runs on
-    assert list(stream_generate(model, prompt, 5, ignore_eos=True))[-1].item() == 50256
+    assert (
+        list(stream_generate(model, prompt, SamplingParams(5, ignore_eos=True)))[-1].item() == 50256
+    )
 
 
 def test_an_explicit_eos_id_ends_each_row_and_pads_the_rest():
@@ -68,11 +71,11 @@ def test_stream_text_stops_at_eos_without_its_text_and_keeps_stop_texts():
     free = generate(model, torch.tensor([[0]]), 12, do_sample=False, ignore_eos=True)
     ids = free[0, 1:].tolist()
     text = "".join(tok.decode([i]) for i in ids)
-    pieces = list(stream_text(model, tok, [0], 12, temperature=0, ignore_eos=True))
+    pieces = list(stream_text(model, tok, [0], SamplingParams(12, 0, ignore_eos=True)))
     assert "".join(p[0] for p in pieces) == text and pieces[-1][1] == "length"
     # an id the model picks at step 3 as its end of text: stops there, text before it only
     model.eos_token_id = ids[2]
-    pieces = list(stream_text(model, tok, [0], 12, temperature=0))
+    pieces = list(stream_text(model, tok, [0], SamplingParams(12, 0)))
     first = ids.index(ids[2])
     assert "".join(p[0] for p in pieces) == tok.decode(ids[:first])
     assert pieces[-1][1:] == ("stop", first + 1)
@@ -80,7 +83,7 @@ def test_stream_text_stops_at_eos_without_its_text_and_keeps_stop_texts():
     model.eos_token_id = None
     span = tok.decode(ids[4:6])
     cut = text.find(span)
-    pieces = list(stream_text(model, tok, [0], 12, temperature=0, stop=[span]))
+    pieces = list(stream_text(model, tok, [0], SamplingParams(12, 0, stop=[span])))
     assert "".join(p[0] for p in pieces) == text[:cut] and pieces[-1][1] == "stop"
 
 

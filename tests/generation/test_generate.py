@@ -2,14 +2,17 @@ import pytest
 import torch
 
 from decoderlm.generation.generate import filter_logits, generate, sample_next, stream_generate
+from decoderlm.generation.params import SamplingParams
 
 from conftest import randomize, tiny_model
 
 FOUR = torch.tensor([[0.1, 3.0, 0.2, 2.9]])  # softmax ~ [0.027, 0.495, 0.030, 0.448]
 
 
-@pytest.mark.parametrize("pos_prompt,new", [(1, 200), (40, 10)])
-def test_generation_past_block_size_crops_the_context(pos_prompt, new):
+# forward passes: the prompt's, then one per new token, and one more (its slide's rebuild) per
+# token once the context is full: (1, 200): 15 steps fill it, 184 slide; (40, 10): 9 slide
+@pytest.mark.parametrize("pos_prompt,new,passes", [(1, 200, 1 + 15 + 2 * 184), (40, 10, 1 + 2 * 9)])
+def test_generation_past_block_size_crops_the_context(pos_prompt, new, passes):
     # learned positions index a table of block_size rows: a prompt plus new tokens longer than
     # that must be cropped to the last 16 tokens before every call, not crash in the lookup
     model = tiny_model(block_size=16)
@@ -18,7 +21,7 @@ def test_generation_past_block_size_crops_the_context(pos_prompt, new):
     model.pos_emb.register_forward_pre_hook(lambda m, args: positions.append(int(args[0].max())))
     out = generate(model, torch.zeros(1, pos_prompt, dtype=torch.long), new, seed=0)
     assert out.shape == (1, pos_prompt + new)
-    assert len(seen) == new and max(seen) <= 16 and max(positions) == 15
+    assert len(seen) == passes and max(seen) <= 16 and max(positions) == 15
 
 
 @pytest.mark.parametrize("slide_by", [1, 5, 16])
@@ -48,7 +51,7 @@ def test_tiny_top_p_keeps_the_most_likely_token(top_p, top_k):
     # never fall back to token 0 or leave multinomial with all-zero weights
     for seed in range(100):
         g = torch.Generator().manual_seed(seed)
-        assert sample_next(FOUR, 1.0, top_k, top_p, g).item() == 1
+        assert sample_next(FOUR, SamplingParams(top_k=top_k, top_p=top_p), g).item() == 1
     kept = torch.isfinite(filter_logits(FOUR, top_k, top_p))
     assert kept.tolist() == [[False, True, False, False]]
 
@@ -66,13 +69,14 @@ def test_temperature_zero_is_greedy_and_negative_is_refused():
     logits[0, 7] = 2.0
     for seed in range(10):
         g = torch.Generator().manual_seed(seed)
-        assert sample_next(logits, 0.0, generator=g).item() == 7
-        assert sample_next(logits, 0.0, top_k=5, top_p=0.9, generator=g).item() == 7
-        assert sample_next(logits, 1e-8, generator=g).item() == 7
+        assert sample_next(logits, SamplingParams(temperature=0.0), g).item() == 7
+        greedy_filtered = SamplingParams(temperature=0.0, top_k=5, top_p=0.9)
+        assert sample_next(logits, greedy_filtered, g).item() == 7
+        assert sample_next(logits, SamplingParams(temperature=1e-8), g).item() == 7
     with pytest.raises(ValueError, match="temperature must be a finite number >= 0"):
-        sample_next(logits, -1.0)
+        SamplingParams(temperature=-1.0)
     with pytest.raises(ValueError, match="temperature must be a finite number"):
-        sample_next(logits, float("nan"))
+        SamplingParams(temperature=float("nan"))
     model = tiny_model()
     prompt = torch.tensor([[3, 1, 4]])
     greedy = [generate(model, prompt, 20, temperature=0.0, seed=s) for s in range(3)]
@@ -93,7 +97,7 @@ def test_sampling_draws_from_the_softmax():
     g = torch.Generator().manual_seed(123)
     n = 20_000
     draws = torch.stack(
-        [sample_next(logits.expand(100, 4), 1.0, generator=g) for _ in range(n // 100)]
+        [sample_next(logits.expand(100, 4), SamplingParams(), g) for _ in range(n // 100)]
     ).flatten()
     counts = torch.bincount(draws, minlength=4).double()
     chi2 = ((counts - n * probs) ** 2 / (n * probs)).sum().item()
@@ -168,14 +172,16 @@ def test_the_pad_id_never_becomes_text():
         with pytest.raises(ValueError, match=r"\[-1, -1.*are outside"):
             tok.decode(padded[0])
     # the text API decodes one row that never stops by token id, so no pad is ever decoded
-    pieces = list(stream_text(model, chars, [1, 2], 10, temperature=0))
+    pieces = list(stream_text(model, chars, [1, 2], SamplingParams(10, temperature=0)))
     assert "".join(p[0] for p in pieces) == chars.decode(free[0, 2:])
 
 
 def test_streaming_yields_the_same_tokens_as_generate():
     model = tiny_model()
     prompt = torch.randint(0, 65, (2, 4))
-    streamed = torch.stack(list(stream_generate(model, prompt, 12, seed=9, top_k=7)), dim=1)
+    streamed = torch.stack(
+        list(stream_generate(model, prompt, SamplingParams(12, seed=9, top_k=7))), dim=1
+    )
     assert torch.equal(
         torch.cat([prompt, streamed], 1), generate(model, prompt, 12, seed=9, top_k=7)
     )

@@ -2,6 +2,7 @@
 the command-line flags."""
 
 import copy
+import dataclasses
 import json
 import math
 import shutil
@@ -143,7 +144,7 @@ def test_cached_decoding_matches_the_full_forward_at_low_precision(trained, prec
 
 
 def test_float32_is_left_unchanged(trained):
-    model, _ = trained
+    model = copy.deepcopy(trained[0])
     before = {k: v.clone() for k, v in model.state_dict().items()}
     same = prepare_for_decoding(model, dtype="float32")
     assert same is prepare_for_decoding(model) is model
@@ -237,6 +238,26 @@ def test_sample_and_eval_take_the_flags(capsys, tmp_path, flags):
     assert math.isfinite(low) and abs(low - exact) / exact < 0.01
 
 
+def test_sample_and_eval_take_the_short_dtype_names_and_refuse_float16_in_one_line(
+    capsys, tmp_path
+):
+    from decoderlm.cli import main
+
+    data = tmp_path / "text.txt"
+    data.write_text("The cat sat on the mat. " * 20)
+    outputs = {}
+    for dtype in ("bf16", "bfloat16", "f32", "float32"):
+        argv = ["sample", "--run", RUN, "--prompt", "ab", "--max-new-tokens", "12"]
+        assert main([*argv, "--temperature", "0", "--dtype", dtype]) == 0
+        text = capsys.readouterr().out
+        assert main(["eval", "--run", RUN, "--data", str(data), "--json", "--dtype", dtype]) == 0
+        outputs[dtype] = (text, json.loads(capsys.readouterr().out)["nats_per_token"])
+    assert outputs["bf16"] == outputs["bfloat16"] and outputs["f32"] == outputs["float32"]
+    assert outputs["bf16"][1] != outputs["f32"][1]  # it did decode in bfloat16
+    for command in (["sample", "--run", RUN], ["eval", "--run", RUN, "--data", str(data)]):
+        one_line_error(capsys, [*command, "--dtype", "f16"], "a model decodes in float32 or")
+
+
 def test_serve_has_the_flags(capsys):
     from decoderlm.cli import main
 
@@ -262,16 +283,17 @@ def test_one_query_attention_is_scaled_dot_product_attention(dtype, masked):
 
 
 @pytest.mark.parametrize("options", list(OPTIONS.values()))
-@pytest.mark.parametrize("compiled", [False, True])
-def test_prepared_models_decode_under_torch_compile(trained, options, compiled):
-    # a model prepared for compiled decoding (plain bfloat16 matrices) and one prepared for
-    # eager decoding (packed, run outside the graph) both compile, with the eager tokens
+def test_prepared_models_decode_under_torch_compile(trained, options):
+    # a model prepared for compiled decoding (plain bfloat16 or int8 matrices) compiles, with
+    # the tokens of the eager step on the same matrices
     model, held_out = trained
     torch._dynamo.reset()
-    low = _prepared(model, **options, compile=compiled)
+    low = _prepared(model, **options, compile=True)
+    assert low.decoding_setup.compile
     prompt = held_out[:8].view(1, 8)
-    eager = generate(low, prompt, 12, do_sample=False)
-    assert torch.equal(generate(low, prompt, 12, do_sample=False, compile=True), eager)
+    compiled = generate(low, prompt, 12, do_sample=False)
+    low.decoding_setup = dataclasses.replace(low.decoding_setup, compile=False)
+    assert torch.equal(generate(low, prompt, 12, do_sample=False), compiled)
 
 
 def test_bfloat16_decoding_over_many_keys_takes_the_written_out_attention(monkeypatch):

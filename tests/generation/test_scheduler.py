@@ -5,7 +5,9 @@ import queue
 import pytest
 import torch
 
+from decoderlm.generation import scheduler as scheduler_module
 from decoderlm.generation.generate import generate, stream_generate
+from decoderlm.generation.params import SamplingParams
 from decoderlm.generation.scheduler import Scheduler, Sequence
 
 from conftest import tiny_model
@@ -32,7 +34,8 @@ def _run(scheduler: Scheduler, sequences: list[Sequence], queues: list[queue.Que
 def _sequences(prompts, max_new_tokens, **settings):
     queues = [queue.Queue() for _ in prompts]
     seqs = [
-        Sequence(p, max_new_tokens, q.put, **settings) for p, q in zip(prompts, queues, strict=True)
+        Sequence(p, SamplingParams(max_new_tokens, **settings), q.put)
+        for p, q in zip(prompts, queues, strict=True)
     ]
     return seqs, queues
 
@@ -66,15 +69,16 @@ def test_each_sequence_samples_with_its_own_seed_and_settings():
     scheduler = Scheduler(model, 65, max_batch_size=8)
     try:
         queues = [queue.Queue() for _ in range(4)]
-        seqs = [Sequence(PROMPTS[i], 20, queues[i].put, **settings[i % 2]) for i in range(4)]
+        seqs = [
+            Sequence(PROMPTS[i], SamplingParams(20, **settings[i % 2]), queues[i].put)
+            for i in range(4)
+        ]
         got = _run(scheduler, seqs, queues)
     finally:
         scheduler.close()
     for i, tokens in enumerate(got):
         s = settings[i % 2]
-        alone = stream_generate(
-            model, torch.tensor([PROMPTS[i]]), 20, s["temperature"], s["top_k"], seed=s["seed"]
-        )
+        alone = stream_generate(model, torch.tensor([PROMPTS[i]]), SamplingParams(20, **s))
         assert [t.id for t in tokens] == [int(t[0]) for t in alone]
 
 
@@ -97,12 +101,20 @@ def test_logprobs_are_the_log_softmax_of_the_logits_and_the_true_top_k():
         assert [v for _, v in token.top] == pytest.approx(top.values.tolist(), abs=1e-5)
 
 
-def test_a_cancelled_or_failing_sequence_leaves_and_the_others_go_on():
+def test_a_cancelled_or_failing_sequence_leaves_and_the_others_go_on(monkeypatch):
     model = tiny_model(seed=4)
+    sample_next = scheduler_module.sample_next
+
+    def refuse_seed_99(logits, params, generator):
+        if params.seed == 99:
+            raise ValueError("temperature refused")
+        return sample_next(logits, params, generator)
+
+    monkeypatch.setattr(scheduler_module, "sample_next", refuse_seed_99)
     scheduler = Scheduler(model, 65, max_batch_size=4)
     try:
         seqs, queues = _sequences(PROMPTS[:3], 30, temperature=0.0)
-        seqs[1].temperature = -1.0  # sampling refuses it: this sequence fails alone
+        seqs[1].params = SamplingParams(30, temperature=0.0, seed=99)  # fails alone
         seqs[2].cancel()  # cancelled before it starts: it never gets a token
         scheduler.submit(seqs[2])
         got = _run(scheduler, seqs[:2], queues[:2])
@@ -156,7 +168,7 @@ def test_a_failing_step_fails_the_batch_and_the_scheduler_goes_on():
     assert [t.id for t in got[0]] == alone[0, 3:].tolist()
 
 
-def test_a_sequence_ends_after_its_stop_id_and_the_others_go_on():
+def test_a_sequence_ends_after_its_end_of_text_id_and_the_others_go_on():
     model = tiny_model(seed=1)
     prompts = [[1, 2, 3], [4, 5]]
     alone = [generate(model, torch.tensor([p]), 30, do_sample=False)[0, len(p) :] for p in prompts]
@@ -166,8 +178,8 @@ def test_a_sequence_ends_after_its_stop_id_and_the_others_go_on():
     try:
         queues = [queue.Queue() for _ in prompts]
         seqs = [
-            Sequence(prompts[0], 30, queues[0].put, 0.0, stop_id=stop_id),
-            Sequence(prompts[1], 30, queues[1].put, 0.0),
+            Sequence(prompts[0], SamplingParams(30, 0.0, eos_token_id=stop_id), queues[0].put),
+            Sequence(prompts[1], SamplingParams(30, 0.0), queues[1].put),
         ]
         first, second = _run(scheduler, seqs, queues)
     finally:

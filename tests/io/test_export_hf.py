@@ -10,7 +10,7 @@ from export_models import MIXED_TEXT, greedy, make_model_dir
 
 from decoderlm.cli import main
 from decoderlm.config import ModelConfig
-from decoderlm.io.hf_export import load_hf
+from decoderlm.io.hf import load_hf
 from decoderlm.io.targets import export_summary, export_target
 from decoderlm.presets import PRESETS
 
@@ -66,7 +66,7 @@ def test_hf_export_half_precision(tmp_path, dtype):
     from transformers import AutoModelForCausalLM
 
     model, _ = make_model_dir(tmp_path / "run", "llama")
-    assert _export(tmp_path / "run", tmp_path / "hf", "hf", "--dtype", dtype) == 0
+    assert _export(tmp_path / "run", tmp_path / "hf", "hf", "--outtype", dtype) == 0
     theirs = AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
     assert theirs.dtype == {"f16": torch.float16, "bf16": torch.bfloat16}[dtype]
     ids = torch.randint(0, model.config.vocab_size, (1, 16))
@@ -123,8 +123,8 @@ def test_summary_of_exportable_models():
     ("args", "words"),
     [
         (["--format", "onnx"], "expected one of hf, gguf, got 'onnx'"),
-        (["--dtype", "q4_0"], "expected one of f32, f16, bf16, q8_0, got 'q4_0'"),
-        (["--dtype", "q8_0"], "q8_0 is a GGUF quantisation"),
+        (["--outtype", "q4_0"], "expected one of f32, f16, bf16, q8_0, got 'q4_0'"),
+        (["--outtype", "q8_0"], "q8_0 is a GGUF quantisation"),
     ],
 )
 def test_refuses_unknown_format_and_dtype(tmp_path, capsys, args, words):
@@ -196,7 +196,7 @@ def test_an_out_folder_holding_other_files_is_refused_and_left_as_it_was(
 def test_reexport_over_a_previous_export_replaces_its_files(tmp_path, capsys):
     """--overwrite over an earlier hf export: the folder holds exactly the files an export
     writes (HF_FILES), now the second model's, and nothing is left beside it."""
-    from decoderlm.io.hf_export import HF_FILES
+    from decoderlm.io.hf import HF_FILES
 
     make_model_dir(tmp_path / "first", "gpt2", seed=1)
     second, _ = make_model_dir(tmp_path / "second", "gpt2", seed=2)
@@ -274,7 +274,8 @@ def test_failed_write_leaves_nothing(tmp_path, monkeypatch, format):
     """A write that fails part-way (here: the disk 'fills' while writing the weights) leaves
     no output and no temporary file beside it."""
     import decoderlm.io.gguf as gguf_module
-    import decoderlm.io.hf_export as hf_module
+    import decoderlm.io.hf_gpt2 as gpt2_module
+    import decoderlm.io.hf_llama as llama_module
 
     make_model_dir(tmp_path / "run", "gpt2")
 
@@ -282,8 +283,8 @@ def test_failed_write_leaves_nothing(tmp_path, monkeypatch, format):
         raise OSError(28, "No space left on device")
 
     if format == "hf":
-        monkeypatch.setattr(hf_module, "save_file", full)
-        monkeypatch.setattr("decoderlm.io.hf.save_file", full)
+        monkeypatch.setattr(llama_module, "save_file", full)
+        monkeypatch.setattr(gpt2_module, "save_file", full)
     else:
         monkeypatch.setattr(gguf_module, "_encoded", full)
     for out in (tmp_path / "hf", tmp_path / "new" / "hf"):  # the folder it made goes too
@@ -298,7 +299,7 @@ def test_python_export_refuses_like_the_command(tmp_path):
     make_model_dir(tmp_path / "run", "gpt2")
     for kwargs, words in (
         (dict(format="onnx"), "unknown format 'onnx'"),
-        (dict(format="gguf", dtype="q4_0"), "unknown dtype 'q4_0'"),
+        (dict(format="gguf", outtype="q4_0"), "unknown outtype 'q4_0'"),
     ):
         with pytest.raises(ValueError, match=words):
             export(tmp_path / "run", out=tmp_path / "o", **kwargs)

@@ -109,6 +109,18 @@ def test_decoderlm_inspect_writes_the_report_and_its_json(tmp_path, capsys):
     assert json.loads(out.with_suffix(".json").read_text())["patching"] is None
 
 
+@pytest.mark.parametrize("flags", [["--dtype", "bf16"], ["--quantize", "int8"]])
+def test_decoderlm_inspect_looks_at_the_model_as_it_decodes_at_a_precision(tmp_path, capsys, flags):
+    argv = ["inspect", "--run", str(RUN), "--text", "The cat sat on the mat today", "--out"]
+    data = {}
+    for name, extra in (("float32", []), ("low", flags)):
+        assert main([*argv, str(tmp_path / f"{name}.html"), *extra]) == 0
+        data[name] = json.loads((tmp_path / f"{name}.json").read_text(encoding="utf-8"))
+    assert data["low"]["tokens"] == data["float32"]["tokens"]
+    bits = [np.array(data[n]["surprisal"]["bits"], dtype=float) for n in ("low", "float32")]
+    assert 0 < np.abs(bits[0] - bits[1]).max() < 0.1  # rounded weights: near, not equal
+
+
 @pytest.mark.parametrize(
     "extra, message",
     [
@@ -163,7 +175,7 @@ def test_every_model_option_gets_a_report(combo):
 
 
 def test_decoderlm_inspect_reads_a_gpt2_checkpoint(tmp_path, capsys):
-    from decoderlm.io.hf import save_gpt2
+    from decoderlm.io.hf_gpt2 import save_gpt2
 
     torch.manual_seed(0)
     model = DecoderLM(

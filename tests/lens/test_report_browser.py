@@ -1,7 +1,7 @@
 """The lens report in a real headless browser (Chromium), with the network off: no console
 errors, every view filled, hovering a token changes the attention view, a non-blank picture.
 
-Needs Playwright (the dev extra) and a Chromium: the system's (/usr/bin/chromium, which
+Needs Playwright (the oracles extra) and a Chromium: the system's (/usr/bin/chromium, which
 .ci/run installs with apt) or Playwright's own (`playwright install chromium`); skipped with
 a message when neither is there."""
 
@@ -15,7 +15,7 @@ from decoderlm import CharTokenizer, DecoderLM, ModelConfig
 from decoderlm.lens.report import build_report, write_report
 
 sync_api = pytest.importorskip(
-    "playwright.sync_api", reason="Playwright is not installed (pip install -e '.[dev]')"
+    "playwright.sync_api", reason="Playwright is not installed (pip install -e '.[oracles]')"
 )
 
 TEXT = "To be, or not to be, that is the question:\nTo be, or not to be, that is the"

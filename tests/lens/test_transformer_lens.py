@@ -7,11 +7,11 @@ logits in both."""
 import pytest
 import torch
 
-pytest.importorskip("transformer_lens", reason="transformer-lens is not installed (dev extra)")
+pytest.importorskip("transformer_lens", reason="transformer-lens is not installed (oracles extra)")
 transformers = pytest.importorskip("transformers", reason="transformers is not installed")
 
 from decoderlm import DecoderLM, ModelConfig  # noqa: E402
-from decoderlm.io.hf import save_gpt2  # noqa: E402
+from decoderlm.io.hf_gpt2 import save_gpt2  # noqa: E402
 from decoderlm.model.hooks import hooks, run_with_cache  # noqa: E402
 from decoderlm.tokenizers.gpt2 import GPT2_BPE_DIR  # noqa: E402
 

@@ -114,7 +114,8 @@ def test_memory_is_linear_in_T_without_dropout_and_checkpointing_helps():
     assert memory_bytes(cfg, 1, 512, activation_checkpointing=True)["activations"] < 0.6 * b
     # KV cache: 2 (k and v) x n_layers x B x T x d_model x bytes
     assert memory_bytes(cfg, 1, 1024, "bf16")["kv_cache"] == 2 * 12 * 1024 * 768 * 2
-    with pytest.raises(ValueError, match="unknown dtype"):
+    assert memory_bytes(cfg, 1, 1024, "f16") == memory_bytes(cfg, 1, 1024, "float16")
+    with pytest.raises(ValueError, match="dtype must be one of"):
         memory_bytes(cfg, 1, 8, "int3")
 
 

@@ -1,9 +1,12 @@
 """Cached decoding against the model itself: the full forward pass at every step."""
 
+import copy
+
 import pytest
 import torch
 
 from decoderlm.generation.generate import generate
+from decoderlm.generation.precision import prepare_for_decoding
 from decoderlm.model.kv_cache import KVCache, SlotKVCache
 
 from conftest import halved_random_model, randomize, tiny_model
@@ -60,8 +63,8 @@ def test_positions_go_past_block_size_up_to_max_positions_then_slide(pos):
     prompt = torch.randint(0, 65, (2, 5))
     out = generate(model, prompt, 60, do_sample=False)
     # the prompt, then one token at a time at positions 5..47 (no rebuild at block_size),
-    # then, from 48 tokens on, a rebuild of the last 48 at every step
-    assert calls == [(5, 4)] + [(1, p) for p in range(5, 48)] + [(48, 47)] * 16
+    # then, from 48 tokens on, at every step a rebuild of the 47 before the newest and its step
+    assert calls == [(5, 4)] + [(1, p) for p in range(5, 48)] + [(47, 46), (1, 47)] * 16
     assert torch.equal(out, greedy_by_full_forward(model, prompt, 60))
     del model.forward_cached
     assert torch.equal(generate(model, prompt, 60, do_sample=False, use_cache=False), out)
@@ -136,18 +139,19 @@ def test_compiled_decoding_gives_the_tokens_of_the_full_forward(pos):
     model = halved_random_model(3, block_size=16, pos_encoding=pos)
     prompt = torch.randint(0, 65, (1, 5))
     expected = greedy_by_full_forward(model, prompt, 30)  # 35 > 16: the context slides
-    assert torch.equal(generate(model, prompt, 30, do_sample=False, compile=True), expected)
+    compiled = prepare_for_decoding(copy.deepcopy(model), compile=True)
+    assert torch.equal(generate(compiled, prompt, 30, do_sample=False), expected)
     assert counters["stats"]["unique_graphs"] == 1  # every cache length, the full one too
     batch, mask = torch.randint(0, 65, (2, 6)), torch.ones(2, 6, dtype=torch.long)
     mask[0, :3] = 0  # left padding: compiled with a key mask
     assert torch.equal(
-        generate(model, batch, 8, do_sample=False, attention_mask=mask, compile=True),
+        generate(compiled, batch, 8, do_sample=False, attention_mask=mask),
         generate(model, batch, 8, do_sample=False, attention_mask=mask),
     )
 
 
 def test_compiled_bfloat16_steps_give_the_logits_of_eager_steps():
-    from decoderlm.generation.generate import decode_step
+    from decoderlm.generation.steps import decode_step
 
     torch._dynamo.reset()
     model = halved_random_model(4, block_size=32).to(torch.bfloat16)

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from decoderlm import DecoderLM
-from decoderlm.io.hf import save_gpt2
+from decoderlm.io.hf_gpt2 import save_gpt2
 from decoderlm.model.analysis import count_parameters
 from decoderlm.model.hooks import run_with_cache
 from decoderlm.model.kv_cache import KVCache

@@ -6,7 +6,13 @@ import math
 import pytest
 import torch
 
-from decoderlm.model.positions import apply_rope, rope_cos_sin, sinusoidal_positions
+from decoderlm.model.positions import (
+    apply_rope,
+    rope_cos_sin,
+    rope_half_to_interleaved,
+    rope_interleaved_to_half,
+    sinusoidal_positions,
+)
 
 
 def test_sinusoidal_table_matches_the_formula():
@@ -35,3 +41,69 @@ def test_rope_is_a_rotation_that_depends_only_on_relative_position():
 
     assert score(5, 3) == pytest.approx(score(12, 10), abs=1e-5)
     assert score(5, 3) != pytest.approx(score(5, 4), abs=1e-3)
+
+
+def test_interleaved_rope_weights_convert_to_the_half_split_layout():
+    # rotary embeddings pair dimensions either as adjacent pairs (interleaved) or as the two
+    # halves; weights of one layout give the same scores in the other once the q/k rows are
+    # permuted
+    torch.manual_seed(0)
+    n_heads, head_dim, d_in, T = 2, 16, 24, 12
+    Wq, Wk = torch.randn(2, n_heads * head_dim, d_in).unbind(0)
+    x = torch.randn(T, d_in)
+    cos, sin = rope_cos_sin(T, head_dim)
+
+    def interleaved(W):  # rotate pairs (2j, 2j + 1) by m * theta_j, written out
+        h = (x @ W.T).view(T, n_heads, head_dim // 2, 2)
+        a, b = h[..., 0], h[..., 1]
+        c, s = cos[:, None, :], sin[:, None, :]
+        return torch.stack([a * c - b * s, a * s + b * c], dim=-1).view(T, n_heads, head_dim)
+
+    def half(W):
+        h = (x @ rope_interleaved_to_half(W, n_heads).T).view(T, n_heads, head_dim)
+        return apply_rope(h.transpose(0, 1)[None], cos, sin)[0].transpose(0, 1)
+
+    scores_interleaved = torch.einsum("thd,shd->hts", interleaved(Wq), interleaved(Wk))
+    scores_half = torch.einsum("thd,shd->hts", half(Wq), half(Wk))
+    assert torch.allclose(scores_interleaved, scores_half, atol=1e-4)
+    assert not torch.allclose(
+        scores_interleaved,
+        torch.einsum(
+            "thd,shd->hts",
+            *(
+                apply_rope((x @ W.T).view(T, n_heads, head_dim).transpose(0, 1)[None], cos, sin)[
+                    0
+                ].transpose(0, 1)
+                for W in (Wq, Wk)
+            ),
+        ),
+        atol=1e-2,
+    )
+
+
+def _rope_interleaved(x, cos, sin):
+    """Rotary positions in llama.cpp's interleaved layout: features 2j and 2j + 1 form pair j."""
+    x1, x2 = x[..., 0::2], x[..., 1::2]
+    out = torch.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+    return out.flatten(-2)
+
+
+def test_rope_permutation_keeps_scores():
+    """q and k rows permuted by rope_half_to_interleaved and rotated in the interleaved layout
+    give the scores of the original rows rotated in the half-split layout, at every pair of
+    positions; the permutation is the inverse of rope_interleaved_to_half."""
+    n_heads, head_dim, d, T = 2, 16, 32, 12
+    g = torch.Generator().manual_seed(0)
+    wq, wk, x = (torch.randn(n, d, generator=g) for n in (d, d, T))
+    x = x[:T]
+    cos, sin = rope_cos_sin(T, head_dim)
+
+    def scores(wq, wk, rope):
+        q, k = ((x @ w.T).view(T, n_heads, head_dim).transpose(0, 1) for w in (wq, wk))
+        return rope(q, cos, sin) @ rope(k, cos, sin).transpose(-1, -2)
+
+    half = scores(wq, wk, apply_rope)
+    perm = [rope_half_to_interleaved(w, n_heads) for w in (wq, wk)]
+    assert torch.allclose(scores(*perm, _rope_interleaved), half, atol=1e-4)
+    assert torch.equal(rope_interleaved_to_half(perm[0], n_heads), wq)
+    assert not torch.allclose(scores(wq, wk, _rope_interleaved), half, atol=1e-2)

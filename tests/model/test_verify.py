@@ -13,7 +13,7 @@ import torch
 
 from decoderlm import DecoderLM
 from decoderlm.cli import main
-from decoderlm.io.hf import load_gpt2, save_gpt2
+from decoderlm.io.hf_gpt2 import load_gpt2, save_gpt2
 from decoderlm.tokenizers import ByteTokenizer
 
 from conftest import one_line_error, randomize, tiny_model

@@ -10,6 +10,7 @@ import pytest
 
 from decoderlm import CharTokenizer
 from decoderlm.errors import UserError
+from decoderlm.options import ModelSource
 from decoderlm.serve.app import serve
 
 from conftest import running, tiny_model
@@ -33,7 +34,7 @@ def schema():
     try:
         yield app.openapi()
     finally:
-        app.state.serving.close()
+        app.state.serving_completion.close()
 
 
 def _ref(content: dict) -> str:
@@ -145,25 +146,30 @@ def test_the_serve_module_and_command_load_without_fastapi_or_pydantic():
 @pytest.mark.parametrize(
     "flags,message",
     [
-        ({"run": ""}, "--run must not be empty"),
-        ({"served_model_name": "", "run": "x"}, "--served-model-name must not be empty"),
+        ({"source": {"run": ""}}, "--run must not be empty"),
+        ({"source": {"hf": ""}}, "--hf must not be empty"),
+        ({"served_model_name": ""}, "--served-model-name must not be empty"),
         ({"port": 0}, "--port must be in [1, 65536), got 0"),
         ({"port": 65536}, "--port must be in [1, 65536), got 65536"),
-        ({"max_batch_size": 0}, "--max-batch-size must be an integer >= 1, got 0"),
-        ({"max_tokens_limit": 0}, "--max-tokens-limit must be an integer >= 1, got 0"),
-        ({"max_prompt_tokens": -3}, "--max-prompt-tokens must be an integer >= 1, got -3"),
-        ({"max_stop": -1}, "--max-stop must be an integer >= 0, got -1"),
-        ({"max_logprobs": 21}, "--max-logprobs must be in [0, 20], got 21"),
-        ({"max_queue": -1}, "--max-queue must be an integer >= 0, got -1"),
-        ({"max_body_bytes": 0}, "--max-body-bytes must be an integer >= 1, got 0"),
-        ({"request_timeout": -1.0}, "--request-timeout must be >= 0 seconds, got -1.0"),
+        ({"limits": {"max_batch_size": 0}}, "--max-batch-size must be an integer >= 1, got 0"),
+        ({"limits": {"max_tokens_limit": 0}}, "--max-tokens-limit must be an integer >= 1, got 0"),
+        (
+            {"limits": {"max_prompt_tokens": -3}},
+            "--max-prompt-tokens must be an integer >= 1, got -3",
+        ),
+        ({"limits": {"max_stop": -1}}, "--max-stop must be an integer >= 0, got -1"),
+        ({"limits": {"max_logprobs": 21}}, "--max-logprobs must be in [0, 20], got 21"),
+        ({"limits": {"max_queue": -1}}, "--max-queue must be an integer >= 0, got -1"),
+        ({"limits": {"max_body_bytes": 0}}, "--max-body-bytes must be an integer >= 1, got 0"),
+        ({"limits": {"request_timeout": -1.0}}, "--request-timeout must be >= 0 seconds, got -1.0"),
         ({"api_key": [""]}, "--api-key (or DECODERLM_API_KEY) must be a non-empty key"),
     ],
 )
 def test_the_serve_command_refuses_bad_flags_before_loading(tmp_path, flags, message):
     # the run directory does not exist: a flag error must come first
+    flags = {"source": {"run": str(tmp_path / "none")}, **flags}
     with pytest.raises(UserError) as e:
-        serve(**{"run": str(tmp_path / "none"), **flags})
+        serve(**{**flags, "source": ModelSource(**flags["source"])})
     assert str(e.value).startswith(message)
 
 
@@ -180,3 +186,37 @@ def test_a_missing_serve_extra_is_one_line_saying_what_to_install():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert "pip install 'decoderlm[serve]'" in out.stdout and out.stdout.count("\n") == 1
+
+
+def test_a_completion_request_converts_itself_to_sampling_params():
+    from decoderlm.generation.params import SamplingParams
+    from decoderlm.serve.protocol import CompletionRequest
+
+    plain = CompletionRequest(prompt="a").to_sampling_params()
+    assert plain == SamplingParams(16, 1.0, None, None, None)  # OpenAI's defaults: all off
+    for off in (-1, 0, None):
+        assert CompletionRequest(prompt="a", top_k=off).to_sampling_params().top_k is None
+    req = CompletionRequest(
+        prompt="a",
+        max_tokens=7,
+        temperature=0.5,
+        top_k=3,
+        top_p=0.25,
+        seed=10,
+        stop="x",
+        logprobs=2,
+        ignore_eos=True,
+    )
+    assert req.to_sampling_params(eos_token_id=5, seed=11) == SamplingParams(
+        max_new_tokens=7,
+        temperature=0.5,
+        top_k=3,
+        top_p=0.25,
+        seed=11,
+        stop=("x",),
+        eos_token_id=5,
+        ignore_eos=True,
+        logprobs=2,
+    )
+    assert req.to_sampling_params().seed == 10
+    assert CompletionRequest(prompt="a", stop=["x", "y"]).to_sampling_params().stop == ("x", "y")

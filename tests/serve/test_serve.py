@@ -10,6 +10,7 @@ import torch
 
 from decoderlm import CharTokenizer
 from decoderlm.generation.generate import generate
+from decoderlm.generation.precision import prepare_for_decoding
 
 from conftest import running, tiny_model
 
@@ -24,12 +25,12 @@ CHARS = sorted(set("abcdefghijklmnopqrstuvwxyz ABCDEFGHIJKLMNOPQRSTUVWXYZ.,;:'\n
 @pytest.fixture(scope="module")
 def server():
     from decoderlm.serve.app import create_app
-    from decoderlm.serve.serving import ServeLimits
+    from decoderlm.serve.limits import ServeLimits
 
     torch.manual_seed(0)
     tok = CharTokenizer(CHARS[:65])  # the tiny model's 65 ids: all but "vwxyz"
     model = tiny_model()
-    limits = ServeLimits(max_tokens=64, max_prompt_tokens=100)
+    limits = ServeLimits(max_tokens_limit=64, max_prompt_tokens=100)
     with running(create_app(model, tok, "tiny", limits)) as url:
         yield url, model, tok
 
@@ -108,7 +109,8 @@ def test_a_compiled_server_answers_concurrent_requests_as_the_eager_model():
         tok.decode(generate(model, torch.tensor([tok.encode(p)]), 20, do_sample=False)[0, len(p) :])
         for p in prompts
     ]
-    with running(create_app(model, tok, "tiny", compile=True)) as url:
+    prepare_for_decoding(model, compile=True)  # the server decodes as prepared: compiled
+    with running(create_app(model, tok, "tiny")) as url:
 
         def complete(prompt):
             body = {"prompt": prompt, "max_tokens": 20, "temperature": 0}
@@ -271,7 +273,7 @@ def test_null_fields_mean_their_defaults_as_in_openais_api(server):
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_client_that_disconnects_leaves_the_batch(stream):
     from decoderlm.serve.app import create_app
-    from decoderlm.serve.serving import ServeLimits
+    from decoderlm.serve.limits import ServeLimits
 
     model = tiny_model()
     steps = []
@@ -281,7 +283,7 @@ def test_a_client_that_disconnects_leaves_the_batch(stream):
         time.sleep(0.02)
 
     model.tok_emb.register_forward_pre_hook(slow)
-    app = create_app(model, CharTokenizer(CHARS[:65]), "tiny", ServeLimits(max_tokens=5000))
+    app = create_app(model, CharTokenizer(CHARS[:65]), "tiny", ServeLimits(max_tokens_limit=5000))
     with running(app) as url:
         other = {"prompt": "de", "max_tokens": 60, "temperature": 0}  # shares the batch
         with ThreadPoolExecutor(1) as pool:
@@ -300,7 +302,7 @@ def test_a_client_that_disconnects_leaves_the_batch(stream):
         time.sleep(0.5)
         assert 0 < made == len(steps) < 300  # it stopped, long before 5,000 tokens
         assert app.state.scheduler.load == (0, 0)
-        assert app.state.serving._slots.taken == 0  # and its place in the queue
+        assert app.state.serving_completion.admission.in_progress == 0  # and its place in the queue
 
 
 def test_models_list_and_card(server):

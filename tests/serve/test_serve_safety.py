@@ -1,6 +1,6 @@
 """What keeps the HTTP API from being silently wrong or open to anyone: the end-of-text stop,
-API keys, the limits on body size, queue and time, and exact text offsets, each against a
-real uvicorn server on 127.0.0.1."""
+API keys, the limits on body size, queue and time, each against a real uvicorn server on
+127.0.0.1 (the exact text offsets: test_logprobs.py)."""
 
 import json
 import socket
@@ -9,7 +9,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-import torch
 
 from decoderlm import CharTokenizer
 from decoderlm.tokenizers import GPT2Tokenizer
@@ -249,11 +248,11 @@ def test_lm_eval_sends_openai_api_key_and_its_tokenizer_sends_auth_token(keyed_s
 def small_limits_server():
     """Batch 1, queue 1, bodies of at most 2,000 bytes, 20 ms per forward pass."""
     from decoderlm.serve.app import create_app
-    from decoderlm.serve.serving import ServeLimits
+    from decoderlm.serve.limits import ServeLimits
 
     tok = CharTokenizer("abcdefghij klmnopqrstuvwxyz.,\n")
     model = _slow(tiny_model(seed=7, vocab_size=tok.vocab_size))
-    limits = ServeLimits(max_batch_size=1, max_queue=1, max_body_bytes=2000, max_tokens=5000)
+    limits = ServeLimits(max_batch_size=1, max_queue=1, max_body_bytes=2000, max_tokens_limit=5000)
     app = create_app(model, tok, "small", limits)
     with running(app) as url:
         yield url, app
@@ -293,16 +292,16 @@ def test_beyond_the_batch_and_queue_a_request_gets_503_with_retry_after(small_li
         assert busy.json()["error"]["type"] == "server_error"
         assert first.result().status_code == second.result().status_code == 200
     assert _post(url, {"prompt": "cd", "max_tokens": 2}).status_code == 200
-    assert app.state.serving._slots.taken == 0
+    assert app.state.serving_completion.admission.in_progress == 0
 
 
 def test_a_request_past_the_time_limit_ends_with_its_text_as_length():
     from decoderlm.serve.app import create_app
-    from decoderlm.serve.serving import ServeLimits
+    from decoderlm.serve.limits import ServeLimits
 
     tok = CharTokenizer("abcdefghij klmnopqrstuvwxyz.,\n")
     model = _slow(tiny_model(seed=8, vocab_size=tok.vocab_size))
-    limits = ServeLimits(max_tokens=5000, request_timeout=1.0)
+    limits = ServeLimits(max_tokens_limit=5000, request_timeout=1.0)
     app = create_app(model, tok, "timed", limits)
     with running(app) as url:
         body = {"prompt": "ab", "max_tokens": 5000, "temperature": 0}
@@ -315,48 +314,8 @@ def test_a_request_past_the_time_limit_ends_with_its_text_as_length():
         chunks = _streamed(url, body)
         assert chunks[-1]["choices"][0]["finish_reason"] == "length"
         time.sleep(0.3)
-        assert app.state.scheduler.load == (0, 0) and app.state.serving._slots.taken == 0
-
-
-@pytest.fixture(scope="module")
-def bpe_server():
-    from decoderlm.serve.app import create_app
-
-    tok = GPT2Tokenizer()
-    model = tiny_model(seed=4, vocab_size=tok.vocab_size)
-    with running(create_app(model, tok, "bpe")) as url:
-        yield url, tok
-
-
-@pytest.mark.parametrize("prompt", ["a😀b", " 你好 naïve café"])
-def test_text_offset_is_tiktokens_for_pieces_that_split_a_character(bpe_server, prompt):
-    url, tok = bpe_server
-    ids = tok.encode(prompt)
-    text, offsets = tok.encoding.decode_with_offsets(ids)
-    assert len(set(offsets)) < len(ids)  # some pieces hold part of a character
-    body = {"prompt": prompt, "max_tokens": 0, "echo": True, "logprobs": 0}
-    logprobs = _post(url, body).json()["choices"][0]["logprobs"]
-    assert logprobs["text_offset"] == offsets
-    if prompt == "a😀b":  # the emoji's two pieces both start at it
-        assert offsets == [0, 1, 1, 2] and text[1] == "😀"
-    generated = _post(url, {**body, "max_tokens": 8, "seed": 1, "ignore_eos": True}).json()
-    got = generated["choices"][0]["logprobs"]["text_offset"]
-    # the prompt's offsets stay, and the generated tokens' offsets go on from its text
-    assert got[: len(ids)] == offsets and len(got) == len(ids) + 8
-    assert got[len(ids)] == len(prompt) and got == sorted(got)
-
-
-def test_generated_offsets_follow_the_characters_the_tokens_begin_in():
-    from decoderlm.serve.serving import _LogprobsBuilder
-
-    tok = GPT2Tokenizer()
-    ids = tok.encode("x 你好😀 é")
-    builder = _LogprobsBuilder(tok, offset=3)  # after an echoed prompt of 3 characters
-    for i in ids:
-        builder.add(i, -1.0, [(i, -1.0)])
-    text, offsets = tok.encoding.decode_with_offsets(ids)
-    assert builder.take().text_offset == [3 + o for o in offsets]
-    assert torch.tensor(offsets).diff().min() == 0  # a split character was in there
+        assert app.state.scheduler.load == (0, 0)
+        assert app.state.serving_completion.admission.in_progress == 0
 
 
 @pytest.fixture

@@ -259,3 +259,26 @@ def test_an_old_run_directory_still_samples(capsys, style):
     out = capsys.readouterr().out
     assert out.startswith("The ") and len(out) == len("The ") + 8 + 1  # one char per token
     assert set(out[4:-1]) <= set(load_tokenizer(run).chars)
+
+
+def test_each_class_reads_only_its_own_kind_and_the_kind_is_read_without_building(tmp_path):
+    # Tokenizer.from_pretrained is a classmethod of each concrete class (read_tokenizer reads
+    # any kind); read_end_of_text_id knows GPT-2's id from the file alone
+    from decoderlm import GPT2Tokenizer, Tokenizer
+    from decoderlm.tokenizers import read_end_of_text_id, read_tokenizer
+
+    ByteTokenizer(["<|endoftext|>"]).save_pretrained(tmp_path / "byte")
+    assert ByteTokenizer.from_pretrained(tmp_path / "byte").eot_token == 256
+    assert read_tokenizer(tmp_path / "byte").to_dict() == ByteTokenizer(["<|endoftext|>"]).to_dict()
+    assert read_end_of_text_id(tmp_path / "byte") == 256
+    with pytest.raises(ValueError, match="holds a 'byte' tokenizer, not 'char'"):
+        CharTokenizer.from_pretrained(tmp_path / "byte")
+    with pytest.raises(ValueError, match="reads one kind; use read_tokenizer"):
+        Tokenizer.from_pretrained(tmp_path / "byte")
+    (tmp_path / "gpt2").mkdir()
+    (tmp_path / "gpt2" / "decoderlm_tokenizer.json").write_text('{"type": "gpt2"}')
+    assert read_end_of_text_id(tmp_path / "gpt2") == GPT2Tokenizer().eot_token == 50256
+    assert read_end_of_text_id(tmp_path / "nothing") is None
+    (tmp_path / "decoderlm_tokenizer.json").write_text('{"type": "byte", "special_tokens": 3}')
+    with pytest.raises(ValueError, match="unknown or malformed tokenizer"):
+        read_tokenizer(tmp_path)

@@ -8,7 +8,7 @@ import torch
 from decoderlm import DecoderLM
 from decoderlm.data.prepare import prepare
 from decoderlm.evaluate import evaluate_run
-from decoderlm.io.hf import save_gpt2
+from decoderlm.io.hf_gpt2 import save_gpt2
 from decoderlm.training.run import run_experiment
 
 from conftest import quiet

@@ -3,14 +3,16 @@
 A parameter's type gives what its flag takes: int, float (finite), str, bool (`--flag`,
 `--flag true`, `--flag false`), a `Literal` (its choices), `X | None` (`none` is None),
 `list[X]` (the flag repeated once per value) and the `Annotated` checks of
-`decoderlm.errors` (NonNegativeInt, PositiveInt, NotEmptyStr, NotEmptyPath). A parameter
+`decoderlm.arguments` (NonNegativeInt, PositiveInt, NotEmptyStr, NotEmptyPath). A parameter
 `Annotated[dict | None, Fields(cls, section)]` becomes one flag per field of dataclass `cls`,
-nested dataclass fields flattened, and is passed the fields given as a flat dict. Keyword-only
-parameters are for Python callers and have no flag. The docstring's summary, description and
-`Args:` entries (for fields: the dataclass's "Attributes:" entries or attribute docstrings) are
-the help. `--config FILE` reads the same settings from a YAML, JSON or TOML file (its keys: the
-flags' names with underscores; a `Fields` parameter's under its section); the flags given on
-the command line override it, wherever they stand.
+nested dataclass fields flattened, and is passed the fields given as a flat dict; one
+`Annotated[cls, Fields(cls)]` is passed `cls(**the fields given)` (its default when none is).
+Keyword-only parameters are for Python callers and have no flag. The docstring's summary,
+description and `Args:` entries (for fields: the "Attributes:" entries or attribute docstrings
+of the dataclass and its dataclass bases) are the help. `--config FILE` reads the same settings
+from a YAML, JSON or TOML file (its keys: the flags' names with underscores; a `Fields`
+parameter's under its section, where it has one); the flags given on the command line override
+it, wherever they stand.
 """
 
 from __future__ import annotations
@@ -162,6 +164,10 @@ class Command:
     flags: dict[str, _Flag]  # by argparse dest: the parameter, or "parameter.field"
     sections: dict[str, str]  # a settings file's section -> its `Fields` parameter
     required: dict[str, argparse.Action]  # the flags of parameters without a default
+    # the fields of `Fields` parameters without a section: a settings file's key -> dest
+    fields: dict[str, str] = dataclasses.field(default_factory=dict)
+    # the `Fields` parameters passed a dataclass: parameter -> the dataclass
+    builds: dict[str, type] = dataclasses.field(default_factory=dict)
 
     def parse(self, argv: list[str]) -> dict[str, Any]:
         """The keyword arguments of the command line `argv` (the settings files it names,
@@ -170,7 +176,8 @@ class Command:
         Raises:
             FlagError: a bad flag or value, or a required flag missing (from the settings
                 files too).
-            UserError / MissingFileError: an unusable settings file.
+            UserError / MissingFileError: an unusable settings file; a dataclass passed
+                refuses its fields.
         """
         config = Parser(add_help=False, allow_abbrev=False)
         config.add_argument("--config", action="append", default=[])
@@ -189,6 +196,9 @@ class Command:
                 kwargs.setdefault(flag.section, {})[flag.name] = value
             else:
                 kwargs[flag.name] = value
+        for param, cls in self.builds.items():
+            if param in kwargs:
+                kwargs[param] = cls(**kwargs[param])
         return kwargs
 
     def _settings_file(self, path: str) -> dict[str, Any]:
@@ -205,7 +215,7 @@ class Command:
                     )
                 items = [(f"{key}.{k}", f"{self.sections[key]}.{k}", v) for k, v in value.items()]
             else:
-                items = [(key, key, value)]
+                items = [(key, self.fields.get(key, key), value)]
             for name, dest, item in items:
                 if dest not in self.flags or "." in key:
                     raise UserError(self._unknown(name, path))
@@ -269,11 +279,16 @@ def command_flags(
         "with underscores; the flags override it"
     )
     for p in params:
-        fields = [m for m in typing.get_args(hints[p.name])[1:] if isinstance(m, Fields)]
+        base, *marks = typing.get_args(hints[p.name]) or (None,)
+        fields = [m for m in marks if isinstance(m, Fields)]
         if fields:
             values, note = shown.get(p.name, ({}, ""))
-            _add_fields(command, p.name, fields[0], f"{helps.get(p.name, '')} {note}", values)
-            config.help += f"; {fields[0].cls.__name__} fields under `{fields[0].section}`"
+            help = f"{helps.get(p.name, '')} {note}"
+            _add_fields(command, p.name, fields[0], help, values, metavars)
+            if base is fields[0].cls:
+                command.builds[p.name] = base
+            if fields[0].section:
+                config.help += f"; {fields[0].cls.__name__} fields under `{fields[0].section}`"
         else:
             hint, is_list = _plain(hints[p.name])
             flag = _Flag(p.name, hint, None, is_list, p.default is inspect.Parameter.empty)
@@ -281,12 +296,19 @@ def command_flags(
     return command
 
 
-def _add_fields(command: Command, param: str, marker: Fields, help: str, shown: dict) -> None:
+def _add_fields(
+    command: Command, param: str, marker: Fields, help: str, shown: dict, metavars: dict
+) -> None:
     """The flags of the fields of `marker.cls` (a group for it and one for each nested
-    dataclass), showing the defaults `shown` (else the dataclass's)."""
-    command.sections[marker.section] = param
+    dataclass; without a section, among the command's own flags, with their `metavars`),
+    showing the defaults `shown` (else the dataclass's)."""
+    if marker.section:
+        command.sections[marker.section] = param
     groups: dict[type, Any] = {}
     for owner, name, hint, text, default in _fields(marker.cls, marker.cls()):
+        if not marker.section:
+            groups[owner] = command.parser
+            command.fields[name] = f"{param}.{name}"
         if owner not in groups:
             about = docstring_parser.parse_from_object(owner).short_description or ""
             title = f"{marker.section} settings ({owner.__name__})"
@@ -295,14 +317,18 @@ def _add_fields(command: Command, param: str, marker: Fields, help: str, shown: 
             )
         hint, is_list = _plain(hint)
         flag = _Flag(name, hint, param, is_list)
-        _add(command, groups[owner], flag, text, shown.get(name, default), {})
+        own = metavars if not marker.section else {}
+        _add(command, groups[owner], flag, text, shown.get(name, default), own)
 
 
 def _fields(cls, instance):
     """(dataclass, field, type, help, default) of every field of dataclass `cls`, the fields
     of a field that is itself a dataclass in its place."""
     hints = typing.get_type_hints(cls, include_extras=True)
-    helps = _help(docstring_parser.parse_from_object(cls).params)
+    helps = {}
+    for base in reversed(cls.__mro__):  # a dataclass base's fields: its help
+        if dataclasses.is_dataclass(base):
+            helps.update(_help(docstring_parser.parse_from_object(base).params))
     for field in dataclasses.fields(cls):
         value = getattr(instance, field.name)
         if dataclasses.is_dataclass(hints[field.name]):

@@ -88,7 +88,7 @@ def iter_text_chunks(
     inside a multi-byte character; chunks can be empty.
 
     Raises:
-        ValueError: the file is not UTF-8; the message gives the byte offset of the first
+        UserError: the file is not UTF-8; the message gives the byte offset of the first
             invalid byte in the file, and `hint`.
     """
     path = Path(path)
@@ -127,7 +127,7 @@ def load_text(
 
     Raises:
         FileNotFoundError: the path does not exist, or a directory lacks wiki.train.raw.
-        ValueError: the file is not UTF-8, or the text is empty.
+        UserError: the file is not UTF-8, or the text is empty.
         RuntimeError: `dataset` is given but `datasets` is not installed or cannot fetch it.
     """
     if dataset is not None and path is not None:
@@ -206,7 +206,7 @@ def split_ids(ids: torch.Tensor, val_fraction: float) -> tuple[torch.Tensor, tor
 
 
 def check_split(name: str, data: torch.Tensor | np.ndarray, block_size: int) -> None:
-    """Raise ValueError unless split `name` (a [N] tensor or array of token ids) holds at
+    """Raise UserError unless split `name` (a [N] tensor or array of token ids) holds at
     least block_size + 1 tokens (one window)."""
     if len(data) <= block_size:
         raise UserError(
@@ -236,7 +236,7 @@ def get_batch(
         (x, y): [B, T] int64 tensors on the CPU, y[b, t] = x[b, t + 1] (the window shifted by one).
 
     Raises:
-        ValueError: N <= block_size.
+        UserError: N <= block_size.
     """
     check_split("data", data, block_size)
     starts = torch.randint(len(data) - block_size, (batch_size,), generator=generator)
@@ -279,7 +279,7 @@ class TokenDir:
     tokenizer: object
 
     def split(self, name: str) -> np.ndarray:
-        """The split called `name` ("train" | "val"); ValueError for another name."""
+        """The split called `name` ("train" | "val"); UserError for another name."""
         if name not in _SPLITS:
             raise UserError(f"unknown split {name!r}; use 'train' or 'val'")
         return getattr(self, name)
@@ -296,7 +296,7 @@ def load_token_dir(path: str | Path) -> TokenDir:
 
     Raises:
         FileNotFoundError: the directory or one of its files is missing.
-        ValueError: meta.json is not valid JSON or lacks its fields, its dtype is not uint16 /
+        UserError: meta.json is not valid JSON or lacks its fields, its dtype is not uint16 /
             uint32 or cannot hold vocab_size, its tokenizer does not have vocab_size ids, or a
             .bin file's size is not its token count times the dtype's size (a truncated file,
             or one written with another dtype).
@@ -381,7 +381,7 @@ def load_corpus(spec: dict, tokenizer=None):
     and counts): `--resume` compares it with the checkpoint's to notice a corpus that changed.
 
     Raises:
-        ValueError: a token directory without validation tokens (and see `load_text`,
+        UserError: a token directory without validation tokens (and see `load_text`,
             `load_token_dir`).
     """
     if spec.get("token_dir"):

@@ -89,7 +89,7 @@ def source_files(paths: Iterable[str | Path]) -> list[Path]:
 
     Raises:
         FileNotFoundError: a path does not exist, or a directory has no text files.
-        ValueError: a path is neither a file nor a directory, or a file is empty.
+        UserError: a path is neither a file nor a directory, or a file is empty.
     """
     files: list[Path] = []
     for path in map(Path, paths):
@@ -126,7 +126,7 @@ def split_sources(paths: Iterable[str | Path]) -> tuple[list[Path], list[Path], 
     Raises:
         FileNotFoundError: a path does not exist, a directory has no text files, or a
             directory holds a test split but no train split.
-        ValueError: see `source_files`.
+        UserError: see `source_files`.
     """
     train: list[Path] = []
     val: list[Path] = []
@@ -213,7 +213,7 @@ def iter_token_chunks(
     text holding one (tiktoken's default).
 
     Raises:
-        ValueError: a file is not UTF-8 (char and gpt2), with the byte offset; endoftext
+        UserError: a file is not UTF-8 (char and gpt2), with the byte offset; endoftext
             "error" and a special token's string in the text (one line: where).
         UnknownCharacterError: characters outside the vocabulary and unknown="error" (or no
             unk_token); positions count from the start of the source.

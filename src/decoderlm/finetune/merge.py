@@ -10,9 +10,9 @@ from pathlib import Path
 from ..arguments import NotEmptyStr
 from ..errors import UserError
 from ..files import make_temp_dir
+from ..io.adapters import adapter_config
+from ..io.load import load_model_and_tokenizer, weights_sha256
 from ..model.weights import ADAPTER_NAME, CHECKSUMS_KEY, WEIGHTS_NAME
-from ..tokenizers import load_tokenizer
-from .sources import adapter_config, load_model, weights_sha256
 
 __all__ = ["merge", "merge_run"]
 
@@ -53,8 +53,8 @@ def merge_run(run: str | Path, out: str | Path, verify: bool = True) -> Path:
     `decoderlm.model.weights.verify_file`).
 
     Raises:
-        ValueError: `run` has no adapters, `out` exists and is not empty, or the run cannot be
-            loaded (nothing is written then).
+        UserError / MissingFileError: `run` has no adapters, `out` exists and is not
+            empty, or the run cannot be loaded (nothing is written then).
     """
     run, out = Path(run), Path(out)
     if not (run / ADAPTER_NAME).is_file() and not (run / WEIGHTS_NAME).is_file():
@@ -66,7 +66,7 @@ def merge_run(run: str | Path, out: str | Path, verify: bool = True) -> Path:
         )
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise UserError(f"--out {out} already exists and is not empty; choose another --out")
-    model, tokenizer = load_model(run, verify=verify), load_tokenizer(run)
+    model, tokenizer = load_model_and_tokenizer(run, verify=verify)
     config, _, _ = adapter_config(run)
     extra = {k: v for k, v in config.items() if k not in ("model", "lora", CHECKSUMS_KEY)}
     if isinstance(extra.get("train"), dict):

@@ -56,7 +56,7 @@ def freeze(model: DecoderLM, spec: str) -> int:
         The number of parameter elements frozen by this call or earlier.
 
     Raises:
-        ValueError: an item is not in the grammar, matches no parameter, or names blocks the
+        UserError: an item is not in the grammar, matches no parameter, or names blocks the
             model does not have.
     """
     for item in (i.strip() for i in spec.split(",")):
@@ -82,8 +82,8 @@ def prepare_trainable(model: DecoderLM, ft: FinetuneConfig) -> list[str]:
         The names of the adapted layers ([] without LoRA).
 
     Raises:
-        ValueError: bad targets or freeze items (see `decoderlm.model.lora.apply_lora`, `freeze`),
-            or nothing left to train.
+        UserError: bad targets or freeze items (see `decoderlm.model.lora.apply_lora`,
+            `freeze`), or nothing left to train.
     """
     adapted = [n for n, m in model.named_modules() if isinstance(m, LoRALinear)]
     if ft.lora_rank is not None and not adapted:

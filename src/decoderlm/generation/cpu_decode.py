@@ -12,7 +12,8 @@ in benchmarks/README.md, from benchmarks/gemv.py):
 
 `install(model)` turns every nn.Linear of a model into a `DecodeLinear`, which uses them for
 few-row products without autograd on the CPU and is exactly nn.Linear everywhere else
-(training included). `decoderlm.generation.generate` installs them before decoding on the CPU.
+(training included). `decoderlm.generation.precision.prepare_for_decoding` installs them on a
+CPU model (a model never prepared decodes with nn.Linear).
 """
 
 from __future__ import annotations

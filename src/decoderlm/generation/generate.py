@@ -14,9 +14,9 @@ import numbers
 import torch
 
 from ..errors import UserError
-from ..model.kv_cache import KVCache
-from . import cpu_decode
-from .precision import activation_dtype
+from .params import SamplingParams
+from .precision import decoding_setup
+from .steps import decode_step, prefill, slide
 
 __all__ = [
     "generate",
@@ -24,10 +24,8 @@ __all__ = [
     "stream_text",
     "TextStream",
     "sample_next",
-    "check_controls",
     "filter_logits",
-    "decode_step",
-    "end_of_text",
+    "end_of_text_id",
 ]
 
 
@@ -60,78 +58,38 @@ def filter_logits(
     return logits
 
 
-def check_controls(temperature: float, top_k: int | None, top_p: float | None) -> None:
-    """Raise UserError for a temperature below 0 or not finite, a top_k below 1 or not an
-    integer, or a top_p outside [0, 1] (None: top_k / top_p unused)."""
-    if not (math.isfinite(temperature) and temperature >= 0):
-        raise UserError(
-            f"temperature must be a finite number >= 0 (0 means greedy), got {temperature}"
-        )
-    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
-        raise UserError(f"top_k must be a positive integer or None, got {top_k!r}")
-    if top_p is not None and not 0.0 <= top_p <= 1.0:
-        raise UserError(f"top_p must be in [0, 1] or None, got {top_p}")
-
-
 def sample_next(
-    logits: torch.Tensor,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    generator: torch.Generator | None = None,
+    logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None = None
 ) -> torch.Tensor:
     """Choose the next token of each row from last-position logits.
 
     Args:
         logits: [B, V] float, finite.
-        temperature: divide the logits by this before the softmax; 0 picks the argmax
-            (greedy), as do temperatures so small that the softmax is one-hot.
-        top_k, top_p: see `filter_logits`.
+        params: the settings used: temperature (0 picks the argmax, greedy, as do
+            temperatures so small that the softmax is one-hot), top_k, top_p (see
+            `filter_logits`); they were checked when params was built.
         generator: torch RNG for the draw.
 
     Returns:
         [B] int64 token ids.
 
     Raises:
-        ValueError: temperature < 0, top_k < 1, top_p outside [0, 1], or non-finite logits.
+        UserError: non-finite logits.
     """
-    check_controls(temperature, top_k, top_p)
     # one reduction: a NaN or inf anywhere makes the sum non-finite, and float64 cannot
     # overflow from summing float32 values
     if not math.isfinite(logits.sum(dtype=torch.float64)):
         raise UserError("the model produced non-finite logits (NaN or inf)")
     logits = logits.float()
-    if temperature == 0:
+    if params.temperature == 0:
         return logits.argmax(dim=-1)
-    probs = filter_logits(logits / temperature, top_k, top_p).softmax(dim=-1)
+    probs = filter_logits(logits / params.temperature, params.top_k, params.top_p).softmax(-1)
     if not torch.isfinite(probs).all():  # temperature so small that logits/temperature overflow
         return logits.argmax(dim=-1)
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 
-def _stop_sequences(stop) -> list[torch.Tensor]:
-    """stop: None, a token id, or a list of token ids and/or lists of token ids."""
-    if stop is None:
-        return []
-    if isinstance(stop, torch.Tensor):
-        stop = stop.tolist()
-    items = [stop] if isinstance(stop, numbers.Integral) else list(stop)
-    out = []
-    for item in items:
-        if isinstance(item, torch.Tensor):
-            item = item.tolist()
-        seq = [item] if isinstance(item, numbers.Integral) else list(item)
-        if not seq or not all(
-            isinstance(i, numbers.Integral) and not isinstance(i, bool) for i in seq
-        ):
-            raise UserError(
-                f"stop must hold token ids or non-empty lists of token ids, got {item!r}"
-            )
-        out.append(torch.tensor([int(i) for i in seq], dtype=torch.long))
-    return out
-
-
-def end_of_text(model, eos_token_id: int | None = None, ignore_eos: bool = False) -> int | None:
+def end_of_text_id(model, eos_token_id: int | None = None, ignore_eos: bool = False) -> int | None:
     """The token id where generation stops a row by default: None with ignore_eos, else
     eos_token_id when given, else the model's `eos_token_id` attribute (set by the loaders
     from the tokenizer; None for a vocabulary without an end-of-text token)."""
@@ -146,44 +104,9 @@ def end_of_text(model, eos_token_id: int | None = None, ignore_eos: bool = False
     return None if eos_token_id is None else int(eos_token_id)
 
 
-def _one_token(model, idx, cache, positions, key_mask=None):
-    return model.forward_cached(idx, cache, positions, key_mask, last_only=True)
-
-
-_compiled_one_token = None
-
-
-def decode_step(compile: bool = False):
-    """The function that computes the logits of one new token per row from a KV cache, as
-    `generate` and the server's `Scheduler` call it at each decoding step.
-
-    The function returned is step(model, idx, cache, positions, key_mask=None) -> logits:
-    idx [B, 1] int64 (each row's newest token), cache a `KVCache` or `SlotKVCache` holding the
-    tokens before it (the new token's keys and values are appended), positions [B, 1] int64
-    (the new token's position in each row), key_mask [B, L + 1] bool or None (False marks
-    padding among the cached tokens and the new one; None: no padding); logits [B, 1,
-    vocab_size] in the model's dtype.
-
-    Args:
-        compile: False: a plain call of model.forward_cached(idx, cache, positions, key_mask,
-            last_only=True); True: the same under torch.compile,
-            built on first use and shared by every caller, with dynamic shapes so that the
-            growing cache does not recompile at every step (the first calls compile: seconds;
-            needs a C++ compiler on the CPU).
-    """
-    global _compiled_one_token
-    if not compile:
-        return _one_token
-    if _compiled_one_token is None:
-        _compiled_one_token = torch.compile(_one_token, dynamic=True)
-    return _compiled_one_token
-
-
-def _check_generate_args(idx, max_new_tokens, attention_mask, slide_by=1, limit=1):
+def _check_generate_args(idx, attention_mask, slide_by, limit):
     if idx.dim() != 2 or idx.size(1) == 0:
         raise UserError(f"idx must be [B, T] with T >= 1, got shape {tuple(idx.shape)}")
-    if max_new_tokens < 0:
-        raise UserError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
     if isinstance(slide_by, bool) or not isinstance(slide_by, int) or not 1 <= slide_by <= limit:
         raise UserError(f"slide_by must be an integer in [1, {limit}], got {slide_by!r}")
     if attention_mask is not None:
@@ -198,25 +121,10 @@ def _check_generate_args(idx, max_new_tokens, attention_mask, slide_by=1, limit=
             )
 
 
-def _prefill(model, ids: torch.Tensor, n: int, mask: torch.Tensor | None, dtype, keep: int):
-    """A new KVCache filled from the last `keep` (<= max_positions) of ids[:, :n]: (cache,
-    positions [B, T] of those tokens, logits [B, 1, vocab_size] of the last one). Positions
-    count real tokens only when `mask` marks padding."""
-    B, lo = ids.size(0), max(0, n - keep)
-    window_mask = None if mask is None else mask[:, lo:n]
-    if window_mask is None:
-        positions = torch.arange(n - lo, device=ids.device).expand(B, -1)
-    else:
-        positions = (window_mask.long().cumsum(1) - 1).clamp(min=0)
-    cache = KVCache(model.config, B, ids.device, dtype)
-    logits = model.forward_cached(ids[:, lo:n], cache, positions, window_mask, last_only=True)
-    return cache, positions, logits
-
-
-def _sample_checked(logits: torch.Tensor, step: int, temperature, top_k, top_p, generator):
+def _sample_checked(logits: torch.Tensor, step: int, params: SamplingParams, generator):
     """`sample_next` of logits [B, vocab_size], with errors naming the step."""
     try:
-        nxt = sample_next(logits, temperature, top_k, top_p, generator)
+        nxt = sample_next(logits, params, generator)
     except ValueError as e:
         raise UserError(f"step {step}: {e}") from None
     chosen = nxt.tolist()
@@ -234,66 +142,65 @@ def _ends_with_stop(generated: torch.Tensor, stops: list[torch.Tensor]) -> torch
     return done
 
 
+def _stop_tensors(model, params: SamplingParams) -> list[torch.Tensor]:
+    """params' stop token sequences and the end-of-text token, as int64 tensors."""
+    stops = [torch.tensor(seq, dtype=torch.long) for seq in params.stop_token_ids]
+    eos = end_of_text_id(model, params.eos_token_id, params.ignore_eos)
+    return stops if eos is None else [*stops, torch.tensor([eos], dtype=torch.long)]
+
+
 @torch.no_grad()
 def stream_generate(
     model,
     idx: torch.Tensor,
-    max_new_tokens: int,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    do_sample: bool = True,
-    seed: int | None = None,
-    generator: torch.Generator | None = None,
+    params: SamplingParams,
+    *,
     attention_mask: torch.Tensor | None = None,
+    generator: torch.Generator | None = None,
     use_cache: bool = True,
-    stop=None,
     pad_token_id: int = -1,
-    compile: bool = False,
     slide_by: int = 1,
-    eos_token_id: int | None = None,
-    ignore_eos: bool = False,
 ):
-    """Yield the next token of every row, [B] int64, up to max_new_tokens times; see
-    `generate`. Rows that have stopped (at a stop sequence or the end-of-text token) yield
-    pad_token_id; the loop ends when all have."""
+    """Yield the next token of every row, [B] int64, up to params.max_new_tokens times; see
+    `generate` (its keywords other than the sampling settings are these). Rows that have
+    stopped (at a stop sequence or the end-of-text token) yield pad_token_id; the loop ends
+    when all have. The model is not changed (eval mode while decoding, its mode restored);
+    the one-token step is compiled when its `DecodingSetup` says so."""
     limit = model.config.max_positions
-    check_controls(temperature, top_k, top_p)
-    _check_generate_args(idx, max_new_tokens, attention_mask, slide_by, limit)
-    if not do_sample:
-        temperature = 0.0
-    if seed is not None:
-        generator = torch.Generator(device=idx.device).manual_seed(seed)
+    _check_generate_args(idx, attention_mask, slide_by, limit)
+    if params.seed is not None:
+        generator = torch.Generator(device=idx.device).manual_seed(params.seed)
     (B, T0), n = idx.shape, idx.size(1)  # n: tokens so far
-    ids = idx.new_empty(B, T0 + max_new_tokens)  # filled as we go: no concatenation per token
+    ids = idx.new_empty(B, T0 + params.max_new_tokens)  # filled as we go: no concatenation
     ids[:, :T0] = idx
     mask = None  # None: no padding, so no attention mask to build at each step
     if attention_mask is not None and not attention_mask.bool().all():
         mask = torch.ones(ids.shape, dtype=torch.bool, device=idx.device)
         mask[:, :T0] = attention_mask.to(device=idx.device, dtype=torch.bool)
-    dtype = activation_dtype(model)  # the KV cache's
-    if model.device.type == "cpu":
-        cpu_decode.install(model)
+    setup = decoding_setup(model)
+    one_token = decode_step(setup is not None and setup.compile)
     was_training = model.training
     model.eval()
-    stops = _stop_sequences(stop)
-    eos = end_of_text(model, eos_token_id, ignore_eos)
-    if eos is not None:
-        stops.append(torch.tensor([eos], dtype=torch.long))
+    stops = _stop_tensors(model, params)
     finished = torch.zeros(B, dtype=torch.bool, device=idx.device)
-    cache, positions, one_token = None, None, decode_step(compile)
+    cache, positions = None, None
     try:
-        for step in range(max_new_tokens):
-            if cache is not None and cache.length < limit:  # one new token
-                positions = positions[:, -1:] + 1
+        for step in range(params.max_new_tokens):
+            if cache is None:  # the prompt; without use_cache, the window at every step
+                lo = max(0, n - limit)
+                cache, positions, logits = prefill(
+                    model, ids[:, lo:n], None if mask is None else mask[:, lo:n]
+                )
+                cache, positions = cache if use_cache else None, positions[:, -1:]
+            else:  # one new token, after a slide once the context is full (see slide_by)
+                if cache.length >= limit:
+                    keep = limit + 1 - slide_by
+                    cache, positions = slide(model, ids[:, :n], keep, _upto(mask, n))
+                else:
+                    positions = positions + 1
                 key_mask = None if mask is None else mask[:, n - cache.length - 1 : n]
-                logits = one_token(model, ids[:, n - 1 : n], cache, positions, key_mask)
-            else:  # prefill: the prompt, or a rebuild of the last tokens (see slide_by)
-                keep = limit if cache is None else limit + 1 - slide_by
-                cache, positions, logits = _prefill(model, ids, n, mask, dtype, keep)
-                if not use_cache:
-                    cache = None
-            nxt = _sample_checked(logits[:, -1, :], step, temperature, top_k, top_p, generator)
+                logits = one_token(model, ids[:, n - 1 : n], cache, positions, key_mask)[:, -1]
+            nxt = _sample_checked(logits, step, params, generator)
             ids[:, n] = nxt
             n += 1
             yield torch.where(finished, torch.full_like(nxt, pad_token_id), nxt) if stops else nxt
@@ -305,64 +212,95 @@ def stream_generate(
         model.train(was_training)
 
 
+def _upto(mask: torch.Tensor | None, n: int) -> torch.Tensor | None:
+    return None if mask is None else mask[:, :n]
+
+
+def _sampling_params(max_new_tokens, do_sample=True, stop=None, **settings) -> SamplingParams:
+    """`generate`'s keywords as SamplingParams: do_sample=False is temperature 0, stop is
+    stop_token_ids."""
+    if "compile" in settings:
+        raise TypeError(
+            "generate() takes no compile: prepare the model with "
+            "generation.precision.prepare_for_decoding(model, compile=True)"
+        )
+    if not do_sample:
+        settings["temperature"] = 0.0
+    return SamplingParams(max_new_tokens, stop_token_ids=stop, **settings)
+
+
+_RUN_OPTIONS = ("attention_mask", "generator", "use_cache", "pad_token_id", "slide_by")
+
+
 @torch.no_grad()
-def generate(model, idx: torch.Tensor, max_new_tokens: int, **options) -> torch.Tensor:
+def generate(
+    model,
+    idx: torch.Tensor,
+    max_new_tokens: int | None = None,
+    params: SamplingParams | None = None,
+    **options,
+) -> torch.Tensor:
     """Extend idx by max_new_tokens tokens sampled from `model`, with a KV cache.
 
     One forward pass over the prompt fills the cache (a `KVCache`: per layer [B, n_heads,
     max_positions + 1, head_dim]); then each new token is one forward pass of one position. When
     the sequence outgrows the config's max_positions (block_size, the trained length, unless
-    a sinusoidal or rotary model allows more) the context slides: the cache is rebuilt from
-    the last max_positions tokens, so the tokens equal those of rerunning the full forward on
-    the last max_positions tokens.
+    a sinusoidal or rotary model allows more) the context slides (`steps.slide`): the cache is
+    rebuilt from the last max_positions - 1 tokens before the newest, so the tokens equal those
+    of rerunning the full forward on the last max_positions tokens.
+
+    The model is not changed: it runs in eval mode here (no dropout) and its mode is restored;
+    it decodes as `generation.precision.prepare_for_decoding` left it (a model never prepared:
+    eager, its own dtype and nn.Linear products; compile=True there compiles the one-token
+    step, see `steps.decode_step`: the tokens are those of the eager step up to float
+    rounding).
 
     Args:
-        model: a DecoderLM; it runs in eval mode here (no dropout) and its mode is restored.
+        model: a DecoderLM.
         idx: [B, T] int64 prompt ids, T >= 1 (T may exceed max_positions).
-        max_new_tokens: number of tokens to append, >= 0.
-        **options: keyword arguments, passed on to `stream_generate`:
-        temperature, top_k, top_p: see `sample_next`; do_sample=False is greedy decoding.
-        seed: seeds a fresh torch.Generator so the same call gives the same tokens.
-        generator: a torch.Generator to draw from instead (ignored when seed is given).
+        max_new_tokens: number of tokens to append, >= 0 (or give params).
+        params: the `SamplingParams` (then give neither max_new_tokens nor sampling
+            keywords).
+        **options: keyword arguments. The sampling settings, made into a `SamplingParams`
+            with max_new_tokens: temperature, top_k, top_p, seed, eos_token_id, ignore_eos
+            (see `SamplingParams`); do_sample=False is greedy decoding (temperature 0); stop:
+            a token id, or a list of ids and/or id sequences: a row ends once its new tokens
+            end with one of them (the stop tokens are kept in the output; SamplingParams'
+            stop_token_ids). And, with params or without:
+        generator: a torch.Generator to draw from (ignored when a seed is given).
         attention_mask: [B, T] 1 for prompt tokens, 0 for left padding (prompts of different
             lengths in one batch); positions count real tokens only, so each row gets the
             tokens it would get alone (while the batch fits in max_positions).
         use_cache: False reruns the whole window at every step (for checking).
-        stop: a token id, or a list of ids and/or id sequences: a row ends once its new
-            tokens end with one of them (the stop tokens are kept in the output).
-        eos_token_id: the end-of-text token id: a row ends once it samples it (kept in the
-            output, like a stop token). None: the model's `eos_token_id` attribute, which
-            the loaders set from the tokenizer (`DecoderLM.from_pretrained`,
-            `decoderlm.io.hf.load_gpt2`: 50256 for GPT-2 BPE;
-            `decoderlm.finetune.sources.load_model_and_tokenizer`); a model built from a
-            ModelConfig has none, so it runs on.
-        ignore_eos: True runs on past the end-of-text token (vLLM's name): exactly
-            max_new_tokens tokens unless a `stop` sequence ends every row.
         pad_token_id: what a row that has stopped gets while others go on.
         slide_by: once the context is full, how many of its oldest tokens to drop at once.
-            1 rebuilds the cache from the last max_positions tokens at every new token (the
-            tokens of rerunning the model on them, as above); k > 1 rebuilds it from the last
-            max_positions + 1 - k tokens and then extends it one token at a time until it is
-            full again, so only every k-th token past max_positions costs a forward pass over
-            the window (llama.cpp's "context shift"); the model then sees between
-            max_positions + 1 - k and max_positions tokens. Ignored with use_cache=False.
-        compile: run each one-token step under torch.compile (needs a C++ compiler on the
-            CPU). The first call compiles; later ones decode faster (benchmarks/README.md gives
-            figures). The tokens are those of compile=False up to float rounding (the
-            products accumulate in another order). The compiled step is shared by every
-            model of the process; torch keeps 8 variants of it (a model's dtype, batch of
-            one or more, with or without padding) and runs further ones eagerly (torch logs
-            "hit config.recompile_limit").
+            1 rebuilds the cache from the last max_positions - 1 tokens before the newest at
+            every new token (the tokens of rerunning the model on the last max_positions, as
+            above); k > 1 rebuilds it from the last max_positions - k and then extends it one
+            token at a time until it is full again, so only every k-th token past
+            max_positions costs a forward pass over the window (llama.cpp's "context
+            shift"); the model then sees between max_positions + 1 - k and max_positions
+            tokens. Ignored with use_cache=False.
 
     Returns:
         [B, T + n] int64, n = max_new_tokens, or fewer when every row has stopped (at a stop
-        sequence or the end-of-text token).
+        sequence or the end-of-text token; with eos_token_id None, the model's
+        `eos_token_id` attribute, which the loaders set from the tokenizer).
 
     Raises:
-        ValueError: bad controls or prompt, non-finite logits (the message names the step), or
+        UserError: bad settings or prompt, non-finite logits (the message names the step), or
             a sampled id outside the vocabulary.
+        TypeError: params together with max_new_tokens or sampling keywords; compile (a
+            setting of `prepare_for_decoding`).
     """
-    new = list(stream_generate(model, idx, max_new_tokens, **options))
+    run = {k: options.pop(k) for k in _RUN_OPTIONS if k in options}
+    if params is None:
+        if max_new_tokens is None:
+            raise TypeError("generate() needs max_new_tokens or params")
+        params = _sampling_params(max_new_tokens, **options)
+    elif max_new_tokens is not None or options:
+        raise TypeError("give generate() params or max_new_tokens and sampling keywords, not both")
+    new = list(stream_generate(model, idx, params, **run))
     return torch.cat([idx, torch.stack(new, dim=1)], dim=1) if new else idx.clone()
 
 
@@ -409,45 +347,23 @@ class TextStream:
         return delta
 
 
-def stream_text(
-    model,
-    tokenizer,
-    prompt_ids: list[int],
-    max_new_tokens: int,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    seed: int | None = None,
-    stop: list[str] | None = None,
-    compile: bool = False,
-    ignore_eos: bool = False,
-):
+def stream_text(model, tokenizer, prompt_ids: list[int], params: SamplingParams):
     """Sample one continuation and yield its text as it grows, as (delta, finish_reason).
 
-    Text is released as `TextStream` releases it. The continuation ends before the
-    first stop text (which is not yielded) or at the model's end-of-text token (see
-    `generate`'s eos_token_id; its text is not yielded; ignore_eos=True runs on past it) with
-    finish_reason "stop", or after max_new_tokens tokens with "length". It decodes one row and
-    ends at that row's end-of-text token, so generate's pad_token_id never reaches the text
-    (tokenizers refuse ids outside the vocabulary, -1 included).
+    Text is released as `TextStream` releases it. The continuation ends before the first of
+    params.stop (which is not yielded) or at the end-of-text token (params.eos_token_id, else
+    the model's `eos_token_id`; its text is not yielded; params.ignore_eos runs on past it)
+    with finish_reason "stop", or after params.max_new_tokens tokens with "length". It
+    decodes one row and ends at that row's end-of-text token, so generate's pad_token_id never
+    reaches the text (tokenizers refuse ids outside the vocabulary, -1 included).
 
     Yields:
         (delta, None) while going, then one last (delta, "stop" | "length", n_new_tokens).
     """
     idx = torch.tensor([prompt_ids], dtype=torch.long, device=model.device)
-    text, eos = TextStream(tokenizer, stop), end_of_text(model, ignore_eos=ignore_eos)
-    tokens = stream_generate(
-        model,
-        idx,
-        max_new_tokens,
-        temperature,
-        top_k,
-        top_p,
-        seed=seed,
-        compile=compile,
-        ignore_eos=ignore_eos,
-    )
-    for token in tokens:
+    text = TextStream(tokenizer, list(params.stop))
+    eos = end_of_text_id(model, params.eos_token_id, params.ignore_eos)
+    for token in stream_generate(model, idx, params):
         if int(token[0]) == eos:
             yield text.rest(), "stop", len(text.ids) + 1
             return

@@ -1,10 +1,15 @@
-"""Lower-precision weights for decoding: bfloat16, weight-only int8, and int8 weights with
-8-bit activations.
+"""Making a loaded model decode-ready, in one place: lower-precision weights (bfloat16,
+weight-only int8, int8 weights with 8-bit activations), the CPU's one-row kernels, compile.
+
+`prepare_for_decoding(model, dtype, quantize, compile)` is the one function that changes a
+model for decoding; it records what it did in `model.decoding_setup` (a `DecodingSetup`),
+which the decoding paths read (`generate` and the server's `Scheduler` take `compile` from it
+and change nothing themselves). A model never prepared decodes as it is: eager, in its dtype,
+with nn.Linear's products.
 
 Decoding one token multiplies one row by every weight matrix, so its time is the bytes of
 weights it reads: 4 per parameter in float32, 2 in bfloat16, 1 in int8.
-`prepare_for_decoding(model, dtype, quantize)` turns a loaded model into one that reads
-fewer of them, in place:
+`prepare_for_decoding` turns a loaded model into one that reads fewer of them, in place:
 
 - dtype "bfloat16": every weight and activation, and so the KV cache, in bfloat16. On a CPU
   with oneDNN's bfloat16 kernels every matrix (the unembedding included) is repacked once into
@@ -20,12 +25,15 @@ fewer of them, in place:
   products run on integers (VNNI), where int8 weights converted to floats one by one cost
   more arithmetic than a memory read on a 2-core machine.
 
-The float32 model is left as it is (its decoding is `cpu_decode`'s). A prepared model decodes
-(`generate`, the server) and evaluates (`decoderlm.evaluate`) but does not train: its matrices
-are no longer parameters.
+On the CPU every remaining nn.Linear then becomes a `cpu_decode.DecodeLinear` (the faster
+one-row products; exactly nn.Linear for training and many-row products), float32 included. A
+model prepared with a lower precision decodes (`generate`, the server) and evaluates
+(`decoderlm.evaluate`) but does not train: its matrices are no longer parameters.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
@@ -33,16 +41,19 @@ import torch.nn.functional as F
 
 from ..arguments import DecodeDType, Quantize
 from ..errors import UserError
+from . import cpu_decode
 
 __all__ = [
     "DTYPES",
     "INT8_MULTIPLE",
+    "DecodingSetup",
     "Int8Linear",
     "PackedLinear",
     "W8A8Linear",
     "w8a8_available",
     "packing_available",
     "prepare_for_decoding",
+    "decoding_setup",
     "quantize_int8",
     "activation_dtype",
 ]
@@ -241,6 +252,30 @@ def _check_int8(model: nn.Module, linears, quantize: str) -> None:
         )
 
 
+@dataclass(frozen=True)
+class DecodingSetup:
+    """What `prepare_for_decoding` did to a model (its `decoding_setup` attribute).
+
+    Attributes:
+        dtype: the activations' (and KV cache's) dtype after preparing: bfloat16 as asked, or
+            the model's own (float32 asks for no change).
+        quantize: None, "int8" or "w8a8": the matrices' int8 form.
+        compile: decode with the torch.compile'd one-token step (`steps.decode_step`).
+        cpu_kernels: the model's nn.Linear layers are `cpu_decode.DecodeLinear`s (a CPU model).
+    """
+
+    dtype: torch.dtype
+    quantize: str | None
+    compile: bool
+    cpu_kernels: bool
+
+
+def decoding_setup(model: nn.Module) -> DecodingSetup | None:
+    """What `prepare_for_decoding` did to `model`; None for a model never prepared (it decodes
+    as it is: eager, not compiled)."""
+    return getattr(model, "decoding_setup", None)
+
+
 @torch.no_grad()
 def prepare_for_decoding(
     model: nn.Module,
@@ -248,7 +283,12 @@ def prepare_for_decoding(
     quantize: Quantize | None = None,
     compile: bool = False,
 ) -> nn.Module:
-    """Make a loaded DecoderLM read fewer bytes per decoded token, in place; returns it.
+    """Make a loaded DecoderLM decode-ready, in place, and record it; returns the model.
+
+    Lower-precision matrices read fewer bytes per decoded token (see the module docstring),
+    a CPU model gets `cpu_decode`'s one-row kernels, and `model.decoding_setup` records the
+    `DecodingSetup`, whose `compile` the decoding paths (`generate`, the `Scheduler`) read.
+    Preparing a prepared model again with the same settings does nothing.
 
     Args:
         model: a DecoderLM (eval mode, any device; int8 only on the CPU).
@@ -257,29 +297,51 @@ def prepare_for_decoding(
         quantize: None; "int8": weight-only int8 block matrices and unembedding (see the
             module docstring); "w8a8": the same int8 weights, multiplied with activations
             quantised to 8 bits on the fly (`W8A8Linear`, x86 CPUs).
-        compile: the model will decode with generate(..., compile=True): bfloat16 matrices
-            stay plain tensors, whose one-row products the compiled step fuses itself (a
-            packed one would run outside the compiled graph).
+        compile: decode with the torch.compile'd one-token step (`steps.decode_step`; the
+            first steps compile, needs a C++ compiler on the CPU): bfloat16 matrices stay
+            plain tensors, whose one-row products the compiled step fuses itself (a packed
+            one would run outside the compiled graph).
 
     Returns:
-        The model. With neither option (or dtype "float32" alone) it is unchanged. Otherwise
-        it decodes and evaluates but cannot be trained or saved (its matrices are buffers).
+        The model. In float32 its weights and state dict are unchanged (on the CPU its
+        nn.Linear layers become DecodeLinear, the same products faster). Otherwise it decodes
+        and evaluates but cannot be trained or saved (its matrices are buffers).
 
     Raises:
         UserError: an unknown dtype or quantize; int8 or w8a8 for a model off the CPU; int8
             with a matrix whose input width (d_model, d_ff) is not a multiple of 16; w8a8
-            without oneDNN's int8 products.
+            without oneDNN's int8 products; a model already prepared with other settings.
     """
     if dtype is not None and dtype not in DTYPES:
         raise UserError(f"unknown dtype {dtype!r}; use one of {', '.join(DTYPES)}")
     if quantize not in (None, "int8", "w8a8"):
         raise UserError(f"unknown quantization {quantize!r}; use int8 or w8a8")
     target = DTYPES[dtype or ("bfloat16" if quantize else "float32")]
+    kept = target == torch.float32 and not quantize  # float32 alone changes no dtype
+    cpu = model.device.type == "cpu"
+    setup = DecodingSetup(activation_dtype(model) if kept else target, quantize, compile, cpu)
+    done = decoding_setup(model)
+    if done is not None:
+        if done == setup:
+            return model
+        raise UserError(
+            f"this model is already prepared for decoding ({done}); prepare a freshly "
+            f"loaded one for {setup}"
+        )
+    _lower_precision(model, target, quantize, compile)
+    if cpu:
+        cpu_decode.install(model)
+    model.decoding_setup = setup
+    return model
+
+
+def _lower_precision(model: nn.Module, target: torch.dtype, quantize, compile: bool) -> None:
+    """Turn the model's matrices into `target` (int8 / packed ones where asked), in place."""
     linears = _linears(model)
     if quantize:
         _check_int8(model, linears, quantize)
     if target == torch.float32 and not quantize:
-        return model
+        return
     pack = not (quantize or compile) and model.device.type == "cpu" and packing_available()
     if quantize or pack:
         _untie(model)
@@ -289,7 +351,6 @@ def prepare_for_decoding(
     model.to(target)  # embeddings, norms, biases, position tables: the activation dtype
     for parent, name, layer in new if quantize or pack else []:
         setattr(parent, name, layer)
-    return model
 
 
 def _untie(model: nn.Module) -> None:

@@ -3,23 +3,23 @@
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
+from typing import Annotated
 
-from ..arguments import DecodeDType, NonNegativeInt, NotEmptyStr, PositiveInt, Quantize
+from ..arguments import Fields, NonNegativeInt, PositiveInt
 from ..errors import UserError
 from ..files import read_text
-from ..finetune.sources import load_model_and_tokenizer
+from ..options import Decoding, ModelSource
 from ..tokenizers import CharTokenizer, Tokenizer
-from .generate import check_controls, stream_text
-from .precision import prepare_for_decoding
+from .generate import stream_text
+from .loading import load_for_decoding
+from .params import SamplingParams
 
 __all__ = ["sample", "read_prompts"]
 
 
 def sample(
-    run: NotEmptyStr | None = None,
-    hf: NotEmptyStr | None = None,
-    gguf: NotEmptyStr | None = None,
-    device: str = "cpu",
+    source: Annotated[ModelSource, Fields(ModelSource)] = ModelSource(),
     prompt: list[str] | None = None,
     prompt_file: str | None = None,
     num_samples: PositiveInt = 1,
@@ -29,13 +29,10 @@ def sample(
     top_k: PositiveInt | None = None,
     top_p: float | None = None,
     seed: NonNegativeInt | None = None,
-    compile: bool = False,
     block_size: PositiveInt | None = None,
     only_new: bool = False,
     ignore_eos: bool = False,
-    no_verify: bool = False,
-    dtype: DecodeDType | None = None,
-    quantize: Quantize | None = None,
+    decoding: Annotated[Decoding, Fields(Decoding)] = Decoding(),
 ) -> int:
     """Print text sampled from a trained model.
 
@@ -46,11 +43,7 @@ def sample(
     (as nanoGPT's sample.py encodes it); elsewhere it is ordinary text.
 
     Args:
-        run: a run directory (give --run, --hf or --gguf).
-        hf: a Hugging Face GPT-2 or Llama directory (config.json + model.safetensors), e.g.
-            from `decoderlm export` (its tokenizer; else GPT-2 BPE).
-        gguf: a GGUF file (gpt2 or llama), e.g. from `decoderlm export` or llama.cpp.
-        device: cpu, cuda, ...
+        source: the model (`ModelSource`: --run, --hf or --gguf; --device, --no-verify).
         prompt: text to continue; repeat for several (default: <|endoftext|> where the
             vocabulary has it, as for GPT-2; else a newline, or the first character of a
             character vocabulary without one).
@@ -62,21 +55,13 @@ def sample(
         top_k: sample among the K likeliest tokens.
         top_p: sample among the likeliest tokens whose probabilities sum to P.
         seed: the same seed gives the same text.
-        compile: decode with torch.compile: faster per token after a one-time compile
-            (needs a C++ compiler on the CPU).
         block_size: crop the model's context to N positions (at most its block_size;
             DecoderLM.crop_block_size): it then sees at most the last N tokens.
         only_new: print only the continuation, not the prompt (the default prompt is never
             printed).
         ignore_eos: run on past the end-of-text token (a sample otherwise ends there, where
             the vocabulary has one).
-        no_verify: load the weights without checking them against the sizes and sha256
-            digests that config.json records (for huge files).
-        dtype: the weights' and activations' dtype while decoding: float32, or bfloat16
-            (half the bytes per token; default: float32, bfloat16 with --quantize).
-        quantize: int8: weight-only int8 block matrices and unembedding, a scale per row
-            (CPU; input widths multiples of 16); w8a8: the same int8 weights multiplied with
-            activations quantised to 8 bits (oneDNN's integer products, x86 CPUs).
+        decoding: how the model decodes (`Decoding`: --dtype, --quantize, --compile).
 
     Returns:
         0, the exit status.
@@ -86,9 +71,10 @@ def sample(
             files, an empty prompt, a prompt the vocabulary cannot encode (every prompt is
             checked before sampling), a bad sampling setting.
     """
-    check_controls(temperature, top_k, top_p)  # before anything is loaded or printed
-    model, tokenizer = load_model_and_tokenizer(run, hf, device, gguf, verify=not no_verify)
-    prepare_for_decoding(model, dtype, quantize, compile)
+    params = SamplingParams(  # checked before anything is loaded or printed
+        max_new_tokens, temperature, top_k, top_p, seed, tuple(stop or ()), ignore_eos=ignore_eos
+    )
+    model, tokenizer = load_for_decoding(source, decoding)
     if block_size is not None:
         model.crop_block_size(block_size)
     prompts = list(prompt or []) + (read_prompts(prompt_file) if prompt_file else [])
@@ -106,9 +92,8 @@ def sample(
                 print(f"### prompt {n + 1} of {len(prompts)}{of_m}")
             if not only_new:
                 sys.stdout.write(prompts[n])
-            seed_i = None if seed is None else seed + i
-            controls = (max_new_tokens, temperature, top_k, top_p, seed_i, stop, compile)
-            _print_stream(stream_text(model, tokenizer, ids, *controls, ignore_eos=ignore_eos))
+            params_i = params if seed is None else replace(params, seed=seed + i)
+            _print_stream(stream_text(model, tokenizer, ids, params_i))
     return 0
 
 

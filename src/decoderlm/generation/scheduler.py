@@ -1,20 +1,24 @@
 """Continuous batching: one thread decodes every active sequence of a server together.
 
-A `Scheduler` owns the model's decoding. Requests `submit` a `Sequence` (prompt ids, sampling
-settings, seed, how many tokens); between forward passes the scheduler admits waiting
-sequences (up to max_batch_size at once; the rest queue in arrival order) and drops finished
-or cancelled ones. Admitted sequences are prefilled (one forward pass over the prompts of each
-length, into a `KVCache`) and then join the `SlotKVCache`; each step is one
-forward pass of one new token for every active sequence, each at its own position, and each
-sequence then samples with its own temperature, top-k, top-p and torch.Generator. A greedy
+A `Scheduler` owns the model's decoding. Requests `submit` a `Sequence` (prompt ids and a
+`SamplingParams`: sampling settings, seed, how many tokens); between forward passes the
+scheduler admits waiting sequences (up to max_batch_size at once; the rest queue in arrival
+order) and drops finished or cancelled ones. Admitted sequences are prefilled (one forward
+pass over the prompts of each length, into a `KVCache`, `steps.prefill`) and then join the
+`SlotKVCache`; each step is one forward pass of one new token for every active sequence, each
+at its own position, and each sequence then samples with its own temperature, top-k, top-p
+and torch.Generator. A greedy
 sequence therefore gets the tokens it would get alone (up to float rounding of the batched
-products). Past max_positions the context slides as in `generate`: the sequence's cache is
-rebuilt from its last max_positions tokens (the rows sliding at one step in one forward pass).
+products). Past max_positions the context slides as in `generate` (`steps.slide`): the
+sequence's cache is rebuilt from the max_positions - 1 tokens before its newest (the rows
+sliding at one step in one forward pass). The scheduler does not change the model: it decodes
+as `precision.prepare_for_decoding` left it, compiled when its `DecodingSetup` says so.
 
 Tokens go back through each sequence's `emit` callback as `Token`s, then None at the end (or
-the exception that ended it); a sequence given a stop_id (the end-of-text token) ends after
-emitting it. Stop texts are the caller's business: it calls `cancel` and the sequence leaves
-the batch before the next step.
+the exception that ended it); a sequence ends after emitting its end-of-text token (`stop_id`:
+params.eos_token_id, else the model's `eos_token_id`; none with params.ignore_eos). Stop texts
+are the caller's business: it calls `cancel` and the sequence leaves the batch before the next
+step.
 """
 
 from __future__ import annotations
@@ -26,10 +30,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..model.kv_cache import KVCache, SlotKVCache
-from . import cpu_decode
-from .generate import decode_step, sample_next
-from .precision import activation_dtype
+from ..model.kv_cache import SlotKVCache
+from .generate import end_of_text_id, sample_next
+from .params import SamplingParams
+from .precision import activation_dtype, decoding_setup
+from .steps import decode_step, prefill, slide
 
 __all__ = ["Scheduler", "Sequence", "Token"]
 
@@ -51,28 +56,25 @@ class Sequence:
 
     Attributes:
         prompt: the prompt's token ids (at least one).
-        max_new_tokens: how many tokens to generate at most (>= 1).
+        params: the sampling settings: max_new_tokens (at least one token is generated),
+            temperature, top_k, top_p, seed (this sequence's own torch.Generator; None: the
+            global RNG), logprobs (None, or k >= 0: each token's log-probability and its top
+            k), eos_token_id / ignore_eos (see `stop_id`). Its stop texts and stop_token_ids
+            are the caller's business.
         emit: called from the scheduler's thread with each `Token`, then None once done, or
             an Exception that ended the sequence.
-        temperature, top_k, top_p: sampling settings (see `sample_next`).
-        seed: seeds this sequence's own torch.Generator (None: the global RNG).
-        logprobs: None, or k >= 0: compute each token's log-probability and its top k.
-        stop_id: a token id (the end-of-text token) that ends the sequence: it is emitted,
-            then None (None: no such id).
+        stop_id: set by `Scheduler.submit`: the end-of-text token id that ends the sequence
+            (it is emitted, then None; None: no such id), `generate.end_of_text_id` of the model
+            and params.
     """
 
     prompt: list[int]
-    max_new_tokens: int
+    params: SamplingParams
     emit: Callable[[Token | Exception | None], None]
-    temperature: float = 1.0
-    top_k: int | None = None
-    top_p: float | None = None
-    seed: int | None = None
-    logprobs: int | None = None
-    stop_id: int | None = None
-    ids: list[int] = field(default_factory=list)  # prompt + generated so far
-    generator: torch.Generator | None = None
-    cancelled: bool = False
+    stop_id: int | None = field(default=None, init=False)
+    ids: list[int] = field(default_factory=list, init=False)  # prompt + generated so far
+    generator: torch.Generator | None = field(default=None, init=False)
+    cancelled: bool = field(default=False, init=False)
 
     def cancel(self) -> None:
         """Ask for no more tokens: the sequence leaves the batch before the next step."""
@@ -93,15 +95,14 @@ class Scheduler:
             model has logits for more).
         max_batch_size: the most sequences decoded together; more wait in a queue.
         step: the function computing one new token's logits, (model, idx [B, 1] int64,
-            cache, positions [B, 1] int64) -> [B, 1, vocab_size]; default: `decode_step`'s.
-        compile: the default step is the torch.compile'd one (see `decode_step`).
+            cache, positions [B, 1] int64) -> [B, 1, vocab_size]; default: `decode_step`'s,
+            compiled when the model's `DecodingSetup` says so.
     """
 
-    def __init__(
-        self, model, vocab_size: int, max_batch_size: int = 8, step=None, compile: bool = False
-    ):
+    def __init__(self, model, vocab_size: int, max_batch_size: int = 8, step=None):
         self.model, self.vocab_size, self.max_batch_size = model, vocab_size, max_batch_size
-        self._step = step or decode_step(compile)
+        setup = decoding_setup(model)
+        self._step = step or decode_step(setup is not None and setup.compile)
         self._waiting: collections.deque[Sequence] = collections.deque()
         self._active: list[Sequence] = []  # row i of the slot cache is _active[i]
         self._wake = threading.Condition()
@@ -109,15 +110,15 @@ class Scheduler:
         self._cache = SlotKVCache(
             model.config, max_batch_size, model.device, activation_dtype(model)
         )
-        if model.device.type == "cpu":
-            cpu_decode.install(model)
         self._thread = threading.Thread(target=self._run, name="decoderlm-scheduler", daemon=True)
         self._thread.start()
 
     def submit(self, seq: Sequence) -> None:
         """Queue `seq`; its tokens arrive through seq.emit."""
-        if seq.seed is not None:
-            seq.generator = torch.Generator(device=self.model.device).manual_seed(seq.seed)
+        p = seq.params
+        if p.seed is not None:
+            seq.generator = torch.Generator(device=self.model.device).manual_seed(p.seed)
+        seq.stop_id = end_of_text_id(self.model, p.eos_token_id, p.ignore_eos)
         seq.ids = list(seq.prompt)
         with self._wake:
             self._waiting.append(seq)
@@ -169,15 +170,9 @@ class Scheduler:
         except Exception as e:  # the request fails; the server and the other requests go on
             seq.fail(e)
 
-    def _prefill(self, windows: list[list[int]]) -> tuple[KVCache, torch.Tensor]:
-        """One forward pass over windows of ids of one length (at most max_positions): their
-        cache, batch len(windows), and the logits [len(windows), V'] of the token after each."""
-        dtype = activation_dtype(self.model)
-        cache = KVCache(self.model.config, len(windows), self.model.device, dtype)
-        idx = torch.tensor(windows, dtype=torch.long, device=self.model.device)
-        positions = torch.arange(idx.size(1), device=idx.device)[None].expand_as(idx)
-        logits = self.model.forward_cached(idx, cache, positions, last_only=True)
-        return cache, logits[:, -1]
+    def _ids(self, windows: list[list[int]]) -> torch.Tensor:
+        """Windows of ids of one length as [len(windows), length] int64 on the model's device."""
+        return torch.tensor(windows, dtype=torch.long, device=self.model.device)
 
     def _admit(self, joining: list[Sequence]) -> None:
         """Prefill the joining sequences, those of one prompt length together, and add them to
@@ -189,7 +184,7 @@ class Scheduler:
                 groups.setdefault(min(len(seq.ids), limit), []).append(seq)
         for group in groups.values():
             try:
-                cache, logits = self._prefill([seq.ids[-limit:] for seq in group])
+                cache, _, logits = prefill(self.model, self._ids([s.ids[-limit:] for s in group]))
             except Exception as e:  # the requests fail; the server and the others go on
                 for seq in group:
                     seq.fail(e)
@@ -202,29 +197,31 @@ class Scheduler:
     def _take(self, seq: Sequence, logits: torch.Tensor) -> None:
         """Sample seq's next token from its logits [>= V] and hand it over."""
         logits = logits[: self.vocab_size].float()
-        nxt = int(sample_next(logits[None], seq.temperature, seq.top_k, seq.top_p, seq.generator))
+        p = seq.params
+        nxt = int(sample_next(logits[None], p, seq.generator))
         token = Token(nxt)
-        if seq.logprobs is not None:
+        if p.logprobs is not None:
             lp = logits.log_softmax(-1)
-            top = lp.topk(min(seq.logprobs, lp.numel()))
+            top = lp.topk(min(p.logprobs, lp.numel()))
             pairs = zip(top.indices.tolist(), top.values.tolist(), strict=True)
             token = Token(nxt, float(lp[nxt]), tuple(pairs))
         seq.ids.append(nxt)
         seq.emit(token)
-        if nxt == seq.stop_id or len(seq.ids) - len(seq.prompt) >= seq.max_new_tokens:
+        if nxt == seq.stop_id or len(seq.ids) - len(seq.prompt) >= p.max_new_tokens:
             seq.cancelled = True
             seq.emit(None)
 
     def _decode_batch(self) -> None:
         """One forward pass of the newest token of every active sequence, then each samples.
 
-        A sequence whose cache is full slides first, as `generate` does: its row is rebuilt
-        from the max_positions - 1 ids before its newest, which the step then adds (so the
-        newest token sees the last max_positions ids)."""
+        A sequence whose cache is full slides first, as `generate` does (`steps.slide`): its
+        row is rebuilt from the max_positions - 1 ids before its newest, which the step then
+        adds (so the newest token sees the last max_positions ids)."""
         limit = self.model.config.max_positions
         full = (self._cache.lengths >= limit).nonzero().flatten().tolist()
         if full:  # every full row slides in one forward pass (their windows are one length)
-            cache, _ = self._prefill([self._active[row].ids[-limit:-1] for row in full])
+            ids = self._ids([self._active[row].ids[-limit:] for row in full])
+            cache, _ = slide(self.model, ids, limit)
             for i, row in enumerate(full):
                 self._cache.replace(row, cache, i)
         device = self.model.device

@@ -1,10 +1,10 @@
 """`decoderlm export`: a trained model as a Hugging Face directory or a GGUF file.
 
-`export(run, format, out, dtype, overwrite)` reads a run directory (or any model directory
+`export(run, format, out, outtype, overwrite)` reads a run directory (or any model directory
 `decoderlm.model.weights.save_model` wrote, with its tokenizer) and writes it in `format`:
 
     hf      a directory transformers' AutoModelForCausalLM and AutoTokenizer load with no extra
-            arguments (`decoderlm.io.hf_export`)
+            arguments (`decoderlm.io.hf`)
     gguf    one GGUF file llama.cpp loads (`decoderlm.io.gguf`)
 
 Which models export as which architecture: `decoderlm.io.targets`. The output appears whole
@@ -24,11 +24,10 @@ from typing import Literal
 from ..arguments import NotEmptyPath
 from ..errors import UserError
 from ..files import fsync_dir, make_temp_dir
-from ..model.model import DecoderLM
 from ..model.weights import CONFIG_NAME
-from ..tokenizers import load_tokenizer
 from .gguf import check_gguf_dtype, save_gguf
-from .hf_export import HF_FILES, save_hf
+from .hf import HF_FILES, save_hf
+from .load import load_run, load_tokenizer
 from .targets import DTYPES, FORMATS, export_target
 
 __all__ = ["export"]
@@ -121,7 +120,7 @@ def export(
     run: NotEmptyPath,
     format: Literal["hf", "gguf"],
     out: NotEmptyPath,
-    dtype: Literal["f32", "f16", "bf16", "q8_0"] = "f32",
+    outtype: Literal["f32", "f16", "bf16", "q8_0"] = "f32",
     overwrite: bool = False,
     no_verify: bool = False,
 ) -> Path:
@@ -135,11 +134,11 @@ def export(
 
     Args:
         run: a run directory, or a model directory with config.json, model.safetensors and
-            the tokenizer files.
+            the tokenizer files (a LoRA run: its adapters merged over its base).
         format: hf (a directory for transformers) or gguf (one file for llama.cpp).
         out: the directory (hf) or file (gguf) to write.
-        dtype: the weights' number format: f32, f16, bf16, or q8_0 (gguf only: blocks of 32
-            int8 values with an f16 scale).
+        outtype: the weights' number format in the file, as llama.cpp's converter names it:
+            f32, f16, bf16, or q8_0 (gguf only: blocks of 32 int8 values with an f16 scale).
         overwrite: replace an existing --out: a GGUF file, or the files of an earlier hf
             export (a folder holding anything else is refused).
         no_verify: read the weights without checking them against the sizes and sha256
@@ -149,34 +148,34 @@ def export(
         the path written.
 
     Raises:
-        UserError / MissingFileError: an unknown format or dtype, --out exists without
+        UserError / MissingFileError: an unknown format or outtype, --out exists without
             overwrite, an --out folder holding files a hf export does not write, --run a
             folder inside a run directory, the run has no weights or no tokenizer, the model
-            has options neither format represents, or a dtype the format or the model cannot
-            take.
+            has options neither format represents, or an outtype the format or the model
+            cannot take.
     """
     if format not in FORMATS:
         raise UserError(f"unknown format {format!r}; use one of {list(FORMATS)}")
-    if dtype not in DTYPES:
-        raise UserError(f"unknown dtype {dtype!r}; use one of {list(DTYPES)}")
-    if format == "hf" and dtype == "q8_0":
+    if outtype not in DTYPES:
+        raise UserError(f"unknown outtype {outtype!r}; use one of {list(DTYPES)}")
+    if format == "hf" and outtype == "q8_0":
         raise UserError("q8_0 is a GGUF quantisation; a hf export takes f32, f16 or bf16")
     run, out = Path(run), Path(out)
     _check_run(run)
-    model = DecoderLM.from_pretrained(run, verify=not no_verify)
+    model = load_run(run, verify=not no_verify)
     arch = export_target(model.config, format)
     if format == "gguf":
-        check_gguf_dtype(model.config, dtype)
+        check_gguf_dtype(model.config, outtype)
     tokenizer = load_tokenizer(run)
     _check_out(out, run, format, overwrite)
     made = _make_folder(out.parent, out)
     try:
         if format == "gguf":
-            save_gguf(model, tokenizer, out, dtype)
+            save_gguf(model, tokenizer, out, outtype)
         else:
             stage = make_temp_dir(out.parent, f".{out.name}.", ".tmp")
             try:
-                save_hf(model, tokenizer, stage, dtype)
+                save_hf(model, tokenizer, stage, outtype)
                 _move_files_in(stage, out)
             except BaseException:
                 shutil.rmtree(stage, ignore_errors=True)
@@ -186,5 +185,5 @@ def export(
             shutil.rmtree(made, ignore_errors=True)
         raise
     said = "" if made is None else f" (made the folder {out.parent})"
-    print(f"exported {run} as {arch} ({format}, {dtype}) to {out}{said}")
+    print(f"exported {run} as {arch} ({format}, {outtype}) to {out}{said}")
     return out

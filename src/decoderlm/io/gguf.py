@@ -42,15 +42,15 @@ from ..config import ModelConfig
 from ..errors import MissingFileError, UserError
 from ..files import atomic_write
 from ..model.model import DecoderLM
+from ..model.positions import rope_half_to_interleaved, rope_interleaved_to_half
 from ..model.weights import VERIFY_HINT, load_state, unwrap_model
 from ..tokenizers import ByteTokenizer, CharTokenizer, GPT2Tokenizer, Tokenizer
 from ..tokenizers.gpt2 import GPT2_BPE_DIR
 from ..tokenizers.hf_json import byte_to_unicode
 from ..tokenizers.load import tokenizer_from_dict
-from .hf import rope_half_to_interleaved, rope_interleaved_to_half
 from .targets import DTYPES, export_target
 
-__all__ = ["check_gguf_dtype", "gguf_tokenizer", "load_gguf", "save_gguf"]
+__all__ = ["check_gguf_dtype", "gguf_vocab", "load_gguf", "load_gguf_tokenizer", "save_gguf"]
 
 TOKENIZER_KEY = "decoderlm.tokenizer"
 DIGEST_KEY = "decoderlm.tensor_data_sha256"
@@ -137,7 +137,7 @@ def _encoded(name: str, tensor: torch.Tensor, dtype: str):
     return gguf.quants.quantize(array, qtype), qtype
 
 
-def gguf_tokenizer(tokenizer: Tokenizer) -> tuple[list[str], list[int], list[str]]:
+def gguf_vocab(tokenizer: Tokenizer) -> tuple[list[str], list[int], list[str]]:
     """(tokens, token types, merges) of llama.cpp's byte-level BPE vocabulary that encodes
     text as `tokenizer` does (see the module docstring); token i is decoderlm's id i.
 
@@ -198,7 +198,7 @@ def save_gguf(model: DecoderLM, tokenizer: Tokenizer, path: str | Path, dtype: s
             f"the tokenizer has {tokenizer.vocab_size} tokens but the model expects "
             f"vocab_size={c.vocab_size}"
         )
-    tokens, types, merges = gguf_tokenizer(tokenizer)
+    tokens, types, merges = gguf_vocab(tokenizer)
     encoded = {name: _encoded(name, t, dtype) for name, t in _gguf_tensors(model, arch).items()}
     digest = _tensor_digest(np.ascontiguousarray(array) for array, _ in encoded.values())
 
@@ -265,11 +265,18 @@ def _verify(path: Path, recorded: str | None, reader) -> None:
         )
 
 
-def _read(path: Path, verify: bool = True):
-    """(metadata {key: value}, tensors {name: float32 torch tensor [out, in]}) of a file; with
-    verify, its tensor data is checked first against the digest the file records."""
-    gguf = _gguf_package()
+def _reader(path: Path):
+    """(gguf.GGUFReader, metadata {key: value}) of an existing GGUF file `path`.
 
+    Raises:
+        MissingFileError: no such file. UserError: the gguf package is missing, a
+            directory, or not a readable GGUF file.
+    """
+    if path.is_dir():
+        raise UserError(f"{path} is a directory; --gguf takes one GGUF file (a run: --run)")
+    if not path.is_file():
+        raise MissingFileError(f"GGUF file {path} not found")
+    gguf = _gguf_package()
     try:
         reader = gguf.GGUFReader(path)
     except Exception as e:  # gguf raises ValueError / struct errors for a damaged file
@@ -279,6 +286,14 @@ def _read(path: Path, verify: bool = True):
         if key.startswith("GGUF.") or key in ("tokenizer.ggml.scores",):
             continue
         metadata[key] = field.contents()
+    return reader, metadata
+
+
+def _read(path: Path, verify: bool = True):
+    """(metadata {key: value}, tensors {name: float32 torch tensor [out, in]}) of a file; with
+    verify, its tensor data is checked first against the digest the file records."""
+    reader, metadata = _reader(path)
+    gguf = _gguf_package()
     if verify:
         _verify(path, metadata.get(DIGEST_KEY), reader)
     tensors = {}
@@ -366,10 +381,6 @@ def load_gguf(
             decoderlm cannot rebuild.
     """
     path = Path(path)
-    if path.is_dir():
-        raise UserError(f"{path} is a directory; --gguf takes one GGUF file (a run: --run)")
-    if not path.is_file():
-        raise MissingFileError(f"GGUF file {path} not found")
     meta, tensors = _read(path, verify)
     arch = meta.get("general.architecture")
     if arch not in ("gpt2", "llama"):
@@ -402,3 +413,15 @@ def load_gguf(
             f"{config.vocab_size}"
         )
     return model.to(map_location).eval(), tokenizer
+
+
+def load_gguf_tokenizer(path: str | Path) -> Tokenizer:
+    """The tokenizer of a GGUF file (see `load_gguf`), read from its metadata alone.
+
+    Raises:
+        MissingFileError: no such file.
+        UserError: the gguf package is missing, a directory, not a readable GGUF file, or a
+            tokenizer decoderlm cannot rebuild.
+    """
+    path = Path(path)
+    return _tokenizer(_reader(path)[1], path)

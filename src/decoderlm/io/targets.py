@@ -105,7 +105,8 @@ def export_summary(config: ModelConfig, run_dir=None, adapters: bool = False) ->
     Args:
         config: the model's ModelConfig.
         run_dir: the run directory, shown in the command (None: DIR).
-        adapters: the run holds LoRA adapters, which export once merged (`decoderlm merge`).
+        adapters: the run holds LoRA adapters, which the export merges into the weights it
+            writes (as `decoderlm merge` does).
     """
     run = "DIR" if run_dir is None else str(run_dir)
     targets, reasons = {}, []
@@ -127,9 +128,7 @@ def export_summary(config: ModelConfig, run_dir=None, adapters: bool = False) ->
             f"Llama); --preset classic or llama-tiny, or {flags}, would export"
         )
     archs = " / ".join(sorted(set(targets.values())))
-    if adapters:
-        source = f"once merged (decoderlm merge --run {run} --out MERGED, then --run MERGED)"
-    else:
-        source = f"(decoderlm export --run {run} --format {'|'.join(targets)} --out PATH)"
+    merged = "; its adapters merged into the weights" if adapters else ""
+    source = f"(decoderlm export --run {run} --format {'|'.join(targets)} --out PATH{merged})"
     line = f"export: this model exports to {' and '.join(targets)} as {archs} {source}"
     return line + (f"; not to {'; '.join(reasons)}" if reasons else "")

@@ -139,7 +139,7 @@ def surprisal(
         when token_bytes is given.
 
     Raises:
-        ValueError: fewer than 2 tokens, or token_bytes of another length.
+        UserError: fewer than 2 tokens, or token_bytes of another length.
     """
     if ids.numel() < 2:
         raise UserError("surprisal needs at least 2 tokens (the first is not predicted)")
@@ -288,7 +288,7 @@ def _patched_metric(model, corrupted, name, patch, n, answer, wrong) -> Tensor:
 
 
 def _normalised(model, clean, corrupted, answer, wrong):
-    """(clean metric, corrupted metric) after checking the prompts; raises ValueError."""
+    """(clean metric, corrupted metric) after checking the prompts; raises UserError."""
     if clean.shape != corrupted.shape or clean.dim() != 1:
         raise UserError(
             f"clean and corrupted prompts must be [T] of equal length, got "
@@ -322,7 +322,7 @@ def patch_resid_pre(
         [n_layers, T] float32.
 
     Raises:
-        ValueError: lengths differ, or both prompts give the same logit difference.
+        UserError: lengths differ, or both prompts give the same logit difference.
     """
     clean, corrupted = _as_batch(clean, model)[0], _as_batch(corrupted, model)[0]
     m_clean, m_corrupt = _normalised(model, clean, corrupted, answer, wrong)
@@ -352,7 +352,7 @@ def patch_heads(
         [n_layers, n_heads] float32 (1: this head alone restores the clean answer).
 
     Raises:
-        ValueError: as `patch_resid_pre`.
+        UserError: as `patch_resid_pre`.
     """
     clean, corrupted = _as_batch(clean, model)[0], _as_batch(corrupted, model)[0]
     m_clean, m_corrupt = _normalised(model, clean, corrupted, answer, wrong)

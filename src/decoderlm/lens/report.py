@@ -16,15 +16,17 @@ import base64
 import json
 from importlib import resources
 from pathlib import Path
+from typing import Annotated
 
 import numpy as np
 import torch
 
-from ..arguments import NonNegativeInt, NotEmptyStr, PositiveInt
+from ..arguments import Fields, NonNegativeInt, NotEmptyStr, PositiveInt
 from ..errors import UserError, one_of
 from ..files import atomic_write, read_text
-from ..finetune.sources import load_model_and_tokenizer
+from ..generation.loading import load_for_decoding
 from ..model.model import DecoderLM
+from ..options import ModelSource, Precision
 from ..tokenizers import Tokenizer
 from .lens import (
     attention_patterns,
@@ -148,7 +150,7 @@ def build_report(
         scores (on the text and on a repeated random probe), lens, embedding, patching.
 
     Raises:
-        ValueError: too few or too many tokens, a layer out of range, or a corrupted text of
+        UserError: too few or too many tokens, a layer out of range, or a corrupted text of
             another length.
     """
     model.eval()
@@ -252,17 +254,14 @@ def _report_path(out: str | None) -> str:
 
 
 def inspect(
-    run: NotEmptyStr | None = None,
-    hf: NotEmptyStr | None = None,
-    gguf: NotEmptyStr | None = None,
+    source: Annotated[ModelSource, Fields(ModelSource)] = ModelSource(),
     text: str | None = None,
     text_file: str | None = None,
     out: NotEmptyStr | None = None,
     layers: list[NonNegativeInt] | None = None,
     max_tokens: PositiveInt = 128,
     corrupt: str | None = None,
-    device: str = "cpu",
-    no_verify: bool = False,
+    precision: Annotated[Precision, Fields(Precision)] = Precision(),
 ) -> int:
     """Write an HTML report of what a model does on a text.
 
@@ -273,10 +272,7 @@ def inspect(
     same data as JSON beside it (same name, .json). See decoderlm.lens.report.
 
     Args:
-        run: a run directory (give --run, --hf or --gguf).
-        hf: a Hugging Face GPT-2 or Llama directory (config.json + model.safetensors), e.g.
-            from `decoderlm export` (its tokenizer; else GPT-2 BPE).
-        gguf: a GGUF file (gpt2 or llama), e.g. from `decoderlm export` or llama.cpp.
+        source: the model (`ModelSource`: --run, --hf or --gguf; --device, --no-verify).
         text: the text to look at (give --text or --text-file); its <|endoftext|> is the
             end-of-text token where the vocabulary has one, as in a prompt.
         text_file: a UTF-8 file holding the text.
@@ -288,15 +284,14 @@ def inspect(
         corrupt: a corrupted text with as many tokens as the text (after --max-tokens): adds
             the patching view (metric: the clean run's top next token against the corrupted
             run's).
-        device: cpu, cuda, ...
-        no_verify: load the weights without checking them against the sizes and sha256
-            digests that config.json records (for huge files).
+        precision: look at the model as it decodes at that precision (`Precision`:
+            --dtype, --quantize).
 
     Returns:
         0, the exit status.
 
     Raises:
-        UserError / MissingFileError: not one of run and hf, or of text and text_file; `out`
+        UserError / MissingFileError: not one of run, hf and gguf, or of text and text_file; `out`
             a directory or a .json name; no --out and a report.html already in the current
             directory; missing or damaged files; a text the vocabulary cannot encode, or too
             short.
@@ -305,11 +300,11 @@ def inspect(
     out = _report_path(out)
     if text_file is not None:
         text = read_text(text_file, "--text-file")
-    model, tokenizer = load_model_and_tokenizer(run, hf, device, gguf, verify=not no_verify)
+    model, tokenizer = load_for_decoding(source, precision)
     n = min(max_tokens, model.config.max_positions)
     ids = tokenizer.encode(text, allowed_special="all")[:n]  # as a prompt
     corrupted = None if corrupt is None else tokenizer.encode(corrupt, allowed_special="all")[:n]
-    title = f"{run or hf or gguf}: {tokenizer.decode(ids)[:80]!r}"
+    title = f"{source.path}: {tokenizer.decode(ids)[:80]!r}"
     report = build_report(model, tokenizer, ids, layers, corrupted, title=title)
     folder = Path(out).parent
     made = "" if folder.is_dir() else f" (made the folder {folder})"

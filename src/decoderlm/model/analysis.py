@@ -7,6 +7,7 @@ import re
 
 from ..config import ModelConfig
 from ..errors import UserError
+from ..options import canonical_dtype
 
 __all__ = [
     "count_parameters",
@@ -62,14 +63,12 @@ def count_parameters(config: ModelConfig) -> dict[str, int]:
     return counts
 
 
-DTYPE_BYTES = {"fp32": 4, "float32": 4, "bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2}
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}  # by torch's name (canonical_dtype)
 
 
 def _bytes_per_element(dtype: str) -> int:
-    try:
-        return DTYPE_BYTES[dtype]
-    except KeyError:
-        raise UserError(f"unknown dtype {dtype!r}; use one of {sorted(DTYPE_BYTES)}") from None
+    """Bytes of one element of a number format (any name of DtypeName; UserError else)."""
+    return DTYPE_BYTES[canonical_dtype(dtype)]
 
 
 def matmul_parameters(config: ModelConfig) -> int:
@@ -82,7 +81,7 @@ def matmul_parameters(config: ModelConfig) -> int:
 
 
 def _seq_len(config: ModelConfig, seq_len: int | None) -> int:
-    """seq_len, or block_size when None; raises ValueError outside 1..max_positions (the
+    """seq_len, or block_size when None; raises UserError outside 1..max_positions (the
     longest sequence the model takes: block_size unless its config allows more)."""
     T = config.block_size if seq_len is None else seq_len
     if not 1 <= T <= config.max_positions:
@@ -107,7 +106,7 @@ def flops_per_token(
         training_per_sequence, all FLOPs.
 
     Raises:
-        ValueError: an unknown convention, or seq_len outside 1..max_positions.
+        UserError: an unknown convention, or seq_len outside 1..max_positions.
     """
     T = _seq_len(config, seq_len)
     factor = {"kaplan": 2, "palm": 4}.get(convention)
@@ -186,7 +185,7 @@ def memory_bytes(
     beside all the activations; with a large vocabulary this is the step's high-water mark.
 
     Raises:
-        ValueError: unknown dtype, or seq_len outside 1..max_positions.
+        UserError: unknown dtype, or seq_len outside 1..max_positions.
     """
     T = _seq_len(config, seq_len)
     b = _bytes_per_element(dtype)

@@ -118,7 +118,7 @@ def hooks(
     while attached; with nothing attached the fused kernel runs.
 
     Raises:
-        ValueError: a name matches no hook point (nothing is attached then).
+        UserError: a name matches no hook point (nothing is attached then).
     """
     pairs = list(fns.items()) if isinstance(fns, dict) else list(fns)
     chosen = [(_selected(model, sel if callable(sel) else [sel]), fn) for sel, fn in pairs]
@@ -202,7 +202,7 @@ def run_with_cache(
         tensor, detached}.
 
     Raises:
-        ValueError: a name matches no hook point.
+        UserError: a name matches no hook point.
     """
     cache = ActivationCache()
     selected = _selected(model, names_filter)

@@ -117,7 +117,7 @@ class SlotKVCache:
         """Add sequence `index` of `cache` (a KVCache) as the last row; returns its row.
 
         Raises:
-            ValueError: max_rows sequences are active already.
+            UserError: max_rows sequences are active already.
         """
         row = self.rows
         if row >= self.max_rows:
@@ -171,7 +171,7 @@ class SlotKVCache:
         """bool [B, 1, 1, S]: row i's new token may attend to positions 0 .. lengths[i].
 
         Raises:
-            ValueError: T is not 1 or key_mask is given (a slot cache takes one new token per
+            UserError: T is not 1 or key_mask is given (a slot cache takes one new token per
                 sequence, and has no padding).
         """
         if T != 1 or key_mask is not None:

@@ -95,7 +95,7 @@ class LoRALinear(nn.Linear):
 
 
 def parse_targets(targets: str | list[str]) -> list[str]:
-    """ "qkv,proj" (or ["qkv", "proj"]) -> ["qkv", "proj"]; ValueError if none is given."""
+    """ "qkv,proj" (or ["qkv", "proj"]) -> ["qkv", "proj"]; UserError if none is given."""
     names = targets.split(",") if isinstance(targets, str) else list(targets)
     names = [n.strip() for n in names if n.strip()]
     if not names:
@@ -108,7 +108,7 @@ def _matches(name: str, target: str) -> bool:
 
 
 def _target_layers(model: nn.Module, targets: list[str]) -> dict[str, nn.Linear]:
-    """The nn.Linear layers the targets name, by module name; ValueError for a target that
+    """The nn.Linear layers the targets name, by module name; UserError for a target that
     matches none, or for the unembedding when it shares its weight with the embedding."""
     linears = {n: m for n, m in model.named_modules() if isinstance(m, nn.Linear)}
     chosen = {}
@@ -143,7 +143,7 @@ def apply_lora(
         The adapted layers' module names, in model order.
 
     Raises:
-        ValueError: rank < 1 or above a target's min(d_out, d_in), alpha <= 0, a target matches
+        UserError: rank < 1 or above a target's min(d_out, d_in), alpha <= 0, a target matches
             no linear layer (the message lists the layer names), or a target is a layer already
             adapted or tied to the embedding.
     """

@@ -28,7 +28,7 @@ from torch import Tensor
 
 from ..config import ModelConfig
 from ..errors import UserError
-from ..tokenizers.load import end_of_text_id
+from ..tokenizers.load import read_end_of_text_id
 from .hooks import HeadsHookPoint, HookPoint
 from .kv_cache import KVCache
 from .positions import apply_rope, rope_cos_sin, sinusoidal_positions
@@ -273,10 +273,10 @@ class DecoderLM(nn.Module):
     Attributes:
         eos_token_id: the end-of-text token id of the model's vocabulary (int), or None
             without one. `generate` stops a row there unless told otherwise. The model's
-            weights do not record it: the loaders set it from the tokenizer
-            (`from_pretrained` from the directory's tokenizer file, `decoderlm.io.hf.load_gpt2`
-            from config.json's eos_token_id, `decoderlm.finetune.sources` from the run's
-            tokenizer); a model built from a ModelConfig has None.
+            weights do not record it: `set_end_of_text` sets it, called by the loaders with
+            the tokenizer's id (`decoderlm.io.load` for every source, `from_pretrained` from
+            the directory's tokenizer file, `decoderlm.io.hf_gpt2.load_gpt2` from
+            config.json's eos_token_id); a model built from a ModelConfig has None.
     """
 
     def __init__(self, config: ModelConfig):
@@ -397,7 +397,7 @@ class DecoderLM(nn.Module):
             cross-entropy over non-ignored positions, a float32 scalar in nats, or None.
 
         Raises:
-            ValueError: idx is not [B, T] integer, T is 0 or exceeds max_positions, or an id is
+            UserError: idx is not [B, T] integer, T is 0 or exceeds max_positions, or an id is
                 outside [0, vocab_size).
         """
         logits = self._logits(idx, torch.arange(idx.size(-1), device=idx.device))
@@ -447,7 +447,7 @@ class DecoderLM(nn.Module):
         unchanged (attention is causal: position t never sees later ones).
 
         Raises:
-            ValueError: block_size is not an integer in 1..config.block_size (a context can
+            UserError: block_size is not an integer in 1..config.block_size (a context can
                 be cropped, never extended).
         """
         old = self.config
@@ -502,11 +502,12 @@ class DecoderLM(nn.Module):
                 none loads unchecked.
 
         The model's `eos_token_id` is the <|endoftext|> id of the directory's tokenizer
-        file (None without one).
+        file (None without one; `set_end_of_text`). Loading any source, an adapter
+        directory included, with its tokenizer: `decoderlm.io.load`.
 
         Raises:
-            FileNotFoundError: config.json or model.safetensors is missing.
-            ValueError: the files do not describe a matching model, the weights file differs
+            MissingFileError: config.json or model.safetensors is missing.
+            UserError: the files do not describe a matching model, the weights file differs
                 from what config.json records (damaged or truncated: the message names the
                 file and both digests or sizes), the tokenizer file is malformed, or the
                 model is tied and the file holds two different matrices (see
@@ -516,8 +517,22 @@ class DecoderLM(nn.Module):
         if tie_embeddings is not None:
             config = dataclasses.replace(config, tie_embeddings=tie_embeddings)
         model = load_state(cls(config), state, Path(directory) / "model.safetensors")
-        model.eos_token_id = end_of_text_id(directory)
+        model.set_end_of_text(read_end_of_text_id(directory))
         return model.to(map_location).eval()
+
+    def set_end_of_text(self, token_id: int | None) -> DecoderLM:
+        """Set `eos_token_id`, where `generate` stops a row: the end-of-text id of the
+        model's tokenizer (`Tokenizer.eot_token`), or None for a vocabulary without one.
+        Every loader sets it here. Returns the model.
+
+        Raises:
+            UserError: token_id is not None or an integer (whether the tokenizer fits the
+                model's vocabulary is the loaders' check).
+        """
+        if token_id is not None and (isinstance(token_id, bool) or not isinstance(token_id, int)):
+            raise UserError(f"an end-of-text id is an integer token id, got {token_id!r}")
+        self.eos_token_id = token_id
+        return self
 
 
 def _resolve_tied_on_load(model: DecoderLM, state_dict, prefix: str, *args) -> None:

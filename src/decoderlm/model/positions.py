@@ -1,11 +1,18 @@
 """Position information: the sinusoidal table (Vaswani et al. 2017) and rotary embeddings
-(Su et al. 2021)."""
+(Su et al. 2021), with the permutations between the two rotary layouts of q and k weights
+(interleaved pairs, as Meta's Llama and llama.cpp; half-split, as decoderlm and Hugging Face)."""
 
 from __future__ import annotations
 
 import torch
 
-__all__ = ["sinusoidal_positions", "rope_cos_sin", "apply_rope"]
+__all__ = [
+    "sinusoidal_positions",
+    "rope_cos_sin",
+    "apply_rope",
+    "rope_interleaved_to_half",
+    "rope_half_to_interleaved",
+]
 
 
 def sinusoidal_positions(T: int, d_model: int) -> torch.Tensor:
@@ -38,3 +45,23 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     x1, x2 = x[..., :half], x[..., half:]
     cos, sin = cos.to(x.dtype), sin.to(x.dtype)
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+
+
+def rope_interleaved_to_half(weight: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """Permute the rows of a q or k projection weight [n_heads * head_dim, d_in] trained with
+    the interleaved rotary layout (pairs 2j, 2j + 1; Meta's Llama, RoFormer) into the
+    half-split layout `apply_rope` uses (pairs j, j + head_dim / 2). Scores q.k, and so the
+    logits, are unchanged."""
+    head_dim = weight.size(0) // n_heads
+    rows = torch.arange(weight.size(0)).view(n_heads, head_dim // 2, 2).transpose(1, 2)
+    return weight[rows.reshape(-1)]
+
+
+def rope_half_to_interleaved(weight: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """The inverse of `rope_interleaved_to_half`: the rows of a q or k projection weight
+    [n_heads * head_dim, ...] in the half-split rotary layout (decoderlm, Hugging Face Llama)
+    permuted into the interleaved one llama.cpp computes with (its converter's `permute`).
+    Scores q.k are unchanged when the rotation pairs follow the rows."""
+    head_dim = weight.size(0) // n_heads
+    rows = torch.arange(weight.size(0)).view(n_heads, 2, head_dim // 2).transpose(1, 2)
+    return weight[rows.reshape(-1)]

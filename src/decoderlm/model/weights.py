@@ -18,7 +18,7 @@ checkpoints/step-NNNNNNNN/ (see `decoderlm.training.checkpoints`).
 A run trained with LoRA adapters (`decoderlm.model.lora`) is an adapter directory instead: its
 config.json has a "lora" entry and an "init_from" entry (the base model's path and sha256),
 and adapter.safetensors holds the adapter tensors alone (``<layer>.lora_A`` / ``lora_B``);
-`decoderlm.finetune.sources.load_model` reads it over its base.
+`decoderlm.io.load.load_run` (and `decoderlm.load_model`) reads it over its base.
 """
 
 from __future__ import annotations
@@ -223,7 +223,7 @@ def read_model_dir(
 
     Raises:
         FileNotFoundError: the directory, config.json or model.safetensors is missing.
-        ValueError: `directory` is a file, config.json has no valid "model" entry, the
+        UserError: `directory` is a file, config.json has no valid "model" entry, the
             weights file's size or
             sha256 differs from the recorded one, or the file's parameter count differs from
             the config's.
@@ -250,7 +250,7 @@ def read_model_dir(
     if not weights.is_file() and (directory / ADAPTER_NAME).is_file():
         raise UserError(
             f"{directory} holds LoRA adapters over a base model, not a whole model; load it "
-            f"with decoderlm.finetune.sources.load_model (as the decoderlm commands do), or "
+            f"with decoderlm.load_model (as the decoderlm commands do), or "
             f"write a model directory with `decoderlm merge --run {directory} --out DIR`"
         )
     if not weights.is_file():
@@ -272,7 +272,7 @@ def read_model_dir(
 
 
 def read_safetensors(path: Path, device: str = "cpu") -> dict[str, torch.Tensor]:
-    """The tensors of a safetensors file; a damaged file is a ValueError naming it."""
+    """The tensors of a safetensors file; a damaged file is a UserError naming it."""
     try:
         return load_file(str(path), device=device)
     except Exception as e:  # safetensors raises its own error type for a damaged file
@@ -295,7 +295,7 @@ def resolve_tied(
             "transformer.wte.weight").
 
     Raises:
-        ValueError: tied, and the two tensors differ; the message names both keys and the
+        UserError: tied, and the two tensors differ; the message names both keys and the
             largest absolute difference, and how to load them untied.
     """
     emb_key, head_key = (prefix + key for key in _PAIR)
@@ -319,7 +319,7 @@ def resolve_tied(
     raise UserError(
         f"{source} holds two different matrices {names[0]} and {names[1]} ({diff}) but the "
         f"model ties them (one matrix for both); loading would drop one. Load them untied "
-        f"with tie_embeddings=False (DecoderLM.from_pretrained or decoderlm.io.hf.load_gpt2), "
+        f"with tie_embeddings=False (DecoderLM.from_pretrained or decoderlm.load_gpt2), "
         f"or set tie_embeddings (GPT-2: tie_word_embeddings) to false in config.json"
     )
 
@@ -340,7 +340,7 @@ def load_state(
     reader: "its metadata").
 
     Raises:
-        ValueError: the tensors do not match the model (the message lists missing,
+        UserError: the tensors do not match the model (the message lists missing,
             unexpected and mis-shaped tensors, and names `source`), or two different
             matrices for tied weights.
     """

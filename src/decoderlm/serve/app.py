@@ -2,10 +2,11 @@
 as OpenAI's error body, an OpenAPI schema naming every request and response model),
 `run_server` (uvicorn) and `serve`, the `decoderlm serve` command.
 
-FastAPI and uvicorn are the optional [serve] extra: this module imports them (and `protocol`,
-`serving`, `routes`, which need them) only when a server is built, so the command's signature
-and help need neither. The API itself is described in `routes` (the endpoints), `protocol`
-(the bodies) and `serving` (what is checked and computed).
+FastAPI and uvicorn are the optional [serve] extra: this module imports them (and the modules
+that need them or pydantic) only when a server is built, so the command's signature and help
+need neither (its limit flags are the fields of `limits.ServeLimits`). The API itself is
+described in `routes` (the endpoints), `protocol` (the bodies), `serving_models` and
+`serving_completion` (what is checked and computed) and `errors` (the error bodies).
 """
 
 import contextlib
@@ -14,9 +15,12 @@ import os
 import socket
 import sys
 from pathlib import Path
+from typing import Annotated
 
-from ..arguments import DecodeDType, Quantize
-from ..errors import UserError, flag_name
+from ..arguments import Fields
+from ..errors import UserError
+from ..options import Decoding, ModelSource
+from .limits import ServeLimits
 
 __all__ = ["create_app", "run_server", "serve"]
 
@@ -27,19 +31,19 @@ def _missing_extra(e: ImportError) -> UserError:
     )
 
 
-def create_app(model, tokenizer, model_name: str, limits=None, compile: bool = False, api_keys=()):
+def create_app(model, tokenizer, model_name: str, limits: ServeLimits | None = None, api_keys=()):
     """Build the FastAPI app serving `model` with `tokenizer` under the id `model_name`.
 
-    The app's `state.serving` is its `serving.Serving` and `state.scheduler` that Serving's
-    `Scheduler` of limits.max_batch_size sequences, stopped when the app shuts down. Its
-    `guard.Guard` checks the API key and the body size first.
+    The app's `state.serving_models` is its `serving_models.ServingModels` (models, health,
+    tokenizer endpoints), `state.serving_completion` its `serving_completion.ServingCompletion`
+    and `state.scheduler` that one's `Scheduler` of limits.max_batch_size sequences, stopped
+    when the app shuts down. Its `guard.Guard` checks the API key and the body size first.
 
     Args:
         model: the DecoderLM (put in eval mode).
         tokenizer: its tokenizer.
         model_name: the model id clients send.
-        limits: a `serving.ServeLimits` (None: its defaults).
-        compile: decode with the torch.compile'd step of `generation.generate.decode_step`.
+        limits: the server's limits (None: `limits.ServeLimits`' defaults).
         api_keys: the keys a client may send as `Authorization: Bearer KEY` (empty: none
             needed); every path but /health needs one.
 
@@ -51,16 +55,20 @@ def create_app(model, tokenizer, model_name: str, limits=None, compile: bool = F
         from fastapi.exceptions import RequestValidationError
         from starlette.exceptions import HTTPException
 
+        from .errors import ApiError
         from .guard import Guard
         from .routes import router
-        from .serving import ApiError, ServeLimits, Serving
+        from .serving_completion import ServingCompletion
+        from .serving_models import ServingModels
     except ImportError as e:
         raise _missing_extra(e) from None
     limits = limits or ServeLimits()
-    serving = Serving(model, tokenizer, model_name, limits, compile)
+    models = ServingModels(model, tokenizer, model_name)
+    completion = ServingCompletion(models, limits)
     app = FastAPI(title="decoderlm", version="0.1.0", lifespan=_lifespan)
     app.add_middleware(Guard, api_keys=tuple(api_keys), max_body_bytes=limits.max_body_bytes)
-    app.state.serving, app.state.scheduler = serving, serving.scheduler
+    app.state.serving_models, app.state.serving_completion = models, completion
+    app.state.scheduler = completion.scheduler
     app.add_exception_handler(ApiError, _api_error)
     app.add_exception_handler(RequestValidationError, _invalid_request)
     app.add_exception_handler(HTTPException, _http_error)
@@ -73,7 +81,7 @@ def create_app(model, tokenizer, model_name: str, limits=None, compile: bool = F
 @contextlib.asynccontextmanager
 async def _lifespan(app):
     yield
-    app.state.serving.close()
+    app.state.serving_completion.close()
 
 
 def _complete_schema(app) -> None:
@@ -112,14 +120,14 @@ def _api_error(request, exc):
 
 def _invalid_request(request, exc):
     """A body that does not fit its request model: a 400 naming the field."""
-    from .serving import validation_error
+    from .errors import validation_error
 
     return _answer(validation_error(exc.errors()))
 
 
 def _http_error(request, exc):
     """Starlette's own errors (an unknown path: 404, a wrong method: 405)."""
-    from .serving import ApiError
+    from .errors import ApiError
 
     message = f"{exc.detail}: {request.method} {request.url.path}"
     allow = (exc.headers or {}).get("Allow")
@@ -130,7 +138,7 @@ def _http_error(request, exc):
 
 def _server_error(request, exc):
     """Any other exception: a 500 naming it."""
-    from .serving import ApiError
+    from .errors import ApiError
 
     return _answer(ApiError(500, f"internal error: {type(exc).__name__}: {exc}"))
 
@@ -163,14 +171,13 @@ def run_server(
     name: str,
     host: str = "127.0.0.1",
     port: int = 8000,
-    limits=None,
-    compile: bool = False,
+    limits: ServeLimits | None = None,
     api_keys=(),
 ) -> None:
-    """Serve the API of `create_app(model, tokenizer, name, limits, compile, api_keys)` with
-    uvicorn on host:port until interrupted; with compile=True, the decoding step is compiled
-    before the server listens. Without api_keys on a host that is not loopback, one warning
-    line goes to stderr.
+    """Serve the API of `create_app(model, tokenizer, name, limits, api_keys)` with uvicorn on
+    host:port until interrupted; a model prepared with compile=True (`prepare_for_decoding`)
+    has its decoding step compiled before the server listens. Without api_keys on a host that
+    is not loopback, one warning line goes to stderr.
 
     Raises:
         UserError: FastAPI or uvicorn is not installed.
@@ -188,25 +195,23 @@ def run_server(
             "model (give --api-key KEY or set DECODERLM_API_KEY)",
             file=sys.stderr,
         )
-    app = create_app(model, tokenizer, name, limits, compile, api_keys)
-    if compile:
+    app = create_app(model, tokenizer, name, limits, api_keys)
+    from ..generation.precision import decoding_setup
+
+    setup = decoding_setup(model)
+    if setup is not None and setup.compile:
         print("compiling the decoding step (once; 10-30 s)...", flush=True)
-        app.state.serving.warm_up()
+        app.state.serving_completion.warm_up()
     print(f"serving {name} on http://{host}:{port} (POST /v1/completions)")
     uvicorn.run(app, host=host, port=port, log_level="info")
 
 
-def _check_flags(run, hf, served_model_name, port: int, **counts: tuple[int, int]) -> None:
-    """UserError for an empty name, a port outside [1, 65536), or a count below its least
-    value (counts: flag -> (value, least))."""
-    for name, value in (("run", run), ("hf", hf), ("served_model_name", served_model_name)):
-        if value == "":
-            raise UserError(f"{flag_name(name)} must not be empty")
+def _check_flags(served_model_name, port: int) -> None:
+    """UserError for an empty name or a port outside [1, 65536)."""
+    if served_model_name == "":
+        raise UserError("--served-model-name must not be empty")
     if not 1 <= port < 65536:
         raise UserError(f"--port must be in [1, 65536), got {port}")
-    for name, (value, least) in counts.items():
-        if value < least:
-            raise UserError(f"{flag_name(name)} must be an integer >= {least}, got {value}")
 
 
 def _api_keys(flags: list[str] | None) -> tuple[str, ...]:
@@ -223,26 +228,13 @@ def _api_keys(flags: list[str] | None) -> tuple[str, ...]:
 
 
 def serve(
-    run: str | None = None,
-    hf: str | None = None,
-    gguf: str | None = None,
-    device: str = "cpu",
+    source: Annotated[ModelSource, Fields(ModelSource)] = ModelSource(),
     host: str = "127.0.0.1",
     port: int = 8000,
     served_model_name: str | None = None,
-    max_tokens_limit: int = 1024,
-    max_prompt_tokens: int = 4096,
-    max_logprobs: int = 5,
-    max_stop: int = 16,
-    max_batch_size: int = 8,
-    max_queue: int = 64,
-    request_timeout: float = 600.0,
-    max_body_bytes: int = 4 * 2**20,
+    limits: Annotated[dict | None, Fields(ServeLimits, "limits")] = None,
     api_key: list[str] | None = None,
-    compile: bool = False,
-    no_verify: bool = False,
-    dtype: DecodeDType | None = None,
-    quantize: Quantize | None = None,
+    decoding: Annotated[Decoding, Fields(Decoding)] = Decoding(),
 ) -> int:
     """An OpenAI-style HTTP API for a model.
 
@@ -253,35 +245,18 @@ def serve(
     end-of-text token where the vocabulary has one, as in `decoderlm sample`.
 
     Args:
-        run: a run directory (give --run, --hf or --gguf).
-        hf: a Hugging Face GPT-2 or Llama directory (config.json + model.safetensors), e.g.
-            from `decoderlm export` (its tokenizer; else GPT-2 BPE).
-        gguf: a GGUF file (gpt2 or llama), e.g. from `decoderlm export` or llama.cpp.
-        device: cpu, cuda, ...
+        source: the model (`ModelSource`: --run, --hf or --gguf; --device, --no-verify).
         host: the address to listen on.
         port: the TCP port to listen on, in [1, 65536).
         served_model_name: the model id clients send (default: the directory's name).
-        max_tokens_limit: the largest max_tokens a request may ask for.
-        max_prompt_tokens: the longest prompt accepted, in tokens.
-        max_logprobs: the largest logprobs a request may ask for, at most 20.
-        max_stop: the most stop strings in a request.
-        max_batch_size: the most sequences decoded together; more requests wait.
-        max_queue: the most choices waiting beyond the batch; a request that does not fit
-            gets 503 with Retry-After: 1 (the openai SDK and lm-eval retry it).
-        request_timeout: seconds a request may take from its arrival; then its unfinished
-            choices end with the text so far and finish_reason "length" (0: no limit).
-        max_body_bytes: the largest request body, in bytes (more: 413).
+        limits: ServeLimits fields to change (`limits` in a settings file): what one request
+            may ask for, the batch, the queue, the time a request may take and the size of its
+            body.
         api_key: a key clients must send as "Authorization: Bearer KEY" on every path but
             /health; repeat for several (default: the DECODERLM_API_KEY environment
             variable; neither: no key needed).
-        compile: decode with torch.compile: faster per token after a one-time compile
-            at start (needs a C++ compiler on the CPU).
-        no_verify: load the weights without checking them against the sizes and sha256
-            digests that config.json records (for huge files).
-        dtype: the weights' and activations' dtype while decoding: float32, or bfloat16
-            (default: float32, bfloat16 with --quantize).
-        quantize: int8: weight-only int8 block matrices and unembedding (CPU); w8a8: the
-            same int8 weights with activations quantised to 8 bits (x86 CPUs).
+        decoding: how the model decodes (`Decoding`: --dtype, --quantize, --compile; a
+            compiled step is compiled once, at start).
 
     Returns:
         0 once the server has stopped.
@@ -289,43 +264,20 @@ def serve(
     Raises:
         UserError: a bad flag (checked before the model is loaded), the [serve] extra is
             not installed, or the model cannot be loaded (see
-            `finetune.sources.load_model_and_tokenizer`).
+            `generation.loading.load_for_decoding`).
         OSError: host:port cannot be listened on.
     """
-    _check_flags(
-        run,
-        hf,
-        served_model_name,
-        port,
-        max_tokens_limit=(max_tokens_limit, 1),
-        max_prompt_tokens=(max_prompt_tokens, 1),
-        max_stop=(max_stop, 0),
-        max_batch_size=(max_batch_size, 1),
-        max_queue=(max_queue, 0),
-        max_body_bytes=(max_body_bytes, 1),
-    )
-    if not request_timeout >= 0:
-        raise UserError(f"--request-timeout must be >= 0 seconds, got {request_timeout}")
+    _check_flags(served_model_name, port)
+    server_limits = ServeLimits(**(limits or {}))
     api_keys = _api_keys(api_key)
-    try:
-        from .serving import ServeLimits
+    try:  # the [serve] extra, before the model is loaded
+        import fastapi  # noqa: F401
+        import uvicorn  # noqa: F401
     except ImportError as e:
         raise _missing_extra(e) from None
-    from ..finetune.sources import load_model_and_tokenizer
-    from ..generation.precision import prepare_for_decoding
+    from ..generation.loading import load_for_decoding
 
-    limits = ServeLimits(
-        max_tokens=max_tokens_limit,
-        max_prompt_tokens=max_prompt_tokens,
-        max_logprobs=max_logprobs,
-        max_stop=max_stop,
-        max_batch_size=max_batch_size,
-        max_queue=max_queue,
-        request_timeout=request_timeout or None,
-        max_body_bytes=max_body_bytes,
-    )
-    model, tokenizer = load_model_and_tokenizer(run, hf, device, gguf, verify=not no_verify)
-    prepare_for_decoding(model, dtype, quantize, compile)
-    name = served_model_name or Path(run or hf or gguf).resolve().name
-    run_server(model, tokenizer, name, host, port, limits, compile, api_keys)
+    model, tokenizer = load_for_decoding(source, decoding)
+    name = served_model_name or Path(source.path).resolve().name
+    run_server(model, tokenizer, name, host, port, server_limits, api_keys)
     return 0

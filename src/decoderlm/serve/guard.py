@@ -14,7 +14,7 @@ import hmac
 
 from starlette.responses import JSONResponse
 
-from .serving import ApiError
+from .errors import ApiError
 
 __all__ = ["Guard"]
 

@@ -13,6 +13,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from ..generation.params import SamplingParams
+
 __all__ = [
     "StrictRequest",
     "StreamOptions",
@@ -123,6 +125,36 @@ class CompletionRequest(StrictRequest):
         'finish_reason "stop", where the vocabulary has one)',
     )
     user: str | None = Field(None, description="accepted and ignored")
+
+    def to_sampling_params(
+        self, eos_token_id: int | None = None, seed: int | None = None
+    ) -> SamplingParams:
+        """The request's sampling settings for one choice, in the scheduler's terms.
+
+        OpenAI's conventions are converted here: max_tokens is max_new_tokens, top_k -1, 0 or
+        null is no top-k, top_p 1 is no nucleus, a single stop string is one stop text.
+
+        Args:
+            eos_token_id: the tokenizer's end-of-text token id (None: the model's, see
+                `SamplingParams`); ignore_eos runs on past it.
+            seed: this choice's seed (the server gives choice i of a prompt seed + i); None:
+                the request's seed.
+
+        Raises:
+            UserError: a setting SamplingParams refuses (the body's checks refuse them first).
+        """
+        stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
+        return SamplingParams(
+            max_new_tokens=self.max_tokens,
+            temperature=self.temperature,
+            top_k=self.top_k if self.top_k not in (None, -1, 0) else None,
+            top_p=self.top_p if self.top_p < 1.0 else None,
+            seed=self.seed if seed is None else seed,
+            stop=stop,
+            eos_token_id=eos_token_id,
+            ignore_eos=self.ignore_eos,
+            logprobs=self.logprobs,
+        )
 
 
 class CompletionLogprobs(BaseModel):

@@ -1,5 +1,7 @@
-"""The HTTP routes of the API: each takes its request model, calls the app's `Serving`
-(`app.state.serving`) and returns its response model (`protocol`). Needs FastAPI.
+"""The HTTP routes of the API: each takes its request model, calls the app's
+`serving_models.ServingModels` (`app.state.serving_models`) or
+`serving_completion.ServingCompletion` (`app.state.serving_completion`) and returns its
+response model (`protocol`). Needs FastAPI.
 
     POST /v1/completions     OpenAI's legacy completions -> CompletionResponse, or (stream:
                              true) Server-Sent Events: "data: {CompletionStreamResponse}"
@@ -31,7 +33,8 @@ from .protocol import (
     TokenizeResponse,
     TokenizerInfo,
 )
-from .serving import Serving
+from .serving_completion import ServingCompletion
+from .serving_models import ServingModels
 
 __all__ = ["router", "STREAM_CHUNK"]
 
@@ -57,44 +60,48 @@ _STREAMED = {
 }
 
 
-def _serving(request: Request) -> Serving:
-    return request.app.state.serving
+def _models(request: Request) -> ServingModels:
+    return request.app.state.serving_models
+
+
+def _completion(request: Request) -> ServingCompletion:
+    return request.app.state.serving_completion
 
 
 @router.get("/health", response_model=HealthResponse, responses=_FAILED)
 def health(request: Request):
     """Whether the server answers."""
-    return _serving(request).health()
+    return _models(request).health()
 
 
 @router.get("/v1/models", response_model=ModelList, responses=_KEYED)
 def models(request: Request):
     """The model served (a list of one)."""
-    return _serving(request).models()
+    return _models(request).models()
 
 
 @router.get("/v1/models/{model_id:path}", response_model=ModelCard, responses=_ERRORS)
 def model_card(model_id: str, request: Request):
     """The model served, if model_id is its id."""
-    return _serving(request).model_card(model_id)
+    return _models(request).model_card(model_id)
 
 
 @router.get("/tokenizer_info", response_model=TokenizerInfo, responses=_KEYED)
 def tokenizer_info(request: Request):
     """The tokenizer's end-of-text and special tokens, and the context length."""
-    return _serving(request).tokenizer_info()
+    return _models(request).tokenizer_info()
 
 
 @router.post("/tokenize", response_model=TokenizeResponse, responses=_ERRORS)
 def tokenize(req: TokenizeRequest, request: Request):
     """The token ids of a text."""
-    return _serving(request).tokenize(req)
+    return _models(request).tokenize(req)
 
 
 @router.post("/detokenize", response_model=DetokenizeResponse, responses=_ERRORS)
 def detokenize(req: DetokenizeRequest, request: Request):
     """The text of token ids."""
-    return _serving(request).detokenize(req)
+    return _models(request).detokenize(req)
 
 
 @router.post(
@@ -104,9 +111,9 @@ def detokenize(req: DetokenizeRequest, request: Request):
 )
 async def completions(req: CompletionRequest, request: Request):
     """Complete prompts (OpenAI's legacy completions), whole or streamed."""
-    serving = _serving(request)
-    job = serving.check_completion(req)
+    completion = _completion(request)
+    job = completion.check_completion(req)
     if req.stream:
-        return StreamingResponse(serving.stream(job), media_type="text/event-stream")
-    out = await serving.complete(job, request.is_disconnected)
+        return StreamingResponse(completion.stream(job), media_type="text/event-stream")
+    out = await completion.complete(job, request.is_disconnected)
     return out if out is not None else JSONResponse({}, status_code=499)  # the client has gone

@@ -1,6 +1,6 @@
 """Tokenizers: text <-> token ids behind one interface (`Tokenizer`, base.py): characters
-(char.py), UTF-8 bytes (byte.py) and GPT-2's BPE (gpt2.py), saved in a run directory and loaded
-from it (load.py); hf_json writes the Hugging Face tokenizer.json of each."""
+(char.py), UTF-8 bytes (byte.py) and GPT-2's BPE (gpt2.py), saved in a run directory and read
+back from it (load.py: any kind); hf_json writes the Hugging Face tokenizer.json of each."""
 
 from .base import (
     DEFAULT_UNK_TOKEN,
@@ -15,7 +15,7 @@ from .base import (
 from .byte import ByteTokenizer
 from .char import CharTokenizer
 from .gpt2 import GPT2_BPE_DIR, GPT2Tokenizer
-from .load import end_of_text_id, load_tokenizer, make_tokenizer, tokenizer_from_dict
+from .load import make_tokenizer, read_end_of_text_id, read_tokenizer, tokenizer_from_dict
 
 __all__ = [
     "DEFAULT_UNK_TOKEN",
@@ -30,8 +30,8 @@ __all__ = [
     "Tokenizer",
     "UnknownCharacterError",
     "disallowed_special_error",
-    "end_of_text_id",
-    "load_tokenizer",
     "make_tokenizer",
+    "read_end_of_text_id",
+    "read_tokenizer",
     "tokenizer_from_dict",
 ]

@@ -6,13 +6,14 @@ none) and `eot_token` (the id of END_OF_TEXT = "<|endoftext|>", or None). GPT-2 
 it (50256); a char or byte tokenizer has it only when built with `special_tokens=[END_OF_TEXT]`
 (it then takes the next id after the ordinary ones). `encode(text, allowed_special=...,
 disallowed_special=...)` has tiktoken's meaning and defaults: by default text that contains a
-special token's string is an error (ValueError); allowed_special="all" (or a set of strings)
-turns those strings into their ids; disallowed_special=() encodes them as ordinary text
+special token's string is an error (UserError, a ValueError); allowed_special="all" (or a set
+of strings) turns those strings into their ids; disallowed_special=() encodes them as ordinary text
 (`encode_ordinary(text)` is the same). Hugging Face tokenizers differ: they turn a special
 token's string in the text into its id by default.
 
 The tokenizers themselves: `CharTokenizer` (char.py), `ByteTokenizer` (byte.py),
-`GPT2Tokenizer` (gpt2.py); saving and loading them: load.py.
+`GPT2Tokenizer` (gpt2.py). Each is saved by `save_pretrained` and read back by its class's
+`from_pretrained` (through `read_tokenizer_dict`, here); reading one of any kind: load.py.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from collections.abc import Set as AbstractSet
 from pathlib import Path
 
 from ..errors import UserError
-from ..files import write_json
+from ..files import read_json, write_json
 from .hf_json import hf_tokenizer_json
 
 __all__ = [
@@ -34,7 +35,11 @@ __all__ = [
     "TOKENIZER_NAME",
     "Tokenizer",
     "UnknownCharacterError",
+    "checked_ids",
     "disallowed_special_error",
+    "malformed_tokenizer_error",
+    "numbered_specials",
+    "read_tokenizer_dict",
 ]
 
 TOKENIZER_NAME = "decoderlm_tokenizer.json"
@@ -73,7 +78,8 @@ class Tokenizer:
     list[int]; encode_ordinary(text); decode(ids) -> str; vocab_size (int); kind ("char" |
     "byte" | "gpt2"); special_tokens ({string: id}, empty when none); eot_token (the id of
     "<|endoftext|>", or None); count_unknown(text) -> int; save_pretrained(directory);
-    from_pretrained(directory); to_dict() -> {"type": kind, ...the fields that rebuild it}.
+    from_pretrained(directory); to_dict() -> {"type": kind, ...the fields that rebuild it};
+    from_dict(data, source) (its inverse, on each concrete class).
     """
 
     kind = ""
@@ -113,7 +119,8 @@ class Tokenizer:
                 text.
 
         Raises:
-            ValueError: the text holds a disallowed special token's string (tiktoken's error).
+            UserError (a ValueError, as tiktoken's): the text holds a disallowed special
+                token's string.
         """
         _check_unknown_mode(unknown)
         return self._encode(text, unknown, allowed_special, disallowed_special)
@@ -156,8 +163,18 @@ class Tokenizer:
         hold; `tokenizer_from_dict` rebuilds the tokenizer from it."""
         return {"type": self.kind, **self._saved_fields()}
 
+    @classmethod
+    def from_dict(cls, data: dict, source: str = "tokenizer") -> Tokenizer:
+        """The tokenizer of this class that `to_dict()`'s output describes.
+
+        Raises:
+            UserError: malformed fields (the message names `source`).
+        """
+        raise NotImplementedError
+
     def to_hf_json(self) -> dict:
-        """This tokenizer as a Hugging Face tokenizer.json document (see `hf_tokenizer`)."""
+        """This tokenizer as a Hugging Face tokenizer.json document (see
+        `decoderlm.tokenizers.hf_json.hf_tokenizer_json`)."""
         return hf_tokenizer_json(self.kind, self.special_tokens, **self._hf_fields())
 
     def _hf_fields(self) -> dict:
@@ -172,18 +189,49 @@ class Tokenizer:
         write_json(directory / TOKENIZER_NAME, self.to_dict())
 
     @classmethod
-    def from_pretrained(cls, directory: str | Path):
-        """Read the tokenizer of `directory` (see `load_tokenizer`).
+    def from_pretrained(cls, directory: str | Path) -> Tokenizer:
+        """Read the tokenizer of this class saved in `directory` (`save_pretrained`; any
+        kind: `decoderlm.tokenizers.read_tokenizer`).
 
         Raises:
-            FileNotFoundError: no tokenizer file. ValueError: it holds another kind.
+            MissingFileError: no tokenizer file. UserError: it holds another kind, or is
+                malformed.
         """
-        from .load import load_tokenizer  # load.py imports the tokenizers built on this module
+        data, source = read_tokenizer_dict(directory)
+        kind = data.get("type") if isinstance(data, dict) else None
+        if not cls.kind:  # the interface itself: any kind is `read_tokenizer`'s job
+            raise UserError("Tokenizer.from_pretrained reads one kind; use read_tokenizer")
+        if kind != cls.kind:
+            raise UserError(f"{directory} holds a {kind!r} tokenizer, not {cls.kind!r}")
+        return cls.from_dict(data, source)
 
-        tok = load_tokenizer(directory)
-        if not isinstance(tok, cls):
-            raise UserError(f"{directory} holds a {tok.kind!r} tokenizer, not {cls.kind!r}")
-        return tok
+
+def read_tokenizer_dict(directory: str | Path) -> tuple[object, str]:
+    """(the document `to_dict()` wrote, the path it came from) of the tokenizer saved in
+    `directory`: its decoderlm_tokenizer.json, or, where that file is missing, a
+    tokenizer.json that holds {"type": ...} (a run directory of the first format).
+
+    Raises:
+        MissingFileError: neither file in `directory`.
+        UserError: a file that is not JSON, or the directory has only a Hugging Face
+            tokenizer.json (not one of ours).
+    """
+    path, old = Path(directory) / TOKENIZER_NAME, Path(directory) / HF_TOKENIZER_NAME
+    if not path.is_file() and old.is_file():
+        data = read_json(old)
+        if isinstance(data, dict) and "type" not in data and "model" in data:
+            raise UserError(
+                f"{old} is a Hugging Face tokenizer and {path.name} is missing; "
+                f"decoderlm reads its own {path.name} (written with every run)"
+            )
+        return data, str(old)
+    return read_json(path), str(path)
+
+
+def malformed_tokenizer_error(source: str, data) -> UserError:
+    """The error for a tokenizer document that names an unknown type or has bad fields."""
+    kind = data.get("type") if isinstance(data, dict) else None
+    return UserError(f"{source}: unknown or malformed tokenizer (type {kind!r})")
 
 
 def _check_unknown_mode(unknown: str) -> None:
@@ -225,7 +273,7 @@ def _split_special(
     """`text` cut into (ordinary piece, None) and (special string, its id) parts in order.
 
     Raises:
-        ValueError: the text holds a disallowed special token's string (tiktoken's message).
+        UserError: the text holds a disallowed special token's string (tiktoken's message).
     """
     allowed, disallowed = _special_sets(special_tokens, allowed_special, disallowed_special)
     if disallowed and (m := _alternation(disallowed).search(text)):
@@ -247,11 +295,11 @@ def _alternation(strings: AbstractSet[str]) -> re.Pattern:
     return re.compile("|".join(map(re.escape, sorted(strings, key=len, reverse=True))))
 
 
-def _numbered_specials(strings: Iterable[str], first_id: int) -> dict[str, int]:
+def numbered_specials(strings: Iterable[str], first_id: int) -> dict[str, int]:
     """{string: first_id + i} of special-token strings.
 
     Raises:
-        ValueError: a string is empty or not a str, or one is given twice.
+        UserError: a string is empty or not a str, or one is given twice.
     """
     strings = list(strings)
     if any(not isinstance(x, str) or not x for x in strings):
@@ -261,8 +309,8 @@ def _numbered_specials(strings: Iterable[str], first_id: int) -> dict[str, int]:
     return {x: first_id + i for i, x in enumerate(strings)}
 
 
-def _checked_ids(ids, vocab_size: int, name: str) -> list[int]:
-    """ids (a list or 1-D tensor) as ints. Raises ValueError: one is outside [0, vocab_size)."""
+def checked_ids(ids, vocab_size: int, name: str) -> list[int]:
+    """ids (a list or 1-D tensor) as ints. Raises UserError: one is outside [0, vocab_size)."""
     ids = [int(i) for i in ids]
     bad = [i for i in ids if not 0 <= i < vocab_size]
     if bad:

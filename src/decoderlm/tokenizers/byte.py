@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from .base import Tokenizer, _checked_ids, _numbered_specials
+from .base import Tokenizer, checked_ids, malformed_tokenizer_error, numbered_specials
 
 __all__ = ["ByteTokenizer"]
 
@@ -21,13 +21,25 @@ class ByteTokenizer(Tokenizer):
             (default: none, 256 ids); see `Tokenizer.encode` for how text holding them encodes.
 
     Raises:
-        ValueError: special_tokens holds duplicates or empty strings.
+        UserError: special_tokens holds duplicates or empty strings.
     """
 
     kind = "byte"
 
     def __init__(self, special_tokens: Iterable[str] = ()):
-        self._special = _numbered_specials(special_tokens, 256)
+        self._special = numbered_specials(special_tokens, 256)
+
+    @classmethod
+    def from_dict(cls, data: dict, source: str = "tokenizer") -> ByteTokenizer:
+        """The tokenizer `to_dict()` described: {"type": "byte", "special_tokens": [...]}.
+
+        Raises:
+            UserError: a "special_tokens" that is not a list of distinct strings.
+        """
+        special = data.get("special_tokens", [])
+        if not isinstance(special, list):
+            raise malformed_tokenizer_error(source, data)
+        return cls(special)
 
     @property
     def vocab_size(self) -> int:
@@ -46,9 +58,9 @@ class ByteTokenizer(Tokenizer):
         id decodes to its string.
 
         Raises:
-            ValueError: an id is outside [0, vocab_size).
+            UserError: an id is outside [0, vocab_size).
         """
-        ids = _checked_ids(ids, self.vocab_size, "the byte tokenizer")
+        ids = checked_ids(ids, self.vocab_size, "the byte tokenizer")
         names = {i: s for s, i in self._special.items()}
         out, run = [], bytearray()
         for i in ids:

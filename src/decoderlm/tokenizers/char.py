@@ -10,7 +10,13 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from ..errors import UserError
-from .base import Tokenizer, UnknownCharacterError, _checked_ids, _numbered_specials
+from .base import (
+    Tokenizer,
+    UnknownCharacterError,
+    checked_ids,
+    malformed_tokenizer_error,
+    numbered_specials,
+)
 
 __all__ = ["CharTokenizer"]
 
@@ -28,7 +34,7 @@ class CharTokenizer(Tokenizer):
             order (default: none); see `Tokenizer.encode` for how text holding them encodes.
 
     Raises:
-        ValueError: chars is empty, holds duplicates or strings that are not one character, or
+        UserError: chars is empty, holds duplicates or strings that are not one character, or
             unk_token is not one of them; special_tokens holds duplicates or empty strings.
     """
 
@@ -53,7 +59,7 @@ class CharTokenizer(Tokenizer):
         if unk_token is not None and unk_token not in self.stoi:
             raise UserError(f"unk_token {unk_token!r} is not in the vocabulary")
         self.unk_token = unk_token
-        self._special = _numbered_specials(special_tokens, len(chars))
+        self._special = numbered_specials(special_tokens, len(chars))
 
     @classmethod
     def from_text(
@@ -73,7 +79,7 @@ class CharTokenizer(Tokenizer):
         special_tokens: strings appended after those (see the class).
 
         Raises:
-            ValueError: the text is empty.
+            UserError: the text is empty.
         """
         seen: set[str] = set()
         for chunk in [text] if isinstance(text, str) else text:
@@ -84,6 +90,20 @@ class CharTokenizer(Tokenizer):
         if unk_token is not None and unk_token not in seen:
             chars.append(unk_token)
         return cls(chars, unk_token, special_tokens)
+
+    @classmethod
+    def from_dict(cls, data: dict, source: str = "tokenizer") -> CharTokenizer:
+        """The tokenizer `to_dict()` described: {"type": "char", "chars": [...], "unk_token":
+        ..., "special_tokens": [...]}.
+
+        Raises:
+            UserError: no "chars" list, a "special_tokens" that is not a list, or fields the
+                constructor refuses.
+        """
+        special = data.get("special_tokens", [])
+        if not isinstance(data.get("chars"), list) or not isinstance(special, list):
+            raise malformed_tokenizer_error(source, data)
+        return cls(data["chars"], data.get("unk_token"), special)
 
     @property
     def vocab_size(self) -> int:
@@ -139,9 +159,9 @@ class CharTokenizer(Tokenizer):
         a special token's id to its string.
 
         Raises:
-            ValueError: an id is outside [0, vocab_size).
+            UserError: an id is outside [0, vocab_size).
         """
-        ids = _checked_ids(ids, self.vocab_size, "this character tokenizer")
+        ids = checked_ids(ids, self.vocab_size, "this character tokenizer")
         pieces = self.chars + list(self._special)
         return "".join(pieces[i] for i in ids)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import MissingFileError
-from .base import END_OF_TEXT, Tokenizer, _checked_ids
+from .base import END_OF_TEXT, Tokenizer, checked_ids, malformed_tokenizer_error
 
 __all__ = ["GPT2_BPE_DIR", "GPT2Tokenizer"]
 
@@ -33,7 +33,8 @@ class GPT2Tokenizer(Tokenizer):
     error). Every other string encodes (byte-level: no unknown characters).
 
     Raises:
-        FileNotFoundError: a BPE file is missing. ValueError: a file's hash does not match.
+        MissingFileError: a BPE file is missing. UserError: a file's hash does not match
+            (tiktoken's error).
     """
 
     kind = "gpt2"
@@ -64,6 +65,17 @@ class GPT2Tokenizer(Tokenizer):
             explicit_n_vocab=50257,
         )
 
+    @classmethod
+    def from_dict(cls, data: dict, source: str = "tokenizer") -> GPT2Tokenizer:
+        """GPT-2's BPE, which `to_dict()` describes as {"type": "gpt2"} (the shipped files).
+
+        Raises:
+            UserError: a "special_tokens" entry that is not a list.
+        """
+        if not isinstance(data.get("special_tokens", []), list):
+            raise malformed_tokenizer_error(source, data)
+        return cls()
+
     @property
     def vocab_size(self) -> int:
         return self.encoding.n_vocab
@@ -83,9 +95,9 @@ class GPT2Tokenizer(Tokenizer):
         """Text of token ids; bytes that do not form valid UTF-8 become U+FFFD.
 
         Raises:
-            ValueError: an id is outside [0, 50257).
+            UserError: an id is outside [0, 50257).
         """
-        return self.encoding.decode(_checked_ids(ids, self.vocab_size, "GPT-2"))
+        return self.encoding.decode(checked_ids(ids, self.vocab_size, "GPT-2"))
 
     def _hf_fields(self) -> dict:
         return {"bpe_dir": self.bpe_dir}

@@ -109,7 +109,7 @@ def hf_tokenizer_json(
         bpe_dir: GPT-2's directory with encoder.json and vocab.bpe.
 
     Raises:
-        ValueError: an unknown kind.
+        UserError: an unknown kind.
     """
     if kind == "char":
         vocab = {c: i for i, c in enumerate(chars or [])}

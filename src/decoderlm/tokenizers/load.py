@@ -1,11 +1,14 @@
-"""Saving and loading tokenizers, and building one by kind.
+"""A saved tokenizer of any kind read back, and a new one built by kind.
 
 A tokenizer is saved with the model as decoderlm_tokenizer.json ({"type": kind, ...fields}),
 so a checkpoint always decodes with its own vocabulary, and beside it as tokenizer.json in
-Hugging Face's format (see `hf_tokenizer`: `transformers.PreTrainedTokenizerFast(
-tokenizer_file=...)` gives the same ids). `load_tokenizer` reads decoderlm_tokenizer.json, or,
-in a run directory of the first format (which has none), the {"type": ...} document it keeps
-under tokenizer.json; `make_tokenizer` builds one by kind.
+Hugging Face's format (see `decoderlm.tokenizers.hf_json.hf_tokenizer_json`:
+`transformers.PreTrainedTokenizerFast(tokenizer_file=...)` gives the same ids).
+`read_tokenizer` reads decoderlm_tokenizer.json, or, in a run directory of the first format
+(which has none), the {"type": ...} document it keeps under tokenizer.json;
+`tokenizer_from_dict` picks the class a document names; `make_tokenizer` builds one by kind.
+Loading the tokenizer of any model source (a run, a Hugging Face directory, a GGUF file):
+`decoderlm.io.load.load_tokenizer`.
 """
 
 from __future__ import annotations
@@ -22,12 +25,16 @@ from .base import (
     TOKENIZER_KINDS,
     TOKENIZER_NAME,
     Tokenizer,
+    malformed_tokenizer_error,
+    read_tokenizer_dict,
 )
 from .byte import ByteTokenizer
 from .char import CharTokenizer
 from .gpt2 import GPT2_EOT_ID, GPT2Tokenizer
 
-__all__ = ["end_of_text_id", "load_tokenizer", "make_tokenizer", "tokenizer_from_dict"]
+__all__ = ["make_tokenizer", "read_end_of_text_id", "read_tokenizer", "tokenizer_from_dict"]
+
+_CLASSES = {cls.kind: cls for cls in (CharTokenizer, ByteTokenizer, GPT2Tokenizer)}
 
 
 def tokenizer_from_dict(data, source: str = "tokenizer") -> Tokenizer:
@@ -35,61 +42,45 @@ def tokenizer_from_dict(data, source: str = "tokenizer") -> Tokenizer:
     "unk_token": ...} | {"type": "byte"} | {"type": "gpt2"}).
 
     Raises:
-        ValueError: an unknown type or malformed fields (the message names `source`).
+        UserError: an unknown type or malformed fields (the message names `source`).
     """
     kind = data.get("type") if isinstance(data, dict) else None
-    special = data.get("special_tokens", []) if isinstance(data, dict) else None
-    if not isinstance(special, list):
-        kind = None
-    if kind == "char" and isinstance(data.get("chars"), list):
-        return CharTokenizer(data["chars"], data.get("unk_token"), special)
-    if kind == "byte":
-        return ByteTokenizer(special)
-    if kind == "gpt2":
-        return GPT2Tokenizer()
-    raise UserError(f"{source}: unknown or malformed tokenizer (type {kind!r})")
+    if kind not in _CLASSES:
+        raise malformed_tokenizer_error(source, data)
+    return _CLASSES[kind].from_dict(data, source)
 
 
-def load_tokenizer(directory: str | Path) -> Tokenizer:
-    """Load the tokenizer saved in a directory: char, byte or gpt2, from its
+def read_tokenizer(directory: str | Path) -> Tokenizer:
+    """The tokenizer saved in a directory: char, byte or gpt2, from its
     decoderlm_tokenizer.json, or, where that file is missing, from a tokenizer.json that holds
     {"type": ...} (a run directory of the first format).
 
     Raises:
-        FileNotFoundError: neither file in `directory`.
-        ValueError: the file names an unknown tokenizer type or is malformed, or the
+        MissingFileError: neither file in `directory`.
+        UserError: the file names an unknown tokenizer type or is malformed, or the
             directory has only a Hugging Face tokenizer.json (not one of ours).
     """
-    path, old = Path(directory) / TOKENIZER_NAME, Path(directory) / HF_TOKENIZER_NAME
-    if not path.is_file() and old.is_file():
-        data = read_json(old)
-        if isinstance(data, dict) and "type" not in data and "model" in data:
-            raise UserError(
-                f"{old} is a Hugging Face tokenizer and {path.name} is missing; "
-                f"decoderlm reads its own {path.name} (written with every run)"
-            )
-        return tokenizer_from_dict(data, str(old))
-    return tokenizer_from_dict(read_json(path), str(path))
+    return tokenizer_from_dict(*read_tokenizer_dict(directory))
 
 
-def end_of_text_id(directory: str | Path) -> int | None:
-    """The id of <|endoftext|> in the tokenizer saved in `directory` (see `load_tokenizer`),
+def read_end_of_text_id(directory: str | Path) -> int | None:
+    """The id of <|endoftext|> in the tokenizer saved in `directory` (see `read_tokenizer`),
     or None when the directory has none of ours (none, or only a Hugging Face tokenizer.json)
     or its vocabulary has no such token. A GPT-2 tokenizer's is known without building its
     BPE tables.
 
     Raises:
-        ValueError: the tokenizer file is malformed.
+        UserError: the tokenizer file is malformed.
     """
     path, old = Path(directory) / TOKENIZER_NAME, Path(directory) / HF_TOKENIZER_NAME
     if not path.is_file() and not old.is_file():
         return None
     data = read_json(path if path.is_file() else old)
-    if not isinstance(data, dict) or "type" not in data:
-        return None if not path.is_file() else load_tokenizer(directory).eot_token
+    if not isinstance(data, dict) or "type" not in data:  # only Hugging Face's tokenizer.json
+        return None if not path.is_file() else read_tokenizer(directory).eot_token
     if data["type"] == "gpt2":
         return GPT2_EOT_ID
-    return load_tokenizer(directory).eot_token
+    return read_tokenizer(directory).eot_token
 
 
 def make_tokenizer(
@@ -107,7 +98,7 @@ def make_tokenizer(
         (GPT-2 always has it).
 
     Raises:
-        ValueError: an unknown kind, or "char" without text.
+        UserError: an unknown kind, or "char" without text.
     """
     special = [END_OF_TEXT] if eot else []
     if kind == "char":

@@ -108,7 +108,7 @@ def load_trainer_state(checkpoint: str | Path, verify: bool = True) -> dict[str,
 
     Raises:
         FileNotFoundError: the file is missing.
-        ValueError: the file is truncated, damaged (its size or sha256 differs from the
+        UserError: the file is truncated, damaged (its size or sha256 differs from the
             recorded one) or holds something other than tensors and plain containers (the
             message names the file).
     """

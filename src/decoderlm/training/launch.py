@@ -3,9 +3,13 @@ command that resumes a run as it was launched.
 
 `launch` runs torch.distributed.run (torchrun --standalone) inside this process with
 `-m decoderlm` and the same command line as its workers' entry point. On Ctrl-C (SIGINT) or
-SIGTERM torchrun's agent sends the signal on to the workers, which finish their step, save a
-checkpoint and print how to resume, as one process does; `launch` then returns 0 without
-torchrun's traceback. A worker's one-line error (exit status 2) ends the launch with status 2.
+SIGTERM torchrun's agent sends the signal on to the workers (each in a session of its own, so
+a terminal's Ctrl-C reaches only this process), one after the other. The workers finish their
+step and stop after the first step at which any of them had the signal, all after the same
+one (`parallel.agree_across_ranks`), save a checkpoint and print how to resume, as one
+process does; `launch` then returns 0 without torchrun's traceback. A worker still running
+TORCH_ELASTIC_SHUTDOWN_TIMEOUT seconds (default here 600: time to save a checkpoint) after the
+signal is killed. A worker's one-line error (exit status 2) ends the launch with status 2.
 
 `resume_command(run_dir)` is the command line that resumes a run the way this process was
 started: `decoderlm train --nproc-per-node N --resume DIR` under `launch`; under a bare

@@ -241,8 +241,9 @@ def _initial_state(
     resume: dict | None,
     run_dir: Path | None,
 ) -> TrainState:
-    """A new TrainState (AdamW, a loss scaler for float16, the window generator seeded with
-    cfg.data.seed), or the checkpoint's when resuming."""
+    """A new TrainState (the optimizer of `optim.configure_optimizer`, a loss scaler for
+    float16, the window generator seeded with cfg.data.seed), or the checkpoint's when
+    resuming."""
     state = TrainState(
         model,
         configure_optimizer(model, cfg),
@@ -271,7 +272,7 @@ def _check_can_continue(step: int, cfg: TrainConfig, run_dir: Path | None) -> No
 
 
 def _check_finite(loss: float, step: int, lr: float, run_dir: Path | None) -> float:
-    """loss, unless it is NaN or inf: then ValueError naming the last good checkpoint."""
+    """loss, unless it is NaN or inf: then UserError naming the last good checkpoint."""
     if not math.isfinite(loss):
         last_good = list_checkpoints(run_dir)[-1:] if run_dir else []
         raise UserError(
@@ -317,9 +318,12 @@ def train(
     val_bytes_per_token: float | None = None,
     on_step: Callable[[float], None] | None = None,
 ) -> TrainResult:
-    """Train `model` in place: AdamW, warm-up + cosine schedule, clipping, mixed precision,
-    gradient accumulation, checkpoints, and DDP / FSDP2 under torchrun (see the module
-    docstring for the batches and metrics.jsonl).
+    """Train `model` in place: cfg.optim.optimizer ("muon": Muon on the blocks' weight
+    matrices and AdamW on the rest; "adamw": AdamW on everything; `optim.configure_optimizer`),
+    the learning rate following cfg.steps.schedule ("wsd" warm-up-stable-decay, "cosine"
+    warm-up + cosine decay, or "constant"; `optim.lr_at`), gradient-norm clipping, mixed
+    precision, gradient accumulation, checkpoints, and DDP / FSDP2 under torchrun (see the
+    module docstring for the batches and metrics.jsonl).
 
     Args:
         model: the DecoderLM, already on this process's device.
@@ -338,13 +342,15 @@ def train(
         on_step: called after each optimizer step with its wall time in seconds (e.g.
             `ThreadTuner.step_done`).
 
-    SIGINT / SIGTERM: the current step finishes, a checkpoint is saved, interrupted=True.
+    SIGINT / SIGTERM: the current step finishes (the next one too when the signal comes after
+    the step's stop agreement, `parallel.agree_across_ranks`), a checkpoint is saved,
+    interrupted=True.
 
     Returns:
         TrainResult; val_loss covers the whole validation split (None if interrupted).
 
     Raises:
-        ValueError: a split is shorter than block_size + 1 tokens, or the loss becomes NaN or
+        UserError: a split is shorter than block_size + 1 tokens, or the loss becomes NaN or
             inf (the last good checkpoint is left in place).
     """
     T, info = model.config.block_size, info or DistInfo()
@@ -373,13 +379,13 @@ def train(
                 started = time.perf_counter()
                 batches = micro_batches(train_ids, state.generator, cfg, info, T)
                 loss = train_step(par, state.optimizer, state.scaler, batches, cfg, autocast, norms)
-                agree_across_ranks(loss, stop, info)
+                stopping = agree_across_ranks(loss, bool(stop), info)
                 value = _check_finite(loss.item(), step, lr, run_dir)
                 if on_step is not None:
                     on_step(time.perf_counter() - started)
                 state.add_loss(value)
                 metrics.log_step(state, lr, value, validate, norms.pop())
-                if stop:
+                if stopping:  # what the ranks agreed, not `stop`, which may have grown since
                     interrupted = True
                     break
                 if _checkpoint_due(state.step, cfg, run_dir):

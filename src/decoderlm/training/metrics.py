@@ -164,7 +164,7 @@ class RecordExtras:
 
 
 def check_sinks(cfg: TrainConfig) -> None:
-    """Raise ValueError when a sink of cfg.logging.log needs a package that is not installed."""
+    """Raise UserError when a sink of cfg.logging.log needs a package that is not installed."""
     if "tensorboard" in cfg.logging.log and importlib.util.find_spec("tensorboard") is None:
         raise UserError(
             "--log tensorboard needs the tensorboard package: pip install "

@@ -70,7 +70,7 @@ def configure_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim
     the rest.
 
     Raises:
-        ValueError: "muon" and the model has no trainable weight matrix inside its blocks.
+        UserError: "muon" and the model has no trainable weight matrix inside its blocks.
     """
     params = [p for p in model.parameters() if p.requires_grad]
     fused = not cfg.compute.fsdp and all(p.device.type in ("cpu", "cuda") for p in params)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 from dataclasses import dataclass
 
 import torch
@@ -132,7 +131,7 @@ def parallelize(
     torch.compile outside them.
 
     Raises:
-        ValueError: fsdp in a single process.
+        UserError: fsdp in a single process.
     """
     choose_attention(model, cfg, device)
     if cfg.compute.activation_checkpointing:
@@ -170,16 +169,22 @@ def gradient_sync(par: Parallelized, last: bool):
     return contextlib.nullcontext()
 
 
-def agree_across_ranks(loss: torch.Tensor, stop: list[int], info: DistInfo) -> None:
-    """Average this step's `loss` over all ranks (in place), and when any rank has a stop
-    request, add one to `stop` on every rank, so that all of them stop after the same step."""
+def agree_across_ranks(loss: torch.Tensor, stop_requested: bool, info: DistInfo) -> bool:
+    """Average this step's `loss` over all ranks (in place); returns whether any rank had a
+    stop request, the same answer on every rank.
+
+    The training loop stops on this answer, never on its own requests: a signal handled after
+    the agreement (SIGINT reaches the ranks at different points of their step) would
+    otherwise stop that rank one step before the others, which then wait in the next step's
+    gradient all-reduce for it, while it waits in the checkpoint's gather for them. The
+    request is counted at the next step's agreement instead.
+    """
     if info.world_size == 1:
-        return
-    flags = torch.tensor([float(bool(stop))], device=loss.device)
+        return stop_requested
+    flags = torch.tensor([float(stop_requested)], device=loss.device)
     dist.all_reduce(loss, op=dist.ReduceOp.AVG)
     dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-    if flags.item() and not stop:
-        stop.append(signal.SIGTERM)
+    return bool(flags.item())
 
 
 def gather_across_ranks(value, info: DistInfo) -> list:

@@ -57,7 +57,7 @@ def named_state_dicts(model: torch.nn.Module, optimizer: torch.optim.Optimizer):
     import torch.distributed.checkpoint (and with it DTensor and FSDP, slow to import).
 
     Raises:
-        ValueError: the optimizer has no state yet (get_state_dict would initialise it with a
+        UserError: the optimizer has no state yet (get_state_dict would initialise it with a
             zero step; `TrainState.state_dict` leaves that case to get_state_dict).
     """
     if not optimizer.state:

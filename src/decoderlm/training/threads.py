@@ -30,7 +30,7 @@ __all__ = ["set_threads", "parse_threads", "thread_candidates", "busy_machine_hi
 
 def parse_threads(threads: int | str | None) -> int | str | None:
     """None, "auto" or a positive integer (also given as text) up to os.cpu_count() (more
-    threads than CPUs only wait for each other); ValueError otherwise."""
+    threads than CPUs only wait for each other); UserError otherwise."""
     if threads is None or threads == "auto":
         return threads
     n = int(threads) if str(threads).isdigit() and not isinstance(threads, bool) else 0
@@ -78,7 +78,7 @@ def set_threads(
         log: where "auto" reports its timings.
 
     Raises:
-        ValueError: threads is neither None, "auto" nor a positive integer up to
+        UserError: threads is neither None, "auto" nor a positive integer up to
             os.cpu_count().
     """
     threads = parse_threads(threads)

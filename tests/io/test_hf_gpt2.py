@@ -9,8 +9,7 @@ from safetensors.torch import load_file, save_file
 
 from decoderlm import GPT2Tokenizer
 from decoderlm.generation.generate import generate
-from decoderlm.io.hf import load_gpt2, save_gpt2
-from decoderlm.model.positions import apply_rope, rope_cos_sin
+from decoderlm.io.hf_gpt2 import load_gpt2, save_gpt2
 
 from conftest import randomize, tiny_model
 
@@ -316,43 +315,3 @@ def test_a_cropped_gpt2_gives_the_first_positions_of_the_full_one(tmp_path):
     assert cropped_ref.config.n_positions == 8
     with torch.no_grad():
         assert (cropped_ref(idx[:, :8]).logits - full[:, :8]).abs().max() < 1e-4
-
-
-def test_interleaved_rope_weights_convert_to_the_half_split_layout():
-    # rotary embeddings pair dimensions either as adjacent pairs (interleaved) or as the two
-    # halves; weights of one layout give the same scores in the other once the q/k rows are
-    # permuted
-    from decoderlm.io.hf import rope_interleaved_to_half
-
-    torch.manual_seed(0)
-    n_heads, head_dim, d_in, T = 2, 16, 24, 12
-    Wq, Wk = torch.randn(2, n_heads * head_dim, d_in).unbind(0)
-    x = torch.randn(T, d_in)
-    cos, sin = rope_cos_sin(T, head_dim)
-
-    def interleaved(W):  # rotate pairs (2j, 2j + 1) by m * theta_j, written out
-        h = (x @ W.T).view(T, n_heads, head_dim // 2, 2)
-        a, b = h[..., 0], h[..., 1]
-        c, s = cos[:, None, :], sin[:, None, :]
-        return torch.stack([a * c - b * s, a * s + b * c], dim=-1).view(T, n_heads, head_dim)
-
-    def half(W):
-        h = (x @ rope_interleaved_to_half(W, n_heads).T).view(T, n_heads, head_dim)
-        return apply_rope(h.transpose(0, 1)[None], cos, sin)[0].transpose(0, 1)
-
-    scores_interleaved = torch.einsum("thd,shd->hts", interleaved(Wq), interleaved(Wk))
-    scores_half = torch.einsum("thd,shd->hts", half(Wq), half(Wk))
-    assert torch.allclose(scores_interleaved, scores_half, atol=1e-4)
-    assert not torch.allclose(
-        scores_interleaved,
-        torch.einsum(
-            "thd,shd->hts",
-            *(
-                apply_rope((x @ W.T).view(T, n_heads, head_dim).transpose(0, 1)[None], cos, sin)[
-                    0
-                ].transpose(0, 1)
-                for W in (Wq, Wk)
-            ),
-        ),
-        atol=1e-2,
-    )

@@ -1,5 +1,4 @@
-"""Hugging Face directories with their tokenizer: Llama-style models in and out, and the whole
-directory `decoderlm export --format hf` writes and `decoderlm sample --hf` reads.
+"""Hugging Face Llama checkpoints in and out.
 
 A Llama-shaped `DecoderLM` (rotary positions, RMSNorm, SwiGLU, no biases) is transformers'
 LlamaForCausalLM with these names (our rotary layout is its half-split one, so no permutation):
@@ -10,14 +9,13 @@ LlamaForCausalLM with these names (our rotary layout is its half-split one, so n
     blocks.i.attn.proj              -> model.layers.i.self_attn.o_proj
     blocks.i.mlp.gate, fc, proj     -> model.layers.i.mlp.gate_proj, up_proj, down_proj
 
-`save_hf` writes config.json + model.safetensors (GPT-2 through `decoderlm.io.hf.save_gpt2`),
-tokenizer.json + tokenizer_config.json (what AutoTokenizer reads), decoderlm_tokenizer.json
-(decoderlm's own description) and generation_config.json (the end-of-text id).
+Meta's original checkpoints use the interleaved rotary layout instead; their q and k rows are
+permuted by `decoderlm.model.positions.rope_interleaved_to_half`. The whole directory with its
+tokenizer: `decoderlm.io.hf`.
 """
 
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 
 import torch
@@ -27,32 +25,12 @@ from ..config import ModelConfig
 from ..errors import UserError
 from ..files import atomic_write, read_json, write_json
 from ..model.model import DecoderLM
-from ..model.weights import (
-    CHECKSUMS_KEY,
-    CONFIG_NAME,
-    WEIGHTS_NAME,
-    file_digest,
-    load_state,
-    unwrap_model,
-)
-from ..tokenizers import GPT2Tokenizer, Tokenizer, load_tokenizer
-from ..tokenizers.base import END_OF_TEXT, HF_TOKENIZER_NAME, TOKENIZER_NAME
-from .hf import _read_hf_weights, load_gpt2, save_gpt2
+from ..model.weights import CHECKSUMS_KEY, file_digest, load_state, unwrap_model
+from .hf_weights import read_hf_weights
 from .targets import export_target
 
-__all__ = ["HF_FILES", "load_hf", "load_llama", "save_hf", "save_llama"]
+__all__ = ["load_llama", "save_llama"]
 
-HF_FILES = (
-    CONFIG_NAME,
-    WEIGHTS_NAME,
-    HF_TOKENIZER_NAME,
-    TOKENIZER_NAME,
-    "tokenizer_config.json",
-    "generation_config.json",
-)
-"""The names of the files `save_hf` writes (and all it writes)."""
-
-_TORCH_DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
 _LLAMA_BLOCK = {
     "ln_1.weight": "input_layernorm.weight",
     "ln_2.weight": "post_attention_layernorm.weight",
@@ -178,7 +156,7 @@ def load_llama(directory: str | Path, map_location: str = "cpu", verify: bool = 
     back = {v: k for k, v in {**_LLAMA_TOP}.items()}
     block = {v: k for k, v in _LLAMA_BLOCK.items()}
     state, qkv = {}, {}
-    for name, tensor in _read_hf_weights(directory, hf, verify).items():
+    for name, tensor in read_hf_weights(directory, hf, verify).items():
         parts = name.split(".")
         if name.startswith("model.layers."):
             rest = ".".join(parts[3:])
@@ -193,89 +171,3 @@ def load_llama(directory: str | Path, map_location: str = "cpu", verify: bool = 
             [parts.get(n, torch.empty(0)) for n in _QKV]
         )
     return load_state(DecoderLM(config), state, directory).to(map_location).eval()
-
-
-def _tokenizer_config(tokenizer: Tokenizer, model_max_length: int) -> dict:
-    eot = END_OF_TEXT if tokenizer.eot_token is not None else None
-    unk = getattr(tokenizer, "unk_token", None)
-    return {
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "bos_token": eot,
-        "eos_token": eot,
-        "unk_token": unk,
-        "model_max_length": model_max_length,
-        "clean_up_tokenization_spaces": False,
-        "add_prefix_space": False,
-    }
-
-
-def save_hf(model: DecoderLM, tokenizer: Tokenizer, directory: str | Path, dtype: str = "f32"):
-    """Write `model` and `tokenizer` as a Hugging Face directory that AutoModelForCausalLM and
-    AutoTokenizer load with no extra arguments, the weights in `dtype` (f32 | f16 | bf16).
-
-    Raises:
-        UserError: the model does not export (see `decoderlm.io.targets`), an unknown dtype,
-            or a tokenizer whose vocabulary differs from the model's.
-    """
-    model = unwrap_model(model)
-    if dtype not in _TORCH_DTYPES:
-        raise UserError(f"a hf export takes dtype f32, f16 or bf16, got {dtype!r}")
-    if tokenizer.vocab_size != model.config.vocab_size:
-        raise UserError(
-            f"the tokenizer has {tokenizer.vocab_size} tokens but the model expects "
-            f"vocab_size={model.config.vocab_size}"
-        )
-    arch = export_target(model.config, "hf")
-    model = copy.deepcopy(model).to(_TORCH_DTYPES[dtype])
-    directory = Path(directory)
-    eot = tokenizer.eot_token
-    (save_gpt2 if arch == "gpt2" else save_llama)(model, directory, eos_token_id=eot)
-    config = read_json(directory / "config.json")
-    config["dtype"] = config["torch_dtype"] = str(_TORCH_DTYPES[dtype]).removeprefix("torch.")
-    write_json(directory / "config.json", config)
-    tokenizer.save_pretrained(directory)
-    write_json(
-        directory / "tokenizer_config.json",
-        _tokenizer_config(tokenizer, model.config.max_positions),
-    )
-    write_json(directory / "generation_config.json", {"bos_token_id": eot, "eos_token_id": eot})
-    return arch
-
-
-def load_hf(
-    directory: str | Path, map_location: str = "cpu", verify: bool = True
-) -> tuple[DecoderLM, Tokenizer]:
-    """The model (eval mode) and tokenizer of a Hugging Face directory: GPT-2 (model_type
-    "gpt2") or Llama ("llama"); the tokenizer is decoderlm's own file when the directory
-    has one (a `decoderlm export`), else GPT-2's BPE for GPT-2. verify: check the weights
-    against the digest config.json records, where it records one.
-
-    Raises:
-        MissingFileError / UserError: missing files, no or another model type (a decoderlm
-            run directory has none), a Llama directory
-            without decoderlm_tokenizer.json, unsupported options.
-    """
-    directory = Path(directory)
-    model_type = read_json(directory / "config.json").get("model_type")
-    if model_type == "gpt2":
-        model = load_gpt2(directory, map_location, verify=verify)
-    elif model_type == "llama":
-        model = load_llama(directory, map_location, verify=verify)
-    elif model_type is None:
-        raise UserError(
-            f"{directory}/config.json has no 'model_type', so it is not a Hugging Face "
-            f"model directory; for a decoderlm run directory use --run {directory}"
-        )
-    else:
-        raise UserError(
-            f"{directory} is a Hugging Face {model_type!r} model; decoderlm reads GPT-2 "
-            f"('gpt2') and Llama ('llama') directories"
-        )
-    if (directory / TOKENIZER_NAME).is_file():
-        return model, load_tokenizer(directory)
-    if model_type == "gpt2":
-        return model, GPT2Tokenizer()
-    raise UserError(
-        f"{directory} has no {TOKENIZER_NAME}; decoderlm reads the tokenizer of a Llama "
-        f"directory that `decoderlm export` wrote"
-    )

@@ -1,0 +1,115 @@
+"""The option groups that several commands share, and the one set of number-format names.
+
+`ModelSource` (which model: --run, --hf or --gguf; --device, --no-verify), `Precision`
+(--dtype, --quantize: the number formats a model decodes or is scored in) and `Decoding`
+(Precision and --compile) are frozen dataclasses, checked when built. A command takes one as
+a parameter `Annotated[ModelSource, Fields(ModelSource)]` (see `decoderlm.arguments.Fields`):
+the command line gives each field its flag, helped by the field's docstring, so the flags and
+their help are written once, here, for `decoderlm sample`, `serve`, `eval` and `inspect`.
+
+`DtypeName` is the names of the number formats that `train`, `params`, `sample`, `serve`,
+`eval` and `inspect` take, torch's (float32, bfloat16, float16) and their short names (f32,
+bf16, f16 as llama.cpp writes them; fp32, fp16); `canonical_dtype` gives torch's name of one.
+"""
+
+from __future__ import annotations
+
+import typing
+from dataclasses import dataclass
+from typing import Literal
+
+from .arguments import DecodeDType, Quantize
+from .errors import UserError, flag_name
+
+__all__ = ["DTYPE_ALIASES", "Decoding", "DtypeName", "ModelSource", "Precision", "canonical_dtype"]
+
+# torch's names of the number formats, then their short names (accepted everywhere, the same)
+DTYPE_ALIASES = {"f32": "float32", "bf16": "bfloat16", "f16": "float16"}
+DTYPE_ALIASES |= {"fp32": "float32", "fp16": "float16"}
+DtypeName = Literal["float32", "bfloat16", "float16", "f32", "bf16", "f16", "fp32", "fp16"]
+
+
+def canonical_dtype(name: str) -> str:
+    """torch's name of a number format: "bf16" -> "bfloat16", "float32" -> "float32", ...
+
+    Raises:
+        UserError: not one of DtypeName.
+    """
+    if name not in typing.get_args(DtypeName):
+        raise UserError(f"dtype must be one of {list(typing.get_args(DtypeName))}, got {name!r}")
+    return DTYPE_ALIASES.get(name, name)
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """The model a command loads: exactly one of a run directory, a Hugging Face directory
+    and a GGUF file (the loader refuses none or several), the device it goes to, and whether
+    its weights are checked.
+
+    Raises:
+        UserError: an empty run, hf or gguf (the message names its flag).
+    """
+
+    run: str | None = None
+    """a run directory (give --run, --hf or --gguf)."""
+    hf: str | None = None
+    """a Hugging Face GPT-2 or Llama directory (config.json + model.safetensors), e.g. from
+    `decoderlm export` (its tokenizer; else GPT-2 BPE)."""
+    gguf: str | None = None
+    """a GGUF file (gpt2 or llama), e.g. from `decoderlm export` or llama.cpp."""
+    device: str = "cpu"
+    """cpu, cuda, ..."""
+    no_verify: bool = False
+    """load the weights without checking them against the sizes and sha256 digests that
+    config.json records (for huge files)."""
+
+    def __post_init__(self) -> None:
+        for name in ("run", "hf", "gguf"):
+            if getattr(self, name) == "":
+                raise UserError(f"{flag_name(name)} must not be empty")
+
+    @property
+    def path(self) -> str | None:
+        """The run directory, Hugging Face directory or GGUF file given (the first of them;
+        None without one)."""
+        return self.run or self.hf or self.gguf
+
+
+@dataclass(frozen=True)
+class Precision:
+    """The number formats a model decodes or is scored in
+    (`generation.precision.prepare_for_decoding`); dtype is stored as torch's name.
+
+    Raises:
+        UserError: a dtype that is not one of DtypeName, or one that decoding does not run
+            in (float16).
+    """
+
+    dtype: DtypeName | None = None
+    """the weights' and activations' dtype while decoding: float32 (f32), or bfloat16 (bf16),
+    half the bytes per token (default: float32, bfloat16 with --quantize)."""
+    quantize: Quantize | None = None
+    """int8: weight-only int8 block matrices and unembedding, a scale per row (CPU; input
+    widths multiples of 16); w8a8: the same int8 weights multiplied with activations
+    quantised to 8 bits (oneDNN's integer products, x86 CPUs)."""
+
+    def __post_init__(self) -> None:
+        if self.dtype is None:
+            return
+        dtype = canonical_dtype(self.dtype)
+        decoded = typing.get_args(DecodeDType)
+        if dtype not in decoded:
+            raise UserError(
+                f"--dtype {self.dtype}: a model decodes in {' or '.join(decoded)} (f32, bf16), "
+                f"not {dtype}"
+            )
+        object.__setattr__(self, "dtype", dtype)
+
+
+@dataclass(frozen=True)
+class Decoding(Precision):
+    """The number formats a model decodes in, and whether its decoding step is compiled."""
+
+    compile: bool = False
+    """decode with torch.compile: faster per token after a one-time compile (needs a C++
+    compiler on the CPU)."""
