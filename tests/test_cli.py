@@ -635,7 +635,7 @@ def test_each_shared_option_is_the_same_flag_with_the_same_help_in_every_command
 
 
 def test_sample_reads_its_model_and_decoding_from_a_settings_file(tmp_path, capsys):
-    run = "tests/fixtures/run_v0/gpt2-style"
+    run = str(Path(__file__).parent / "fixtures" / "run_v0" / "gpt2-style")
     settings = tmp_path / "s.yaml"
     settings.write_text(f"run: {run}\ndtype: bf16\nprompt: [ab]\nmax_new_tokens: 6\n")
     argv = ["sample", "--config", str(settings), "--temperature", "0"]
