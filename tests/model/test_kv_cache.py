@@ -63,8 +63,8 @@ def test_positions_go_past_block_size_up_to_max_positions_then_slide(pos):
     prompt = torch.randint(0, 65, (2, 5))
     out = generate(model, prompt, 60, do_sample=False)
     # the prompt, then one token at a time at positions 5..47 (no rebuild at block_size),
-    # then, from 48 tokens on, at every step a rebuild of the 47 before the newest and its step
-    assert calls == [(5, 4)] + [(1, p) for p in range(5, 48)] + [(47, 46), (1, 47)] * 16
+    # then, from 48 tokens on, a rebuild of the last 48 at every step
+    assert calls == [(5, 4)] + [(1, p) for p in range(5, 48)] + [(48, 47)] * 16
     assert torch.equal(out, greedy_by_full_forward(model, prompt, 60))
     del model.forward_cached
     assert torch.equal(generate(model, prompt, 60, do_sample=False, use_cache=False), out)

@@ -16,7 +16,7 @@ import torch
 from ..errors import UserError
 from .params import SamplingParams
 from .precision import decoding_setup
-from .steps import decode_step, prefill, slide
+from .steps import decode_step, prefill
 
 __all__ = [
     "generate",
@@ -183,21 +183,19 @@ def stream_generate(
     model.eval()
     stops = _stop_tensors(model, params)
     finished = torch.zeros(B, dtype=torch.bool, device=idx.device)
-    cache, positions = None, None
+    cache, positions, window = None, None, limit
     try:
         for step in range(params.max_new_tokens):
-            if cache is None:  # the prompt; without use_cache, the window at every step
-                lo = max(0, n - limit)
+            if cache is not None and cache.length >= limit:  # full: slide (see slide_by)
+                cache, window = None, limit + 1 - slide_by
+            if cache is None:  # the prompt, a slid window; without use_cache, every step
+                lo = max(0, n - window)
                 cache, positions, logits = prefill(
                     model, ids[:, lo:n], None if mask is None else mask[:, lo:n]
                 )
                 cache, positions = cache if use_cache else None, positions[:, -1:]
-            else:  # one new token, after a slide once the context is full (see slide_by)
-                if cache.length >= limit:
-                    keep = limit + 1 - slide_by
-                    cache, positions = slide(model, ids[:, :n], keep, _upto(mask, n))
-                else:
-                    positions = positions + 1
+            else:  # one new token
+                positions = positions + 1
                 key_mask = None if mask is None else mask[:, n - cache.length - 1 : n]
                 logits = one_token(model, ids[:, n - 1 : n], cache, positions, key_mask)[:, -1]
             nxt = _sample_checked(logits, step, params, generator)
@@ -210,10 +208,6 @@ def stream_generate(
                     return
     finally:
         model.train(was_training)
-
-
-def _upto(mask: torch.Tensor | None, n: int) -> torch.Tensor | None:
-    return None if mask is None else mask[:, :n]
 
 
 def _sampling_params(max_new_tokens, do_sample=True, stop=None, **settings) -> SamplingParams:
@@ -245,9 +239,9 @@ def generate(
     One forward pass over the prompt fills the cache (a `KVCache`: per layer [B, n_heads,
     max_positions + 1, head_dim]); then each new token is one forward pass of one position. When
     the sequence outgrows the config's max_positions (block_size, the trained length, unless
-    a sinusoidal or rotary model allows more) the context slides (`steps.slide`): the cache is
-    rebuilt from the last max_positions - 1 tokens before the newest, so the tokens equal those
-    of rerunning the full forward on the last max_positions tokens.
+    a sinusoidal or rotary model allows more) the context slides: one forward pass over the
+    last max_positions + 1 - slide_by tokens rebuilds the cache and gives the next logits, so
+    the tokens equal those of rerunning the full forward on that window.
 
     The model is not changed: it runs in eval mode here (no dropout) and its mode is restored;
     it decodes as `generation.precision.prepare_for_decoding` left it (a model never prepared:

@@ -1,11 +1,14 @@
 """The forward passes of decoding, shared by `generate` and the server's `Scheduler`: the
-prefill, the one-token step and the context slide.
+prefill, the one-token step and the context slide of a batch's rows.
 
-- `prefill`: one forward pass over prompts (or windows of them) into a new `KVCache`.
+- `prefill`: one forward pass over prompts (or windows of them) into a new `KVCache`; `generate`
+  slides its context with it too (a pass over the last tokens gives the cache and the next
+  logits at once).
 - `decode_step`: the function computing one new token per row from a cache.
-- `slide`: once a row's context reaches max_positions, its cache is rebuilt from the tokens
-  before its newest (the last keep - 1), and the newest token's step follows, so that it sees
-  the last keep tokens: the tokens of rerunning the model on them.
+- `slide`: a row of a running batch whose context reaches max_positions gets its cache rebuilt
+  from the tokens before its newest (the last keep - 1); the newest token then joins the
+  batch's one-token step, so that it sees the last keep tokens: the tokens of rerunning the
+  model on them.
 """
 
 from __future__ import annotations
