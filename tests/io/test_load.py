@@ -5,6 +5,8 @@ file give the same model and tokenizer, whether the source is told apart by its 
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from export_models import make_model_dir
@@ -81,6 +83,25 @@ def test_each_flag_reads_its_own_kind_only(sources, capsys):
         load_from_flags(run=paths["gguf"])
     with pytest.raises(UserError, match="unknown device"):
         load_from_flags(run=paths["run"], device="tpu")
+
+
+def test_a_path_another_flag_takes_is_named_with_that_flag(sources, capsys):
+    """A run's checkpoints/ folder given to --run names the run directory to give; a GGUF
+    file given to --hf says to use --gguf (every command loads through load_from_flags)."""
+    paths, _, _ = sources
+    folder = paths["run"] / "checkpoints"
+    folder.mkdir(exist_ok=True)
+    with pytest.raises(
+        UserError, match=f"inside the run directory {re.escape(str(paths['run']))}.*give --run"
+    ):
+        load_from_flags(run=folder)
+    with pytest.raises(UserError, match="is a file, not a Hugging Face directory; give --gguf"):
+        load_from_flags(hf=paths["gguf"])
+    with pytest.raises(UserError, match="is a file, not a Hugging Face directory; give its dir"):
+        load_from_flags(hf=paths["hf"] / "config.json")
+    argv = ["sample", "--run", str(folder), "--max-new-tokens", "1"]
+    assert main(argv) == 2
+    assert "give --run" in capsys.readouterr().err
 
 
 def test_a_tokenizer_of_another_vocabulary_is_refused_for_every_source(tmp_path):

@@ -27,25 +27,10 @@ from ..files import fsync_dir, make_temp_dir
 from ..model.weights import CONFIG_NAME
 from .gguf import check_gguf_dtype, save_gguf
 from .hf import HF_FILES, save_hf
-from .load import load_run, load_tokenizer
+from .load import check_flag_path, load_run, load_tokenizer
 from .targets import DTYPES, FORMATS, export_target
 
 __all__ = ["export"]
-
-
-def _check_run(run: Path) -> None:
-    """UserError naming the run directory when `run` is a folder inside one (its
-    checkpoints/, say) rather than the directory that holds the model's config.json."""
-    if not run.is_dir() or (run / CONFIG_NAME).exists():
-        return
-    above = next((p for p in run.parents if (p / CONFIG_NAME).is_file()), None)
-    if above is None and run.name == "checkpoints":
-        above = run.parent
-    if above is not None:
-        raise UserError(
-            f"--run {run} is a folder inside the run directory {above}, not a model "
-            f"directory; give --run {above}"
-        )
 
 
 def _listed(names: list[str]) -> str:
@@ -161,7 +146,7 @@ def export(
     if format == "hf" and outtype == "q8_0":
         raise UserError("q8_0 is a GGUF quantisation; a hf export takes f32, f16 or bf16")
     run, out = Path(run), Path(out)
-    _check_run(run)
+    check_flag_path("run", run)
     model = load_run(run, verify=not no_verify)
     arch = export_target(model.config, format)
     if format == "gguf":

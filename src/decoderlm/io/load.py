@@ -40,6 +40,7 @@ from .hf_weights import HF_WEIGHT_FILES, hf_weight_files
 
 __all__ = [
     "Source",
+    "check_flag_path",
     "load_from_flags",
     "load_model",
     "load_model_and_tokenizer",
@@ -210,9 +211,33 @@ def load_from_flags(
     device = checked_device(device)
     given = (("run", run), ("hf", hf), ("gguf", gguf))
     kind, source = next((k, v) for k, v in given if v is not None)
+    check_flag_path(kind, Path(source))
     flags = f"--run {run}" if run else ""
     with out_of_memory_as_user_error(f"load the model of {source}", params_flags=flags):
         return _load(kind, source, device, True, verify)
+
+
+def check_flag_path(kind: str, path: Path) -> None:
+    """UserError, one line naming the flag to use, for a path that flag `--{kind}` cannot take
+    although another could: a folder inside a run directory (its checkpoints/, say) given to
+    --run, or a file given to --hf. Paths that do not exist are left to the loaders.
+
+    Raises:
+        UserError: as above.
+    """
+    if kind == "hf" and path.is_file():
+        hint = f"give --gguf {path}" if path.suffix == ".gguf" else "give its directory"
+        raise UserError(f"--hf {path} is a file, not a Hugging Face directory; {hint}")
+    if kind != "run" or not path.is_dir() or (path / CONFIG_NAME).exists():
+        return
+    above = next((p for p in path.parents if (p / CONFIG_NAME).is_file()), None)
+    if above is None and path.name == "checkpoints":
+        above = path.parent
+    if above is not None:
+        raise UserError(
+            f"--run {path} is a folder inside the run directory {above}, not a model "
+            f"directory; give --run {above}"
+        )
 
 
 @dataclass
