@@ -646,3 +646,16 @@ def test_sample_reads_its_model_and_decoding_from_a_settings_file(tmp_path, caps
     flags = ["--run", run, "--dtype", "bfloat16", "--prompt", "ab", "--max-new-tokens", "6"]
     assert main(["sample", *flags, "--temperature", "0"]) == 0
     assert capsys.readouterr().out == from_file and from_file.startswith("ab")
+
+
+def test_a_model_source_flag_replaces_the_settings_files_source(tmp_path):
+    """--hf (or --gguf) on the command line replaces a settings file's `run`, as every flag
+    overrides the file, rather than counting as a second source; the file's other settings
+    stay."""
+    settings = tmp_path / "s.yaml"
+    settings.write_text("run: some/run\ndevice: cpu\nno_verify: true\n")
+    _, kwargs = parse(["sample", "--config", str(settings), "--hf", "an/hf-dir"])
+    source = kwargs["source"]
+    assert (source.run, source.hf, source.no_verify) == (None, "an/hf-dir", True)
+    _, kwargs = parse(["sample", "--config", str(settings), "--device", "cpu"])
+    assert kwargs["source"].run == "some/run"  # a flag outside the alternatives keeps it

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import typing
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar, Literal
 
 from .arguments import DecodeDType, Quantize
 from .errors import UserError, flag_name
@@ -50,6 +50,8 @@ class ModelSource:
         UserError: an empty run, hf or gguf (the message names its flag).
     """
 
+    ONE_OF: ClassVar[tuple[str, ...]] = ("run", "hf", "gguf")
+    """The fields of which one is given: a flag of them replaces a settings file's."""
     run: str | None = None
     """a run directory (give --run, --hf or --gguf)."""
     hf: str | None = None

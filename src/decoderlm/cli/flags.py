@@ -188,7 +188,7 @@ class Command:
             action.required = dest not in values
         given = vars(self.parser.parse_args(argv))
         given.pop("config", None)
-        values.update(given)
+        values.update(self._without_alternatives(values, given))
         kwargs: dict[str, Any] = {}
         for dest, value in values.items():
             flag = self.flags[dest]
@@ -200,6 +200,17 @@ class Command:
             if param in kwargs:
                 kwargs[param] = cls(**kwargs[param])
         return kwargs
+
+    def _without_alternatives(self, values: dict, given: dict) -> dict:
+        """`given` (the flags), having removed from `values` (the settings files') the
+        alternatives of a flag given: the other fields of a dataclass's ONE_OF (--hf on the
+        command line replaces a settings file's `run`)."""
+        for cls in self.builds.values():
+            one_of = set(getattr(cls, "ONE_OF", ()))
+            if any(self.flags[dest].name in one_of for dest in given):
+                for dest in [d for d in values if self.flags[d].name in one_of]:
+                    del values[dest]
+        return given
 
     def _settings_file(self, path: str) -> dict[str, Any]:
         """The values of a settings file, by argparse dest, each checked as its flag's."""
