@@ -659,3 +659,13 @@ def test_a_model_source_flag_replaces_the_settings_files_source(tmp_path):
     assert (source.run, source.hf, source.no_verify) == (None, "an/hf-dir", True)
     _, kwargs = parse(["sample", "--config", str(settings), "--device", "cpu"])
     assert kwargs["source"].run == "some/run"  # a flag outside the alternatives keeps it
+
+
+def test_a_renamed_flag_is_named_with_its_name_now(capsys):
+    """export's --dtype is --outtype (llama.cpp's converter's name): the old flag is refused
+    saying so, in one line; an unknown flag gets no such hint."""
+    assert main(["export", "--run", "r", "--format", "gguf", "--out", "o", "--dtype", "f16"]) == 2
+    err = capsys.readouterr().err
+    assert "--dtype is now --outtype" in err and len(err.strip().splitlines()) == 1
+    assert main(["export", "--run", "r", "--format", "gguf", "--out", "o", "--dtyp", "f16"]) == 2
+    assert "is now" not in capsys.readouterr().err

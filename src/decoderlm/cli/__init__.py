@@ -44,6 +44,7 @@ COMMANDS = {
     "merge": "decoderlm.finetune.merge:merge",
     "export": "decoderlm.io.export:export",
 }
+RENAMED = {"export": {"--dtype": "--outtype"}}  # command -> {flag: its name now}
 METAVARS = {  # the flags shown with a word of what they take, not their name in capitals
     "run": "DIR",
     "hf": "DIR",
@@ -126,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         return exit_.code
     except FlagError as e:
         hint = f"decoderlm {argv[0]} --help" if argv and argv[0] in COMMANDS else "decoderlm --help"
-        print(f"decoderlm: error: {e} (see `{hint}`)", file=sys.stderr)
+        print(f"decoderlm: error: {e}{_renamed(argv)} (see `{hint}`)", file=sys.stderr)
         return 2
     except (UserError, OSError) as e:
         print(f"decoderlm: error: {e}", file=sys.stderr)
@@ -136,6 +137,13 @@ def main(argv: list[str] | None = None) -> int:
 
         return launch(argv, kwargs["nproc_per_node"])
     return _run(name, kwargs)
+
+
+def _renamed(argv: list[str]) -> str:
+    """ "; --OLD is now --NEW" for each renamed flag of RENAMED that argv gives, else ""."""
+    renamed = RENAMED.get(argv[0], {}) if argv else {}
+    given = {a.split("=")[0] for a in argv[1:]}
+    return "".join(f"; {old} is now {new}" for old, new in renamed.items() if old in given)
 
 
 def _run(name: str, kwargs: dict) -> int:
