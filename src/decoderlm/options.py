@@ -66,7 +66,7 @@ class ModelSource:
     config.json records (for huge files)."""
 
     def __post_init__(self) -> None:
-        for name in ("run", "hf", "gguf"):
+        for name in self.ONE_OF:
             if getattr(self, name) == "":
                 raise UserError(f"{flag_name(name)} must not be empty")
 

@@ -328,7 +328,8 @@ def prepare_for_decoding(
             f"this model is already prepared for decoding ({done}); prepare a freshly "
             f"loaded one for {setup}"
         )
-    _lower_precision(model, target, quantize, compile)
+    if not kept:
+        _lower_precision(model, target, quantize, compile)
     if cpu:
         cpu_decode.install(model)
     model.decoding_setup = setup
@@ -340,8 +341,6 @@ def _lower_precision(model: nn.Module, target: torch.dtype, quantize, compile: b
     linears = _linears(model)
     if quantize:
         _check_int8(model, linears, quantize)
-    if target == torch.float32 and not quantize:
-        return
     pack = not (quantize or compile) and model.device.type == "cpu" and packing_available()
     if quantize or pack:
         _untie(model)

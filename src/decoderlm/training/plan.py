@@ -216,7 +216,7 @@ def _new_plan(request: RunRequest, log) -> RunPlan:
         {**preset_spec.model, **_vocab_settings(request.model_overrides, tokenizer.vocab_size)}
     )
     return RunPlan(
-        out_dir=Path(request.out) if request.out is not None else free_run_dir(preset),
+        out_dir=_out_dir(request, preset),
         preset=preset,
         data_spec={**spec, "fingerprint": fingerprint},
         corpus=corpus,
@@ -226,6 +226,11 @@ def _new_plan(request: RunRequest, log) -> RunPlan:
         train_ids=train_ids,
         val_ids=val_ids,
     )
+
+
+def _out_dir(request: RunRequest, preset: str) -> Path:
+    """--out, or the first free runs/PRESET[-N] for a new run."""
+    return Path(request.out) if request.out is not None else free_run_dir(preset)
 
 
 def _vocab_settings(model_overrides: dict, n_tokens: int) -> dict:
@@ -269,7 +274,7 @@ def _finetune_plan(
             f"it with the model's tokenizer"
         )
     log(f"fine-tuning from {init_source.info['path']} ({init_source.info['kind']} weights)")
-    out_dir = Path(request.out) if request.out is not None else free_run_dir(preset)
+    out_dir = _out_dir(request, preset)
     if out_dir.resolve() == Path(init_source.info["path"]):
         raise UserError(f"--out {request.out} is the --init-from directory; choose another --out")
     return RunPlan(
