@@ -149,7 +149,7 @@ def test_bos_eos_add_bos_and_chat_template_come_from_the_metadata():
     [
         ({"tokenizer.ggml.pre": "deepseek-llm"}, "decoderlm reads gpt-2, smollm, llama-bpe"),
         ({"tokenizer.ggml.pre": None}, "pre-tokenizer (tokenizer.ggml.pre) is None"),
-        ({"tokenizer.ggml.model": "bert"}, "its tokenizer is 'bert'"),
+        ({"tokenizer.ggml.model": "bert"}, "its tokenizer is 'bert'; decoderlm reads"),
         ({"tokenizer.ggml.tokens": None}, "no vocabulary"),
         ({"tokenizer.ggml.merges": ["a b c"]}, "'left right' pairs"),
         ({"tokenizer.ggml.merges": ["Ā zz"]}, "do not fit its vocabulary"),
@@ -166,6 +166,83 @@ def test_every_supported_pre_tokenizer_is_named_in_the_refusal():
     with pytest.raises(UserError) as e:
         gguf_tokenizer(_metadata("nope"))
     assert all(name in str(e.value) for name in GGUF_PRE_TOKENIZERS)
+
+
+SPACE = "\u2581"  # SentencePiece's spelling of a space
+SPM_TEXTS = ["hello world", " hello", "hello  world", "héllo 🙂", "a\nb", "  ", "world"]
+SPM_TEXTS += ["<s>hello</s> world", "ab<s>ab", "<s> hello"]
+
+
+def _write_small_sentencepiece_gguf(path, **extra):
+    """A GGUF file with a SentencePiece BPE vocabulary (tokenizer.ggml.model "llama"): <unk>,
+    <s>, </s>, the 256 byte tokens, 11 characters and 15 longer pieces scored best first."""
+    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
+    types, scores = [2, 3, 3] + [6] * 256, [0.0] * len(tokens)
+    chars = [SPACE, "e", "l", "o", "h", "w", "r", "d", "a", "b", "\n"]
+    longer = ["_h", "ll", "he", "lo", "hel", "hell", "hello", "_hello", "_w", "or", "_wor"]
+    longer = [p.replace("_", SPACE) for p in longer + ["_world", "ld", "__", "ab"]]
+    for i, piece in enumerate(chars + longer):
+        tokens.append(piece)
+        types.append(1)
+        scores.append(-1000.0 - i if i < len(chars) else -float(i))
+    w = gguf.GGUFWriter(str(path), "llama")
+    for key, value in [("block_count", 1), ("context_length", 8), ("embedding_length", 4)]:
+        getattr(w, f"add_{key}")(value)
+    w.add_feed_forward_length(4)
+    w.add_head_count(1)
+    w.add_tokenizer_model("llama")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_scores(scores)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    for key, value in extra.items():
+        getattr(w, f"add_{key}")(value)
+    w.add_tensor("token_embd.weight", np.zeros((len(tokens), 4), np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def test_sentencepiece_vocabularies_prefix_a_space_and_fall_back_to_bytes(tmp_path):
+    tok = load_gguf_tokenizer(_write_small_sentencepiece_gguf(tmp_path / "spm.gguf"))
+    assert (tok.bos_token_id, tok.eos_token_ids, tok.add_bos) == (1, (2,), True)
+    assert tok.special_tokens == {"<unk>": 0, "<s>": 1, "</s>": 2}
+    vocab = tok.tokenizer.get_vocab()
+    # a space is put before the text, spelled as SentencePiece does
+    assert tok.encode("world") == [vocab[SPACE + "world"]]
+    # é and the emoji are in no token: their UTF-8 bytes, as byte tokens <0xXX>
+    bytes_of = [3 + b for b in "é".encode()]
+    assert tok.encode("é") == [vocab[SPACE]] + bytes_of
+    for text in SPM_TEXTS[:-3]:
+        assert tok.decode(tok.encode(text)) == text
+    no_prefix = tmp_path / "no-prefix.gguf"
+    tok = load_gguf_tokenizer(_write_small_sentencepiece_gguf(no_prefix, add_space_prefix=False))
+    assert tok.encode("world")[0] != vocab[SPACE + "world"]
+
+
+def test_a_sentencepiece_vocabulary_without_scores_is_refused():
+    meta = _metadata("default", **{"tokenizer.ggml.model": "llama"})
+    with pytest.raises(UserError, match="needs one score per token"):
+        gguf_tokenizer(meta, "x.gguf")
+
+
+@needs_llama_cpp
+def test_small_sentencepiece_vocabulary_gives_llama_cpps_ids(tmp_path):
+    """llama.cpp's ids, a space put before the text again after each special token."""
+    from llama_cpp import Llama
+
+    path = _write_small_sentencepiece_gguf(tmp_path / "spm.gguf")
+    oracle = Llama(model_path=str(path), vocab_only=True, verbose=False)
+    tok = load_gguf_tokenizer(path)
+    for text in SPM_TEXTS:
+        expected = oracle.tokenize(text.encode("utf-8"), add_bos=False, special=True)
+        assert tok.encode(text, allowed_special="all") == expected, text
+        plain = oracle.tokenize(text.encode("utf-8"), add_bos=False, special=False)
+        assert tok.encode_ordinary(text) == plain, text
 
 
 @needs_llama_cpp

@@ -284,7 +284,7 @@ def _reader(path: Path):
         raise UserError(f"{path} is not a readable GGUF file ({e})") from None
     metadata = {}
     for key, field in reader.fields.items():
-        if key.startswith("GGUF.") or key in ("tokenizer.ggml.scores",):
+        if key.startswith("GGUF."):
             continue
         metadata[key] = field.contents()
     return reader, metadata

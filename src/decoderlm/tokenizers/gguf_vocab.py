@@ -13,11 +13,15 @@ llama.cpp cuts text into pieces before the merges (llama-vocab.cpp's pre-tokeniz
                          that is a whole token skips the merges (ignore_merges)
     qwen2                Llama 3's regex with single digits
 
+tokenizer.ggml.model "llama" is SentencePiece BPE with byte fallback (TinyLlama, Llama 2,
+Mistral): `tokens` with `scores`, no merges (see `_sentencepiece_bpe`).
+
 Control and unknown tokens become special added tokens (matched in text only when allowed,
 as llama.cpp's parse_special); user-defined ones become added tokens that are not special
 (llama.cpp matches them in any text). The other metadata: tokenizer.ggml.bos_token_id,
 eos_token_id then eot_token_id and eom_token_id (the end-of-text ids), add_bos_token (when
-absent, llama.cpp's default: true for llama-bpe, false otherwise) and tokenizer.chat_template.
+absent, llama.cpp's default: true for llama-bpe and SentencePiece, false otherwise) and
+tokenizer.chat_template.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from .huggingface import HFTokenizer, tokenizers_package
 
 __all__ = ["GGUF_PRE_TOKENIZERS", "gguf_tokenizer"]
 
-_UNKNOWN, _CONTROL, _USER_DEFINED = 2, 3, 4  # gguf.TokenType
+_NORMAL, _UNKNOWN, _CONTROL, _USER_DEFINED = 1, 2, 3, 4  # gguf.TokenType
 
 
 def _llama3_regex(digits: str) -> str:
@@ -67,15 +71,14 @@ def gguf_tokenizer(metadata: Mapping[str, object], source: str = "GGUF file") ->
             or malformed tokens / merges / ids.
     """
     tokenizers = tokenizers_package()
-    model = metadata.get("tokenizer.ggml.model")
+    model, pre = metadata.get("tokenizer.ggml.model"), metadata.get("tokenizer.ggml.pre")
     tokens = metadata.get("tokenizer.ggml.tokens")
-    if model != "gpt2":
+    if model not in ("gpt2", "llama"):
         raise UserError(
             f"{source}: its tokenizer is {model!r}; decoderlm reads GGUF vocabularies of "
-            f"tokenizer.ggml.model 'gpt2' (byte-level BPE)"
+            f"tokenizer.ggml.model 'gpt2' (byte-level BPE) and 'llama' (SentencePiece BPE)"
         )
-    pre = metadata.get("tokenizer.ggml.pre")
-    if pre not in GGUF_PRE_TOKENIZERS:
+    if model == "gpt2" and pre not in GGUF_PRE_TOKENIZERS:
         raise UserError(
             f"{source}: its pre-tokenizer (tokenizer.ggml.pre) is {pre!r}; decoderlm reads "
             f"{', '.join(GGUF_PRE_TOKENIZERS)}"
@@ -85,7 +88,12 @@ def gguf_tokenizer(metadata: Mapping[str, object], source: str = "GGUF file") ->
     types = list(metadata.get("tokenizer.ggml.token_type") or [1] * len(tokens))
     if len(types) != len(tokens):
         raise UserError(f"{source}: {len(types)} token types for {len(tokens)} tokens")
-    library = _byte_level_bpe(tokenizers, tokens, metadata, pre, source)
+    if model == "gpt2":
+        library = _byte_level_bpe(tokenizers, tokens, metadata, pre, source)
+        add_bos = GGUF_PRE_TOKENIZERS[pre][3]
+    else:
+        library = _sentencepiece_bpe(tokenizers, tokens, types, metadata, source)
+        add_bos = True
     typed = list(zip(tokens, types, strict=True))
     library.add_special_tokens(
         [_added(tokenizers, t, True) for t, k in typed if k in (_UNKNOWN, _CONTROL)]
@@ -98,7 +106,7 @@ def gguf_tokenizer(metadata: Mapping[str, object], source: str = "GGUF file") ->
         library,
         bos_token_id=get("tokenizer.ggml.bos_token_id"),
         eos_token_ids=[i for i in eos if i is not None],
-        add_bos=get("tokenizer.ggml.add_bos_token", GGUF_PRE_TOKENIZERS[pre][3]),
+        add_bos=get("tokenizer.ggml.add_bos_token", add_bos),
         chat_template=template if isinstance(template, str) else None,
     )
 
@@ -134,4 +142,38 @@ def _byte_level_bpe(tokenizers, tokens: list[str], metadata, pre: str, source: s
         steps.append(pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False))
     library.pre_tokenizer = pre_tokenizers.Sequence(steps)
     library.decoder = tokenizers.decoders.ByteLevel()
+    return library
+
+
+def _sentencepiece_bpe(tokenizers, tokens: list[str], types: list[int], metadata, source: str):
+    """The `tokenizers.Tokenizer` of a SentencePiece BPE vocabulary as llama.cpp runs it: a
+    space before the text (tokenizer.ggml.add_space_prefix, default true; again after each
+    special token) and every space spelled "▁", then the pair whose joined token scores
+    highest merged first (merges ranked by `tokenizer.ggml.scores`), and characters no token
+    covers as their UTF-8 byte tokens <0xXX>.
+
+    Raises:
+        UserError: scores missing or not one per token.
+    """
+    scores = metadata.get("tokenizer.ggml.scores")
+    if not isinstance(scores, list) or len(scores) != len(tokens):
+        raise UserError(f"{source}: a SentencePiece vocabulary needs one score per token")
+    vocab = {t: i for i, t in enumerate(tokens)}
+    pieces = {t for t, k in zip(tokens, types, strict=True) if k in (_NORMAL, _USER_DEFINED)}
+    ranked = []  # (score of the joined token, left, right)
+    for token in pieces:
+        for cut in range(1, len(token)):
+            left, right = token[:cut], token[cut:]
+            if left in pieces and right in pieces:
+                ranked.append((-scores[vocab[token]], vocab[token], cut, left, right))
+    merges = [(left, right) for *_, left, right in sorted(ranked)]
+    unk = next((t for t, k in zip(tokens, types, strict=True) if k == _UNKNOWN), None)
+    model = tokenizers.models.BPE(vocab, merges, unk_token=unk, fuse_unk=True, byte_fallback=True)
+    library = tokenizers.Tokenizer(model)
+    normalizers, decoders = tokenizers.normalizers, tokenizers.decoders
+    prefix = metadata.get("tokenizer.ggml.add_space_prefix", True)
+    steps = [normalizers.Prepend("\u2581")] if prefix else []
+    library.normalizer = normalizers.Sequence([*steps, normalizers.Replace(" ", "\u2581")])
+    back = [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()]
+    library.decoder = decoders.Sequence(back + ([decoders.Strip(" ", 1, 0)] if prefix else []))
     return library
