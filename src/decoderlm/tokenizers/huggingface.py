@@ -175,23 +175,19 @@ class HFTokenizer(Tokenizer):
         Raises:
             UserError: malformed fields (the message names `source`).
         """
-        fields = (data.get("bos_token_id"), data.get("eos_token_ids", []))
-        template = data.get("chat_template")
+        bos, eos = data.get("bos_token_id"), data.get("eos_token_ids", [])
+        template, add_bos = data.get("chat_template"), data.get("add_bos", False)
         if (
             not isinstance(data.get("tokenizer"), dict)
-            or not all(i is None or _is_id(i) for i in [fields[0]])
-            or not (isinstance(fields[1], list) and all(map(_is_id, fields[1])))
-            or not isinstance(data.get("add_bos", False), bool)
+            or not (bos is None or _is_id(bos))
+            or not (isinstance(eos, list) and all(map(_is_id, eos)))
+            or not isinstance(add_bos, bool)
             or not (template is None or isinstance(template, str))
         ):
             raise malformed_tokenizer_error(source, data)
         tokenizer = _from_document(tokenizers_package(), json.dumps(data["tokenizer"]), source)
         return cls(
-            tokenizer,
-            bos_token_id=fields[0],
-            eos_token_ids=fields[1],
-            add_bos=data.get("add_bos", False),
-            chat_template=template,
+            tokenizer, bos_token_id=bos, eos_token_ids=eos, add_bos=add_bos, chat_template=template
         )
 
     @classmethod
