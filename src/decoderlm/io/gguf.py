@@ -45,6 +45,7 @@ from ..model.model import DecoderLM
 from ..model.positions import rope_half_to_interleaved, rope_interleaved_to_half
 from ..model.weights import VERIFY_HINT, load_state, unwrap_model
 from ..tokenizers import ByteTokenizer, CharTokenizer, GPT2Tokenizer, Tokenizer
+from ..tokenizers.gguf_vocab import gguf_tokenizer
 from ..tokenizers.gpt2 import GPT2_BPE_DIR
 from ..tokenizers.hf_json import byte_to_unicode
 from ..tokenizers.load import tokenizer_from_dict
@@ -283,7 +284,7 @@ def _reader(path: Path):
         raise UserError(f"{path} is not a readable GGUF file ({e})") from None
     metadata = {}
     for key, field in reader.fields.items():
-        if key.startswith("GGUF.") or key in ("tokenizer.ggml.scores",):
+        if key.startswith("GGUF."):
             continue
         metadata[key] = field.contents()
     return reader, metadata
@@ -351,17 +352,15 @@ def _config(meta: dict, tensors: dict, arch: str, source: Path) -> ModelConfig:
 
 
 def _tokenizer(meta: dict, source: Path) -> Tokenizer:
-    """decoderlm's description in the file, else GPT-2's BPE when the vocabulary is GPT-2's."""
+    """decoderlm's description in the file, else GPT-2's BPE when the vocabulary is GPT-2's,
+    else the file's vocabulary as llama.cpp tokenizes it (`gguf_tokenizer`)."""
     if TOKENIZER_KEY in meta:
         return tokenizer_from_dict(json.loads(meta[TOKENIZER_KEY]), str(source))
     tokens = meta.get("tokenizer.ggml.tokens")
     gpt2 = json.loads((GPT2_BPE_DIR / "encoder.json").read_text(encoding="utf-8"))
     if tokens is not None and list(tokens) == sorted(gpt2, key=gpt2.get):
         return GPT2Tokenizer()
-    raise UserError(
-        f"{source}: its tokenizer is not GPT-2's BPE and the file carries no decoderlm "
-        f"tokenizer ({TOKENIZER_KEY}); decoderlm reads GGUF files with either"
-    )
+    return gguf_tokenizer(meta, str(source))
 
 
 def load_gguf(

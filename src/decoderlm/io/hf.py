@@ -18,7 +18,7 @@ from ..errors import UserError
 from ..files import read_json, write_json
 from ..model.model import DecoderLM
 from ..model.weights import CONFIG_NAME, WEIGHTS_NAME, unwrap_model
-from ..tokenizers import GPT2Tokenizer, Tokenizer, read_tokenizer
+from ..tokenizers import GPT2_BPE_DIR, GPT2Tokenizer, Tokenizer, read_hf_tokenizer, read_tokenizer
 from ..tokenizers.base import END_OF_TEXT, HF_TOKENIZER_NAME, TOKENIZER_NAME
 from .hf_gpt2 import load_gpt2, save_gpt2
 from .hf_llama import load_llama, save_llama
@@ -111,22 +111,37 @@ def hf_model_type(directory: str | Path) -> str:
 
 def hf_tokenizer(directory: str | Path) -> Tokenizer:
     """The tokenizer of a Hugging Face directory: decoderlm's own file when the directory has
-    one (a `decoderlm export`), else GPT-2's BPE for a GPT-2 model.
+    one (a `decoderlm export`), else GPT-2's BPE for a GPT-2 model whose tokenizer.json (if
+    any) holds GPT-2's vocabulary, else its tokenizer.json through Hugging Face's tokenizers
+    library (`decoderlm.tokenizers.read_hf_tokenizer`: with tokenizer_config.json's special
+    tokens and chat template and generation_config.json's end-of-text ids).
 
     Raises:
-        MissingFileError / UserError: as `hf_model_type`; a Llama directory without
-            decoderlm_tokenizer.json; a malformed tokenizer file.
+        MissingFileError / UserError: as `hf_model_type`; a directory with no tokenizer file
+            (but a GPT-2 one); a malformed tokenizer file; the tokenizers package missing.
     """
     directory = Path(directory)
     model_type = hf_model_type(directory)
     if (directory / TOKENIZER_NAME).is_file():
         return read_tokenizer(directory)
-    if model_type == "gpt2":
+    if model_type == "gpt2" and _gpt2_vocabulary(directory / HF_TOKENIZER_NAME):
         return GPT2Tokenizer()
-    raise UserError(
-        f"{directory} has no {TOKENIZER_NAME}; decoderlm reads the tokenizer of a Llama "
-        f"directory that `decoderlm export` wrote"
-    )
+    if not (directory / HF_TOKENIZER_NAME).is_file():
+        raise UserError(
+            f"{directory} has no {HF_TOKENIZER_NAME} (nor decoderlm's {TOKENIZER_NAME}); "
+            f"decoderlm reads a model's tokenizer from it"
+        )
+    return read_hf_tokenizer(directory)
+
+
+def _gpt2_vocabulary(path: Path) -> bool:
+    """Whether a GPT-2 directory's tokenizer.json is GPT-2's own BPE (or there is none)."""
+    if not path.is_file():
+        return True
+    data = read_json(path)
+    model = data.get("model") if isinstance(data, dict) else None
+    encoder = read_json(GPT2_BPE_DIR / "encoder.json")
+    return isinstance(model, dict) and model.get("vocab") == encoder
 
 
 def load_hf(

@@ -12,8 +12,10 @@ of strings) turns those strings into their ids; disallowed_special=() encodes th
 token's string in the text into its id by default.
 
 The tokenizers themselves: `CharTokenizer` (char.py), `ByteTokenizer` (byte.py),
-`GPT2Tokenizer` (gpt2.py). Each is saved by `save_pretrained` and read back by its class's
-`from_pretrained` (through `read_tokenizer_dict`, here); reading one of any kind: load.py.
+`GPT2Tokenizer` (gpt2.py), `HFTokenizer` (huggingface.py: Hugging Face's tokenizers library,
+for the models read from Hugging Face directories and GGUF files). Each is saved by
+`save_pretrained` and read back by its class's `from_pretrained` (through
+`read_tokenizer_dict`, here); reading one of any kind: load.py.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ __all__ = [
 TOKENIZER_NAME = "decoderlm_tokenizer.json"
 # Hugging Face's format; a run directory of the first format holds {"type": ...} under this name
 HF_TOKENIZER_NAME = "tokenizer.json"
-TOKENIZER_KINDS = ("char", "byte", "gpt2")
+TOKENIZER_KINDS = ("char", "byte", "gpt2")  # the kinds `make_tokenizer` builds (and "hf", read)
 END_OF_TEXT = "<|endoftext|>"
 DEFAULT_UNK_TOKEN = "\ufffd"  # U+FFFD REPLACEMENT CHARACTER, what decoders print for "unknown"
 
@@ -76,7 +78,7 @@ class Tokenizer:
 
     encode(text, unknown="error", *, allowed_special=(), disallowed_special="all") ->
     list[int]; encode_ordinary(text); decode(ids) -> str; vocab_size (int); kind ("char" |
-    "byte" | "gpt2"); special_tokens ({string: id}, empty when none); eot_token (the id of
+    "byte" | "gpt2" | "hf"); special_tokens ({string: id}, empty when none); eot_token (the id of
     "<|endoftext|>", or None); count_unknown(text) -> int; save_pretrained(directory);
     from_pretrained(directory); to_dict() -> {"type": kind, ...the fields that rebuild it};
     from_dict(data, source) (its inverse, on each concrete class).

@@ -31,15 +31,16 @@ from .base import (
 from .byte import ByteTokenizer
 from .char import CharTokenizer
 from .gpt2 import GPT2_EOT_ID, GPT2Tokenizer
+from .huggingface import HFTokenizer
 
 __all__ = ["make_tokenizer", "read_end_of_text_id", "read_tokenizer", "tokenizer_from_dict"]
 
-_CLASSES = {cls.kind: cls for cls in (CharTokenizer, ByteTokenizer, GPT2Tokenizer)}
+_CLASSES = {cls.kind: cls for cls in (CharTokenizer, ByteTokenizer, GPT2Tokenizer, HFTokenizer)}
 
 
 def tokenizer_from_dict(data, source: str = "tokenizer") -> Tokenizer:
     """The tokenizer described by `to_dict()`'s output ({"type": "char", "chars": [...],
-    "unk_token": ...} | {"type": "byte"} | {"type": "gpt2"}).
+    "unk_token": ...} | {"type": "byte"} | {"type": "gpt2"} | {"type": "hf", "tokenizer": ...}).
 
     Raises:
         UserError: an unknown type or malformed fields (the message names `source`).
@@ -51,7 +52,7 @@ def tokenizer_from_dict(data, source: str = "tokenizer") -> Tokenizer:
 
 
 def read_tokenizer(directory: str | Path) -> Tokenizer:
-    """The tokenizer saved in a directory: char, byte or gpt2, from its
+    """The tokenizer saved in a directory: char, byte, gpt2 or hf, from its
     decoderlm_tokenizer.json, or, where that file is missing, from a tokenizer.json that holds
     {"type": ...} (a run directory of the first format).
 
