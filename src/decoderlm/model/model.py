@@ -197,7 +197,12 @@ class CausalSelfAttention(nn.Module):
         else:
             grouped = {"enable_gqa": True} if H_kv != H else {}
             z = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=mask is None and T > 1,
+                q,
+                k,
+                v,
+                attn_mask=mask,
+                dropout_p=dropout_p,
+                is_causal=mask is None and T > 1,
                 **grouped,
             )
         y = self.hook_z(z.transpose(1, 2)).reshape(B, T, H * D)  # z [B, T, n_heads, head_dim]
