@@ -101,7 +101,7 @@ def attention_pattern(q: Tensor, k: Tensor) -> Tensor:
     return scores.float().masked_fill(future, float("-inf")).softmax(dim=-1)
 
 
-ONE_QUERY_MIN_ELEMENTS = 2**15  # n_heads x keys x head_dim; below it the fused kernel wins
+ONE_QUERY_MIN_ELEMENTS = 2**15  # n_kv_heads x keys x head_dim; below it the fused kernel wins
 
 
 def _written_out_wins(q: Tensor, k: Tensor) -> bool:
