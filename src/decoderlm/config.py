@@ -100,6 +100,47 @@ def _check_real(
         raise UserError(f"{name} must be a finite number {interval}, got {value!r}{hint}")
 
 
+ROPE_SCALING_KEYS = (
+    "rope_type",
+    "factor",
+    "low_freq_factor",
+    "high_freq_factor",
+    "original_max_position_embeddings",
+)
+
+
+def _check_rope_scaling(scaling, pos_encoding: str) -> None:
+    """Raise UserError unless `scaling` is Llama 3's rope_scaling (see ModelConfig) with rope."""
+    example = (
+        '{"rope_type": "llama3", "factor": 32, "low_freq_factor": 1, "high_freq_factor": 4, '
+        '"original_max_position_embeddings": 8192}'
+    )
+    if not isinstance(scaling, dict) or scaling.get("rope_type") != "llama3":
+        kind = scaling.get("rope_type") if isinstance(scaling, dict) else scaling
+        raise UserError(
+            f"rope_scaling supports Llama 3's scaling only (rope_type 'llama3'), got "
+            f"{kind!r}; give {example} or none"
+        )
+    if pos_encoding != "rope" or set(scaling) != set(ROPE_SCALING_KEYS):
+        problem = (
+            f"needs pos_encoding 'rope', not {pos_encoding!r}"
+            if pos_encoding != "rope"
+            else f"needs exactly the keys {list(ROPE_SCALING_KEYS)}, got {sorted(scaling)}"
+        )
+        raise UserError(f"rope_scaling {problem}; e.g. {example}")
+    numbers = {k: scaling[k] for k in ROPE_SCALING_KEYS[1:]}
+    ok = all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+        for v in numbers.values()
+    )
+    low, high = numbers["low_freq_factor"], numbers["high_freq_factor"]
+    if not ok or numbers["factor"] < 1 or high <= low:
+        raise UserError(
+            f"rope_scaling's numbers must be positive with factor >= 1 and high_freq_factor > "
+            f"low_freq_factor, got {numbers}; e.g. {example}"
+        )
+
+
 def _check_choices(obj) -> None:
     """Raise UserError unless each field typed Literal[...] holds one of its values."""
     for name, hint in typing.get_type_hints(type(obj)).items():
@@ -129,7 +170,15 @@ class ModelConfig:
             limit (their tables are sized to it); generation slides its context only once
             it is reached. A learned table has block_size rows, so "learned" allows no more.
         n_layers: number of decoder blocks.
-        n_heads: attention heads per block; head_dim = d_model / n_heads.
+        n_heads: query heads per block.
+        n_kv_heads: key and value heads per block (grouped-query attention, Ainslie et al.
+            2023: query head h reads key/value head h // (n_heads / n_kv_heads), as Hugging
+            Face's repeat_kv); None means n_heads (multi-head attention), 1 is multi-query
+            attention (Shazeer 2019). Must divide n_heads. KV caches hold n_kv_heads heads.
+        head_dim: width of one attention head; None means d_model / n_heads. Any positive
+            value (even with rope) otherwise: the fused qkv projection is d_model ->
+            (n_heads + 2 n_kv_heads) head_dim and attn.proj is n_heads head_dim -> d_model,
+            so d_model need not equal n_heads head_dim.
         d_model: width of the residual stream, x is [B, T, d_model].
         d_ff: hidden width of the MLP; None means 4 * d_model for "gelu" (GPT-2) and Llama's
             rule for "swiglu": 2/3 * 4 * d_model rounded up to a multiple of 256.
@@ -142,6 +191,9 @@ class ModelConfig:
         resid_dropout: dropout on the outputs of the attention and MLP branches instead of
             `dropout` (None: `dropout`).
         bias: whether Linear layers and LayerNorms carry a bias.
+        qkv_bias: the fused q/k/v projection carries a bias even when bias is false, and the
+            attention's output projection follows bias (Qwen2: q, k and v biases, none
+            elsewhere).
         tie_embeddings: share the unembedding matrix with the token embedding (GPT-2).
         pos_encoding: "learned" (GPT-2: a trained [block_size, d_model] table added to the
             token embeddings), "sinusoidal" (Vaswani et al. 2017, section 3.5: a fixed table,
@@ -149,6 +201,12 @@ class ModelConfig:
             or "rope" (rotary, Su et al. 2021: q and k of every head rotated by position;
             the half-split layout of GPT-NeoX and Hugging Face Llama).
         rope_base: the rotary base theta (10,000 in Su et al. and Llama).
+        rope_scaling: None, or Llama 3's static rescaling of the rotary inverse frequencies
+            (the same at every length), a JSON object {"rope_type": "llama3", "factor": 32,
+            "low_freq_factor": 1, "high_freq_factor": 4, "original_max_position_embeddings":
+            8192} (Llama 3.2's values): wavelengths above original / low_freq_factor are
+            divided by factor, those below original / high_freq_factor kept, and those
+            between interpolated (transformers' _compute_llama3_parameters). Rope only.
         norm_position: "pre" (GPT-2: x + f(norm(x)), plus a final norm) or "post" (Vaswani
             et al.: norm(x + f(x)), no final norm).
         norm: "layernorm" (Ba et al. 2016) or "rmsnorm" (Zhang & Sennrich 2019; no bias).
@@ -167,8 +225,9 @@ class ModelConfig:
 
     Raises:
         UserError: a size is not a positive integer, padded_vocab_size is below vocab_size,
-            d_model is not divisible by n_heads,
-            head_dim is odd with rope, max_positions is below block_size (or above it with
+            d_model is not divisible by n_heads (head_dim unset), n_kv_heads does not divide
+            n_heads, head_dim is odd with rope, rope_scaling is not Llama 3's (or is set
+            without rope), max_positions is below block_size (or above it with
             learned positions), dropout is outside [0, 1), or an option is not one of
             its choices.
     """
@@ -179,6 +238,8 @@ class ModelConfig:
     max_positions: int | None = None
     n_layers: int = 12
     n_heads: int = 12
+    n_kv_heads: int | None = None
+    head_dim: int | None = None
     d_model: int = 768
     d_ff: int | None = None
     dropout: float = 0.0
@@ -186,9 +247,11 @@ class ModelConfig:
     attn_dropout: float | None = None
     resid_dropout: float | None = None
     bias: bool = True
+    qkv_bias: bool = False
     tie_embeddings: bool = True
     pos_encoding: Literal["learned", "sinusoidal", "rope"] = "learned"
     rope_base: float = 10000.0
+    rope_scaling: dict | None = None
     norm_position: Literal["pre", "post"] = "pre"
     norm: Literal["layernorm", "rmsnorm"] = "layernorm"
     norm_eps: float = 1e-5
@@ -227,32 +290,44 @@ class ModelConfig:
                 f"({self.block_size}) needs pos_encoding 'sinusoidal' or 'rope': "
                 f"a learned position table has only block_size rows"
             )
-        if self.d_model % self.n_heads != 0:
-            raise UserError(
-                f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads}); "
-                f"choose n_heads among the divisors of d_model"
-            )
-        if self.pos_encoding == "rope" and self.head_dim % 2:
-            raise UserError(f"rope needs an even head_dim, got d_model / n_heads = {self.head_dim}")
+        self._check_heads()
         _check_real(self, "dropout", 0.0, 1.0, high_open=True)
         for name in ("embed_dropout", "attn_dropout", "resid_dropout"):
             if getattr(self, name) is not None:
                 _check_real(self, name, 0.0, 1.0, high_open=True)
         _check_real(self, "rope_base", 1.0, low_open=True)
         _check_real(self, "norm_eps", 0.0, low_open=True)
-        _check_bool(self, "bias", "tie_embeddings", "qk_norm", "zero_init_proj")
+        _check_bool(self, "bias", "qkv_bias", "tie_embeddings", "qk_norm", "zero_init_proj")
         if self.logit_softcap is not None:
             _check_real(self, "logit_softcap", 0.0, low_open=True)
+        if self.rope_scaling is not None:
+            _check_rope_scaling(self.rope_scaling, self.pos_encoding)
+
+    def _check_heads(self) -> None:
+        """Resolve n_kv_heads and head_dim (None: n_heads, d_model / n_heads) and check them."""
+        if self.head_dim is None:
+            if self.d_model % self.n_heads != 0:
+                raise UserError(
+                    f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads}); "
+                    f"choose n_heads among the divisors of d_model, or set head_dim"
+                )
+            self.head_dim = self.d_model // self.n_heads
+        _check_int(self, "head_dim", high=2**31)
+        if self.n_kv_heads is None:
+            self.n_kv_heads = self.n_heads
+        _check_int(self, "n_kv_heads", high=2**31)
+        if self.n_heads % self.n_kv_heads:
+            raise UserError(
+                f"n_kv_heads ({self.n_kv_heads}) must divide n_heads ({self.n_heads}): each "
+                f"key/value head serves n_heads / n_kv_heads query heads"
+            )
+        if self.pos_encoding == "rope" and self.head_dim % 2:
+            raise UserError(f"rope needs an even head_dim, got head_dim = {self.head_dim}")
 
     def dropout_at(self, place: Literal["embed", "attn", "resid"]) -> float:
         """The dropout probability of a place: its own field when set, else `dropout`."""
         own = getattr(self, f"{place}_dropout")
         return self.dropout if own is None else own
-
-    @property
-    def head_dim(self) -> int:
-        """Width of one attention head: d_model // n_heads."""
-        return self.d_model // self.n_heads
 
     @property
     def vocab_rows(self) -> int:

@@ -236,7 +236,7 @@ def generate(
 ) -> torch.Tensor:
     """Extend idx by max_new_tokens tokens sampled from `model`, with a KV cache.
 
-    One forward pass over the prompt fills the cache (a `KVCache`: per layer [B, n_heads,
+    One forward pass over the prompt fills the cache (a `KVCache`: per layer [B, n_kv_heads,
     max_positions + 1, head_dim]); then each new token is one forward pass of one position. When
     the sequence outgrows the config's max_positions (block_size, the trained length, unless
     a sinusoidal or rotary model allows more) the context slides: one forward pass over the

@@ -26,10 +26,12 @@ def count_parameters(config: ModelConfig) -> dict[str, int]:
     """Closed-form parameter count of a DecoderLM, with a breakdown.
 
     With d = d_model, V = vocab_rows (padded_vocab_size when set, else vocab_size; padded
-    rows are parameters too), L = n_layers, f = d_ff, b = 1 if bias else 0:
+    rows are parameters too), L = n_layers, f = d_ff, b = 1 if bias else 0, b_qkv = 1 if
+    bias or qkv_bias else 0, q = n_heads head_dim, kv = n_kv_heads head_dim:
         embeddings = V d (+ block_size d for a learned position table; sinusoidal and rotary
                      positions have no parameters)
-        attention  = L (3 d^2 + 3 b d + d^2 + b d)            (fused QKV + output projection)
+        attention  = L ((d + b_qkv) (q + 2 kv) + q d + b d)  (fused QKV + output projection;
+                     3 d^2 + 3 b d + d^2 + b d for multi-head attention with head_dim d / H)
         mlp        = L (2 d f + b f + b d)       for "gelu", "relu2"  (fc + proj)
                      L (3 d f + 2 b f + b d)     for "swiglu"  (gate + fc + proj)
         norms      = n_norms (d + b d) for LayerNorm, n_norms d for RMSNorm, where
@@ -51,9 +53,11 @@ def count_parameters(config: ModelConfig) -> dict[str, int]:
     n_norms = 2 * L + (1 if config.norm_position == "pre" else 0)
     per_norm = d if config.norm == "rmsnorm" else d + b * d
     mlp = 3 * d * f + 2 * b * f + b * d if config.mlp == "swiglu" else 2 * d * f + b * f + b * d
+    q, kv = _attention_widths(config)
+    b_qkv = int(config.bias or config.qkv_bias)
     counts = {
         "embeddings": V * d + position_table,
-        "attention": L * (3 * d * d + 3 * b * d + d * d + b * d),
+        "attention": L * ((d + b_qkv) * (q + 2 * kv) + q * d + b * d),
         "mlp": L * mlp,
         "norms": n_norms * per_norm,
         "head": 0 if config.tie_embeddings else V * d,
@@ -61,6 +65,11 @@ def count_parameters(config: ModelConfig) -> dict[str, int]:
     counts["total"] = sum(counts.values())
     counts["non_embedding"] = counts["total"] - position_table
     return counts
+
+
+def _attention_widths(config: ModelConfig) -> tuple[int, int]:
+    """(n_heads head_dim, n_kv_heads head_dim): the widths of q and of each of k and v."""
+    return config.n_heads * config.head_dim, config.n_kv_heads * config.head_dim
 
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}  # by torch's name (canonical_dtype)
@@ -95,11 +104,13 @@ def flops_per_token(
     """FLOPs (multiply-adds count 2) per token and per sequence of length seq_len.
 
     forward = 2 N + attention, training (forward + backward) = 3 x forward, with N =
-    `matmul_parameters(config)` and L = n_layers, T = seq_len, d = d_model:
+    `matmul_parameters(config)` and L = n_layers, T = seq_len, d_attn = n_heads head_dim
+    (d_model unless head_dim is set; grouped key/value heads do not change it: every query
+    head still scores T keys and sums T values):
         "kaplan" (Kaplan et al. 2020, table 1; causal attention, each query sees T/2 keys on
-                 average):  attention = 2 L T d, so training = 6N + 6 L T d
+                 average):  attention = 2 L T d_attn, so training = 6N + 6 L T d_attn
         "palm"   (Chowdhery et al. 2022, appendix B; full T x T attention, as nanoGPT's MFU):
-                 attention = 4 L T d, so training = 6N + 12 L T d  (= 6N + 12 L H Q T)
+                 attention = 4 L T d_attn, so training = 6N + 12 L T d_attn (= 6N + 12 L H Q T)
 
     Returns:
         dict: n_matmul_params, forward, training (per token), forward_per_sequence,
@@ -113,7 +124,7 @@ def flops_per_token(
     if factor is None:
         raise UserError(f"convention must be 'kaplan' or 'palm', got {convention!r}")
     N = matmul_parameters(config)
-    forward = 2 * N + factor * config.n_layers * T * config.d_model
+    forward = 2 * N + factor * config.n_layers * T * _attention_widths(config)[0]
     return {
         "n_matmul_params": N,
         "forward": forward,
@@ -134,13 +145,15 @@ def activation_bytes_per_token(
     """Bytes autograd keeps per token for the backward pass of this implementation.
 
     Per block, with dropout 0 (the fused scaled_dot_product_attention path, which keeps no
-    T x T matrix, so memory is linear in T), in elements of `dtype`: the two norms' inputs and
-    outputs (4 d), q, k, v (3 d), the attention output and its log-sum-exp (d + n_heads), and
-    the MLP hidden activations: pre- and post-GELU (2 d_ff) or, for SwiGLU, gate, up, SiLU and
-    product (4 d_ff). Rotary positions add the rotated q and k and their contiguous copies
-    (4 d). With dropout > 0, attention runs the explicit path, which keeps scores,
-    probabilities, dropped probabilities (3 n_heads T elements) and a byte mask (n_heads T
-    bytes), plus two residual-dropout byte masks (2 d bytes): that part grows as T^2.
+    T x T matrix, so memory is linear in T), in elements of `dtype`, with q = n_heads
+    head_dim and kv = n_kv_heads head_dim (both d for multi-head attention with head_dim
+    d / n_heads): the two norms' inputs and outputs (4 d), q, k, v (q + 2 kv), the attention
+    output and its log-sum-exp (q + n_heads), and the MLP hidden activations: pre- and
+    post-GELU (2 d_ff) or, for SwiGLU, gate, up, SiLU and product (4 d_ff). Rotary positions
+    add the rotated q and k and their contiguous copies (2 q + 2 kv). With dropout > 0,
+    attention runs the explicit path, which keeps scores, probabilities, dropped
+    probabilities (3 n_heads T elements) and a byte mask (n_heads T bytes), plus two
+    residual-dropout byte masks (2 d bytes): that part grows as T^2.
     Outside the blocks: the embedding sum and the final norm's output (2 d elements) and the
     logits and their log-softmax (2 vocab_size float32 elements).
 
@@ -149,11 +162,14 @@ def activation_bytes_per_token(
     """
     b = _bytes_per_element(dtype)
     d, f, H = config.d_model, config.d_ff, config.n_heads
+    q, kv = _attention_widths(config)
     per_layer = (
-        8 * d
+        4 * d
+        + 2 * q
+        + 2 * kv
         + H
         + (4 * f if config.mlp == "swiglu" else 2 * f)
-        + (4 * d if config.pos_encoding == "rope" else 0)
+        + (2 * q + 2 * kv if config.pos_encoding == "rope" else 0)
     ) * b
     if config.dropout > 0:
         per_layer += 3 * H * seq_len * b + H * seq_len + 2 * d
@@ -178,11 +194,13 @@ def memory_bytes(
     kept in the parameters' dtype as torch.optim.AdamW does; activations: B T x
     `activation_bytes_per_token` (logits in float32, the rest in dtype); with activation
     checkpointing only each block's input (d per token per layer) is kept, plus one block's
-    activations while it is recomputed. kv_cache: 2 n_layers B T d_model x bytes (Pope et al.
-    2022), what inference keeps for T cached positions. training_total = weights + gradients +
-    adamw + activations. training_peak adds loss_backward_transient: at the start of backward
-    the gradients of the log-probabilities and of the logits (2 B T vocab_size float32) live
-    beside all the activations; with a large vocabulary this is the step's high-water mark.
+    activations while it is recomputed. kv_cache: 2 n_layers B T n_kv_heads head_dim x bytes
+    (Pope et al. 2022; 2 n_layers B T d_model for multi-head attention with head_dim d_model /
+    n_heads), what inference keeps for T cached positions (a `KVCache`'s buffers).
+    training_total = weights + gradients + adamw + activations. training_peak adds
+    loss_backward_transient: at the start of backward the gradients of the log-probabilities
+    and of the logits (2 B T vocab_size float32) live beside all the activations; with a
+    large vocabulary this is the step's high-water mark.
 
     Raises:
         UserError: unknown dtype, or seq_len outside 1..max_positions.
@@ -202,7 +220,7 @@ def memory_bytes(
         "gradients": P * b,
         "adamw": 2 * P * b,
         "activations": activations,
-        "kv_cache": 2 * config.n_layers * batch_size * T * config.d_model * b,
+        "kv_cache": 2 * config.n_layers * batch_size * T * _attention_widths(config)[1] * b,
     }
     out["training_total"] = out["weights"] + out["gradients"] + out["adamw"] + activations
     out["loss_backward_transient"] = 2 * batch_size * T * config.vocab_size * 4

@@ -14,7 +14,8 @@ __all__ = ["KVCache", "SlotKVCache"]
 class KVCache:
     """Keys and values of every layer for decoding.
 
-    k[l], v[l]: [B, n_heads, max_positions + 1, head_dim] in `dtype`, of which the first
+    k[l], v[l]: [B, n_kv_heads, max_positions + 1, head_dim] in `dtype` (grouped-query
+    attention's n_kv_heads key/value heads only, never repeated), of which the first
     `length` (<= max_positions) positions are filled. The spare position keeps even a full
     cache a strict slice of the buffers, so one compiled decoding step serves every length (a
     slice that is the whole buffer would be compiled again).
@@ -26,7 +27,7 @@ class KVCache:
     """
 
     def __init__(self, config: ModelConfig, batch_size: int, device, dtype):
-        shape = (batch_size, config.n_heads, config.max_positions + 1, config.head_dim)
+        shape = (batch_size, config.n_kv_heads, config.max_positions + 1, config.head_dim)
         self.k = [torch.empty(shape, device=device, dtype=dtype) for _ in range(config.n_layers)]
         self.v = [torch.empty(shape, device=device, dtype=dtype) for _ in range(config.n_layers)]
         self.length = 0
@@ -34,8 +35,8 @@ class KVCache:
     def update(
         self, layer: int, k: torch.Tensor, v: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write the new keys and values k, v [B, n_heads, T, head_dim] of `layer` at positions
-        length..length + T - 1 and return all of them, [B, n_heads, length + T, head_dim]
+        """Write the new keys and values k, v [B, n_kv_heads, T, head_dim] of `layer` at positions
+        length..length + T - 1 and return all of them, [B, n_kv_heads, length + T, head_dim]
         each. `length` itself moves on in `advance`, once every layer has been updated."""
         start, T = self.length, k.size(-2)
         self.k[layer][:, :, start : start + T] = k
@@ -76,7 +77,7 @@ class SlotKVCache:
     batching): row i of the buffers holds the i-th active sequence, `lengths[i]` positions of
     it filled; sequences join (`put`) and leave (`remove`) between forward passes.
 
-    k[l], v[l]: [capacity, n_heads, max_positions + 1, head_dim] in `dtype`; capacity grows
+    k[l], v[l]: [capacity, n_kv_heads, max_positions + 1, head_dim] in `dtype`; capacity grows
     (doubling, up to max_rows) as sequences join. A forward pass over one new token of each
     of the B = `rows` active sequences (DecoderLM.forward_cached with this cache) writes
     row i's keys and values at position lengths[i] and attends over positions
@@ -102,7 +103,7 @@ class SlotKVCache:
 
     def _grow(self, capacity: int) -> None:
         c = self.config
-        shape = (capacity, c.n_heads, c.max_positions + 1, c.head_dim)
+        shape = (capacity, c.n_kv_heads, c.max_positions + 1, c.head_dim)
         for buffers in (self.k, self.v):
             for layer in range(c.n_layers):
                 # zeros, not empty: a masked position gets weight 0, and 0 * NaN is NaN
@@ -154,8 +155,8 @@ class SlotKVCache:
     def update(
         self, layer: int, k: torch.Tensor, v: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write the new keys and values k, v [B, n_heads, 1, head_dim] of `layer` at each
-        row's length and return the rows' filled prefixes, [B, n_heads, S, head_dim] each
+        """Write the new keys and values k, v [B, n_kv_heads, 1, head_dim] of `layer` at each
+        row's length and return the rows' filled prefixes, [B, n_kv_heads, S, head_dim] each
         with S = max(lengths) + 1 (positions past a row's own length are masked out)."""
         B, S = self.rows, int(self.lengths.max()) + 1
         rows = torch.arange(B, device=self.device)

@@ -65,25 +65,48 @@ def make_norm(config: ModelConfig) -> nn.Module:
     return nn.LayerNorm(config.d_model, eps=config.norm_eps, bias=config.bias)
 
 
+def _scores(q: Tensor, k: Tensor) -> Tensor:
+    """q k^T / sqrt(head_dim) per query head: q [B, n_heads, T, head_dim], k [B, n_kv_heads,
+    S, head_dim] -> [B, n_heads, T, S]. With grouped heads (n_kv_heads < n_heads) the G =
+    n_heads / n_kv_heads query heads of a group (consecutive heads) are stacked along T, so
+    each key head multiplies once, without repeating k."""
+    B, H, T, D = q.shape
+    q = q * (1.0 / math.sqrt(D))
+    if k.size(1) == H:
+        return q @ k.transpose(-2, -1)
+    return (q.reshape(B, k.size(1), -1, D) @ k.transpose(-2, -1)).view(B, H, T, -1)
+
+
+def _weighted(att: Tensor, v: Tensor) -> Tensor:
+    """att v per query head: att [B, n_heads, T, S] (in v's dtype), v [B, n_kv_heads, S,
+    head_dim] -> [B, n_heads, T, head_dim]; grouped heads as in `_scores`, v not repeated."""
+    B, H, T, S = att.shape
+    if v.size(1) == H:
+        return att @ v
+    return (att.reshape(B, v.size(1), -1, S) @ v).view(B, H, T, -1)
+
+
 def attention_pattern(q: Tensor, k: Tensor) -> Tensor:
     """Causal attention probabilities softmax(q k^T / sqrt(head_dim)), future masked.
 
-    q, k: [B, n_heads, T, head_dim], any floating dtype. Returns att [B, n_heads, T, T]
-    float32: row t sums to 1 and att[..., t, s] == 0 for every s > t. q is scaled before the
-    matmul and the softmax runs in float32, so float16 inputs with large q.k do not overflow.
+    q [B, n_heads, T, head_dim], k [B, n_kv_heads, T, head_dim] (n_kv_heads divides n_heads;
+    query head h reads key head h // (n_heads / n_kv_heads)), any floating dtype. Returns
+    att [B, n_heads, T, T] float32: row t sums to 1 and att[..., t, s] == 0 for every s > t.
+    q is scaled before the matmul and the softmax runs in float32, so float16 inputs with
+    large q.k do not overflow.
     """
     T = q.size(-2)
-    scores = (q * (1.0 / math.sqrt(q.size(-1)))) @ k.transpose(-2, -1)
+    scores = _scores(q, k)
     future = torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1)
     return scores.float().masked_fill(future, float("-inf")).softmax(dim=-1)
 
 
-ONE_QUERY_MIN_ELEMENTS = 2**15  # n_heads x keys x head_dim; below it the fused kernel wins
+ONE_QUERY_MIN_ELEMENTS = 2**15  # n_kv_heads x keys x head_dim; below it the fused kernel wins
 
 
 def _written_out_wins(q: Tensor, k: Tensor) -> bool:
     """Whether `one_query_attention` beats scaled_dot_product_attention: bfloat16 on the CPU
-    once a sequence's keys hold 2^15 elements or more (n_heads x S x head_dim: 43 keys of
+    once a sequence's keys hold 2^15 elements or more (n_kv_heads x S x head_dim: 43 keys of
     GPT-2 small's 12 x 64, 256 of 4 x 32), past which torch's CPU flash-attention kernel
     (aten::_scaled_dot_product_flash_attention_for_cpu in `python benchmarks/decode_profile.py
     --shape small`) takes up to several times longer for one query; its cost grows about
@@ -98,16 +121,22 @@ def _written_out_wins(q: Tensor, k: Tensor) -> bool:
 def one_query_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
     """softmax(q k^T / sqrt(head_dim)) v for new queries that may see every key allowed by
     `mask` (bool [B, 1, T, S], True where allowed; None: all of them, as for one new token
-    after its cache): q [B, n_heads, T, head_dim], k, v [B, n_heads, S, head_dim] ->
-    [B, n_heads, T, head_dim] in v's dtype; the softmax runs in float32."""
-    scores = ((q * (1.0 / math.sqrt(q.size(-1)))) @ k.transpose(-2, -1)).float()
+    after its cache): q [B, n_heads, T, head_dim], k, v [B, n_kv_heads, S, head_dim] (grouped
+    as in `attention_pattern`) -> [B, n_heads, T, head_dim] in v's dtype; the softmax runs in
+    float32."""
+    scores = _scores(q, k).float()
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
-    return scores.softmax(dim=-1).to(v.dtype) @ v
+    return _weighted(scores.softmax(dim=-1).to(v.dtype), v)
 
 
 class CausalSelfAttention(nn.Module):
-    """Multi-head causal self-attention with one fused QKV projection.
+    """Multi-head (or grouped-query) causal self-attention with one fused QKV projection.
+
+    qkv: Linear(d_model, (n_heads + 2 n_kv_heads) head_dim), its output rows ordered q
+    (n_heads head_dim), k (n_kv_heads head_dim), v (n_kv_heads head_dim), each head by head;
+    proj: Linear(n_heads head_dim, d_model). Query head h reads key/value head
+    h // (n_heads / n_kv_heads) (Hugging Face's repeat_kv order).
 
     forward(x [B, T, d_model], rope=None, cache=None, mask=None) -> [B, T, d_model].
     rope: (cos, sin) [T or B x 1 x T, head_dim / 2] when the config's pos_encoding is "rope".
@@ -124,26 +153,30 @@ class CausalSelfAttention(nn.Module):
 
     def __init__(self, config: ModelConfig, layer: int = 0):
         super().__init__()
-        self.n_heads, self.layer = config.n_heads, layer
+        self.n_heads, self.n_kv_heads, self.layer = config.n_heads, config.n_kv_heads, layer
+        self.head_dim = config.head_dim
         self.dropout = config.dropout_at("attn")
         self.qk_norm_eps = config.norm_eps if config.qk_norm else None
         self.impl = "sdpa"
-        self.qkv = nn.Linear(config.d_model, 3 * config.d_model, bias=config.bias)
-        # hooks see q, k, v as [B, T, n_heads, head_dim] (TransformerLens's layout)
+        rows = (config.n_heads + 2 * config.n_kv_heads) * config.head_dim
+        self.qkv = nn.Linear(config.d_model, rows, bias=config.bias or config.qkv_bias)
+        # hooks see q as [B, T, n_heads, head_dim], k and v as [B, T, n_kv_heads, head_dim]
+        # (TransformerLens's layout, grouped heads kept grouped)
         self.hook_q, self.hook_k = HeadsHookPoint(), HeadsHookPoint()
         self.hook_v = HeadsHookPoint()
         if config.pos_encoding == "rope":  # q and k after the rotation (TransformerLens's)
             self.hook_rot_q, self.hook_rot_k = HeadsHookPoint(), HeadsHookPoint()
         self.hook_pattern, self.hook_z = HookPoint(), HookPoint()
-        self.proj = nn.Linear(config.d_model, config.d_model, bias=config.bias)
+        self.proj = nn.Linear(config.n_heads * config.head_dim, config.d_model, bias=config.bias)
         self.resid_dropout = nn.Dropout(config.dropout_at("resid"))
 
     def forward(self, x: Tensor, rope=None, cache: KVCache | None = None, mask=None) -> Tensor:
-        B, T, C = x.shape
+        B, T, _ = x.shape
+        H, H_kv, D = self.n_heads, self.n_kv_heads, self.head_dim
         q, k, v = (
-            t.view(B, T, self.n_heads, C // self.n_heads).transpose(1, 2)
-            for t in self.qkv(x).split(C, dim=2)
-        )  # [B, n_heads, T, head_dim] each
+            t.view(B, T, -1, D).transpose(1, 2)
+            for t in self.qkv(x).split((H * D, H_kv * D, H_kv * D), dim=2)
+        )  # q [B, n_heads, T, head_dim]; k, v [B, n_kv_heads, T, head_dim]
         if self.qk_norm_eps is not None:  # QK-norm: unit RMS over head_dim, no gain
             q = F.rms_norm(q, (q.size(-1),), eps=self.qk_norm_eps)
             k = F.rms_norm(k, (k.size(-1),), eps=self.qk_norm_eps)
@@ -152,20 +185,27 @@ class CausalSelfAttention(nn.Module):
             q = self.hook_rot_q(apply_rope(q, *rope))
             k = self.hook_rot_k(apply_rope(k, *rope))
         if cache is not None:
-            k, v = cache.update(self.layer, k, v)  # [B, n_heads, S, head_dim], S = length + T
+            k, v = cache.update(self.layer, k, v)  # [B, n_kv_heads, S, head_dim], S = length + T
         dropout_p = self.dropout if self.training else 0.0
         explicit = self.impl == "explicit" and self.training
         if cache is None and (explicit or self.hook_pattern.has_hooks()):
             att = self.hook_pattern(attention_pattern(q, k))  # [B, n_heads, T, T] float32
             att = F.dropout(att, dropout_p) if dropout_p > 0 else att
-            z = att.to(v.dtype) @ v
+            z = _weighted(att.to(v.dtype), v)
         elif cache is not None and T == 1 and _written_out_wins(q, k):
             z = one_query_attention(q, k, v, mask)
         else:
+            grouped = {"enable_gqa": True} if H_kv != H else {}
             z = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=mask is None and T > 1
+                q,
+                k,
+                v,
+                attn_mask=mask,
+                dropout_p=dropout_p,
+                is_causal=mask is None and T > 1,
+                **grouped,
             )
-        y = self.hook_z(z.transpose(1, 2)).reshape(B, T, C)  # z [B, T, n_heads, head_dim]
+        y = self.hook_z(z.transpose(1, 2)).reshape(B, T, H * D)  # z [B, T, n_heads, head_dim]
         return self.resid_dropout(self.proj(y))
 
 
@@ -248,16 +288,18 @@ class DecoderLM(nn.Module):
 
     Hook points (identity `HookPoint`s; attach forward hooks, or use
     `decoderlm.model.hooks.run_with_cache`), for layer l, with TransformerLens's names and
-    layouts (its [batch, pos, head_index, d_head] is [B, T, n_heads, head_dim]):
+    layouts (its [batch, pos, head_index, d_head] is [B, T, n_heads, head_dim]; keys and
+    values keep their n_kv_heads grouped heads, as TransformerLens does):
 
         hook_embed                   [B, T, d_model]   token embedding (tok_emb(idx))
         hook_pos_embed               [B, T, d_model]   position embedding (learned and
                                      sinusoidal positions only)
         blocks.l.hook_resid_pre      [B, T, d_model]   the block's input (block 0: the sum
                                      of the two above, after embedding dropout)
-        blocks.l.attn.hook_q/_k/_v   [B, T, n_heads, head_dim]  queries, keys (after QK-norm),
-                                     values
-        blocks.l.attn.hook_rot_q/_k  [B, T, n_heads, head_dim]  q and k after rope (rope only)
+        blocks.l.attn.hook_q         [B, T, n_heads, head_dim]  queries (after QK-norm)
+        blocks.l.attn.hook_k/_v      [B, T, n_kv_heads, head_dim]  keys (after QK-norm), values
+        blocks.l.attn.hook_rot_q     [B, T, n_heads, head_dim]  q after rope (rope only)
+        blocks.l.attn.hook_rot_k     [B, T, n_kv_heads, head_dim]  k after rope (rope only)
         blocks.l.attn.hook_pattern   [B, n_heads, T, T] float32 softmax probabilities, before
                                      dropout; computed only when a hook is attached
         blocks.l.attn.hook_z         [B, T, n_heads, head_dim]  attention output per head
@@ -292,7 +334,9 @@ class DecoderLM(nn.Module):
             table = sinusoidal_positions(config.max_positions, config.d_model)
             self.register_buffer("pos_table", table, persistent=False)
         if config.pos_encoding == "rope":
-            cos, sin = rope_cos_sin(config.max_positions, config.head_dim, config.rope_base)
+            cos, sin = rope_cos_sin(
+                config.max_positions, config.head_dim, config.rope_base, config.rope_scaling
+            )
             self.register_buffer("rope_cos", cos, persistent=False)
             self.register_buffer("rope_sin", sin, persistent=False)
         self.hook_embed = HookPoint()

@@ -15,6 +15,12 @@ Written from the formulas, not from the torch code, in float64, for every ModelC
     sinusoidal PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(...)  (Vaswani 3.5)
     RoPE: the pair (x_j, x_{j + d_k/2}) read as the complex number x_j + i x_{j + d_k/2} is
           multiplied by e^(i m theta_j), theta_j = base^(-2j / d_k)   (Su et al. 2021, eq. 12)
+    Llama 3 rope scaling: with wavelength w_j = 2 pi / theta_j and L the original context,
+          theta_j / factor if w_j > L / low, theta_j if w_j < L / high, else the blend
+          (1 - s) theta_j / factor + s theta_j, s = (L / w_j - low) / (high - low)
+          (Meta's llama-models, apply_scaling)
+    Grouped-query attention: query head h uses key/value head h // (H / H_kv)
+                                                            (Ainslie et al. 2023)
 
 Usage:
     params = {k: v.numpy() for k, v in model.state_dict().items()}
@@ -38,6 +44,7 @@ __all__ = [
     "softmax",
     "sinusoidal_table",
     "rope",
+    "rope_frequencies",
     "causal_self_attention",
 ]
 
@@ -82,11 +89,32 @@ def sinusoidal_table(T: int, d: int) -> np.ndarray:
     return pe
 
 
-def rope(x: np.ndarray, base: float) -> np.ndarray:
-    """Rotate x [B, H, T, d_k] by position, as complex multiplication of the half-split pairs."""
+def rope_frequencies(d_k: int, base: float, scaling: dict | None = None) -> np.ndarray:
+    """theta_j = base^(-2j / d_k), j < d_k / 2, rescaled by Llama 3's `scaling` if given."""
+    theta = base ** (-2.0 * np.arange(d_k // 2) / d_k)
+    if scaling is None:
+        return theta
+    L, factor = scaling["original_max_position_embeddings"], scaling["factor"]
+    low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
+    out = []
+    for t in theta:
+        wavelength = 2 * math.pi / t
+        if wavelength < L / high:
+            out.append(t)
+        elif wavelength > L / low:
+            out.append(t / factor)
+        else:
+            s = (L / wavelength - low) / (high - low)
+            out.append((1 - s) * t / factor + s * t)
+    return np.array(out)
+
+
+def rope(x: np.ndarray, base: float, scaling: dict | None = None) -> np.ndarray:
+    """Rotate x [B, H, T, d_k] by position, as complex multiplication of the half-split pairs
+    (frequencies: `rope_frequencies`)."""
     half = x.shape[-1] // 2
     z = x[..., :half] + 1j * x[..., half:]
-    theta = base ** (-2.0 * np.arange(half) / x.shape[-1])
+    theta = rope_frequencies(x.shape[-1], base, scaling)
     z = z * np.exp(1j * np.arange(x.shape[-2])[:, None] * theta[None, :])
     return np.concatenate([z.real, z.imag], axis=-1)
 
@@ -115,25 +143,36 @@ def causal_self_attention(
     n_heads: int,
     rope_base: float | None = None,
     qk_norm_eps: float | None = None,
+    n_kv_heads: int | None = None,
+    d_k: int | None = None,
+    rope_scaling: dict | None = None,
 ):
-    """x [B, T, d_model] -> (y [B, T, d_model], att [B, n_heads, T, T]); qk_norm_eps set means
-    q and k are divided by their RMS over d_k first, rope_base set means they are then rotated
-    by position."""
+    """x [B, T, d_model] -> (y [B, T, d_model], att [B, n_heads, T, T]).
+
+    The fused projection's outputs are q (n_heads d_k), k and v (n_kv_heads d_k each;
+    n_kv_heads None: n_heads), d_k None meaning d_model / n_heads; query head h attends with
+    key/value head h // (n_heads / n_kv_heads). qk_norm_eps set means q and k are divided by
+    their RMS over d_k first, rope_base set means they are then rotated by position (with
+    Llama 3's rope_scaling if given)."""
     B, T, C = x.shape
-    d_k = C // n_heads
+    H, H_kv = n_heads, n_kv_heads or n_heads
+    d_k = d_k or C // n_heads
     qkv = _linear(x, params, f"{prefix}.qkv")
+    widths = np.cumsum([0, H * d_k, H_kv * d_k, H_kv * d_k])
     q, k, v = (
-        qkv[..., i * C : (i + 1) * C].reshape(B, T, n_heads, d_k).transpose(0, 2, 1, 3)
+        qkv[..., widths[i] : widths[i + 1]].reshape(B, T, -1, d_k).transpose(0, 2, 1, 3)
         for i in range(3)
     )
     if qk_norm_eps is not None:
         q, k = (t / np.sqrt((t**2).mean(axis=-1, keepdims=True) + qk_norm_eps) for t in (q, k))
     if rope_base is not None:
-        q, k = rope(q, rope_base), rope(k, rope_base)
+        q, k = rope(q, rope_base, rope_scaling), rope(k, rope_base, rope_scaling)
+    group = np.arange(H) // (H // H_kv)  # the key/value head of each query head
+    k, v = k[:, group], v[:, group]
     scores = q @ k.transpose(0, 1, 3, 2) / math.sqrt(d_k)
     future = np.triu(np.ones((T, T), dtype=bool), k=1)
     att = softmax(np.where(future, -np.inf, scores))
-    y = (att @ v).transpose(0, 2, 1, 3).reshape(B, T, C)
+    y = (att @ v).transpose(0, 2, 1, 3).reshape(B, T, H * d_k)
     return _linear(y, params, f"{prefix}.proj"), att
 
 
@@ -175,22 +214,27 @@ def forward(params: dict[str, np.ndarray], config, idx: np.ndarray) -> np.ndarra
         x = x + sinusoidal_table(T, config.d_model)
     rope_base = config.rope_base if config.pos_encoding == "rope" else None
     qk_eps = config.norm_eps if config.qk_norm else None
+
+    def attention(x, pre):
+        return causal_self_attention(
+            x,
+            p,
+            f"{pre}.attn",
+            config.n_heads,
+            rope_base,
+            qk_eps,
+            config.n_kv_heads,
+            config.head_dim,
+            config.rope_scaling,
+        )[0]
+
     for i in range(config.n_layers):
         pre = f"blocks.{i}"
         if config.norm_position == "pre":
-            x = (
-                x
-                + causal_self_attention(
-                    norm(x, f"{pre}.ln_1"), p, f"{pre}.attn", config.n_heads, rope_base, qk_eps
-                )[0]
-            )
+            x = x + attention(norm(x, f"{pre}.ln_1"), pre)
             x = x + mlp(norm(x, f"{pre}.ln_2"), pre)
         else:
-            x = norm(
-                x
-                + causal_self_attention(x, p, f"{pre}.attn", config.n_heads, rope_base, qk_eps)[0],
-                f"{pre}.ln_1",
-            )
+            x = norm(x + attention(x, pre), f"{pre}.ln_1")
             x = norm(x + mlp(x, pre), f"{pre}.ln_2")
     if config.norm_position == "pre":
         x = norm(x, "ln_f")
