@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 
@@ -60,6 +61,7 @@ def save_family(
         tokenizer_object=bpe, eos_token="<|endoftext|>", bos_token="<|endoftext|>"
     )
     fast.save_pretrained(directory)
+    fields = copy.deepcopy(fields)  # transformers' configs change the dicts they are given
     config = configs[family](vocab_size=bpe.get_vocab_size(), **{**BASE, **fields})
     config.bos_token_id, config.eos_token_id = 0, [0, 2]
     torch.manual_seed(0)

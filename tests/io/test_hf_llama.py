@@ -95,7 +95,7 @@ def test_transformers_4_rotary_spelling(tmp_path, kind_key):
     scaling = {kind_key: "llama3", **{k: v for k, v in LLAMA3.items() if k != "rope_type"}}
     edit_config(tmp_path, rope_parameters=None, rope_theta=500000.0, rope_scaling=scaling)
     ours, _ = load_model_and_tokenizer(tmp_path)
-    assert ours.config.rope_base == 500000.0 and ours.config.rope_scaling == LLAMA3
+    assert (ours.config.rope_base, ours.config.rope_scaling) == (500000.0, LLAMA3)
     with torch.no_grad():
         expected = theirs(torch.tensor([PROMPT])).logits
         assert (ours(torch.tensor([PROMPT]))[0] - expected).abs().max() < 1e-4
@@ -137,6 +137,7 @@ def test_generation_stops_at_every_end_of_text_id(tmp_path):
 
 def test_mistral_sliding_window_caps_the_positions_with_a_note(tmp_path, capsys):
     theirs = save_family(tmp_path, "mistral", sliding_window=16)
+    capsys.readouterr()  # transformers' progress bars
     ours, _ = load_model_and_tokenizer(tmp_path)
     err = capsys.readouterr().err
     assert ours.config.max_positions == 16
@@ -167,6 +168,7 @@ def test_what_decoderlm_lacks_is_refused_in_one_line(tmp_path, capsys, name):
     changes, words = REFUSALS[name]
     save_family(tmp_path, "llama")
     edit_config(tmp_path, **changes)
+    capsys.readouterr()  # transformers' progress bars
     with pytest.raises(UserError, match="decoderlm") as caught:
         load_model_and_tokenizer(tmp_path)
     assert words in str(caught.value) and "\n" not in str(caught.value)
@@ -179,6 +181,7 @@ def test_sample_command_continues_as_transformers(tmp_path, capsys):
     from decoderlm.cli import main
 
     theirs = save_family(tmp_path, "qwen2")
+    capsys.readouterr()  # transformers' progress bars
     tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path)
     prompt = "The capital of France"
     ids = tokenizer.encode(prompt, add_special_tokens=False)

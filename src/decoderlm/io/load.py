@@ -83,7 +83,7 @@ def _paired(model: DecoderLM, tokenizer: Tokenizer, source) -> tuple[DecoderLM, 
             f"the tokenizer of {source} has {tokenizer.vocab_size} tokens but the "
             f"model expects vocab_size={model.config.vocab_size}"
         )
-    model.set_end_of_text(tokenizer.eot_token)
+    model.set_end_of_text(getattr(tokenizer, "eos_token_ids", None) or tokenizer.eot_token)
     return model, tokenizer
 
 
