@@ -67,7 +67,7 @@ def save_family(
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(config).eval()
     with torch.no_grad():  # biases and norm gains away from their initial zeros and ones
-        for name, p in model.named_parameters():
+        for p in model.parameters():
             if p.dim() == 1:
                 p.add_(torch.randn_like(p) * 0.2)
     model.to(dtype).save_pretrained(directory, **({"max_shard_size": shard} if shard else {}))
@@ -80,9 +80,7 @@ def save_family(
 def transformers_model(directory: Path):
     """transformers' own reading of `directory`, float32, eval mode."""
     transformers = pytest.importorskip("transformers")
-    return transformers.AutoModelForCausalLM.from_pretrained(
-        directory, dtype=torch.float32
-    ).eval()
+    return transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
 
 
 def edit_config(directory: Path, **changes) -> None:

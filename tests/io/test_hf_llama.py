@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hf_family import TEXT, edit_config, save_family, transformers_model
 
 from decoderlm import load_model_and_tokenizer
 from decoderlm.errors import UserError
-
-from hf_family import TEXT, edit_config, save_family, transformers_model
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
@@ -41,9 +40,7 @@ PROMPT = [5, 17, 42, 100, 3, 250, 7, 77, 123, 9, 60, 200]
 
 def _greedy_transformers(model, prompt: list[int], n: int) -> list[int]:
     model.generation_config.eos_token_id = None  # run the n steps
-    out = model.generate(
-        torch.tensor([prompt]), max_new_tokens=n, do_sample=False, pad_token_id=0
-    )
+    out = model.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False, pad_token_id=0)
     return out[0, len(prompt) :].tolist()
 
 

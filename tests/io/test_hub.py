@@ -16,8 +16,8 @@ from decoderlm.io.hub import HUB_FILES, hub_directory, is_hub_id
 from decoderlm.io.load import load_from_flags
 
 huggingface_hub = pytest.importorskip("huggingface_hub")
-import huggingface_hub.constants  # noqa: E402
-import huggingface_hub.errors  # noqa: E402
+constants = pytest.importorskip("huggingface_hub.constants")
+errors = pytest.importorskip("huggingface_hub.errors")
 REPO = "HuggingFaceTB/SmolLM2-135M"
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
@@ -27,8 +27,8 @@ def cache(tmp_path, monkeypatch):
     """An empty Hugging Face cache, offline."""
     root = tmp_path / "hub-cache"
     root.mkdir()
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(root))
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(root))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     return root
 
@@ -63,9 +63,9 @@ def test_offline_without_the_model_cached_is_one_line_naming_a_folder(cache, cap
 
 def test_unreachable_without_the_model_cached_says_so(monkeypatch):
     def unreachable(*args, **kwargs):
-        raise huggingface_hub.errors.LocalEntryNotFoundError("connection error")
+        raise errors.LocalEntryNotFoundError("connection error")
 
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
     monkeypatch.setattr(huggingface_hub, "snapshot_download", unreachable)
     with pytest.raises(UserError, match="the Hub cannot be reached .* --hf DIR"):
         hub_directory(REPO)

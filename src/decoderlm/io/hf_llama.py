@@ -104,8 +104,8 @@ def _llama_state(model: DecoderLM) -> dict[str, torch.Tensor]:
 
 
 def _export_architecture(c: ModelConfig) -> str:
-    """"qwen2" for q/k/v biases without others and Qwen2's head_dim, else "llama" (where
-    q/k/v biases are written as Llama's attention_bias with a zero o_proj bias)."""
+    """The model_type written: "qwen2" for q/k/v biases without others and Qwen2's head_dim,
+    else "llama" (q/k/v biases then written as Llama's attention_bias, o_proj's zeros)."""
     plain_heads = c.head_dim * c.n_heads == c.d_model
     return "qwen2" if c.qkv_bias and not c.bias and plain_heads else "llama"
 
@@ -185,8 +185,7 @@ def family_of(hf: dict, source) -> str:
         return hf["model_type"]
     shown = ", ".join(names) or f"model_type {hf.get('model_type')!r}"
     raise UserError(
-        f"{source} is a {shown} model; decoderlm runs {', '.join(LLAMA_FAMILY)} and "
-        f"GPT2LMHeadModel"
+        f"{source} is a {shown} model; decoderlm runs {', '.join(LLAMA_FAMILY)} and GPT2LMHeadModel"
     )
 
 

@@ -76,4 +76,6 @@ def hub_directory(source: str | Path) -> Path:
         ) from None
     except (errors.HfHubHTTPError, OSError) as e:
         first = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise UserError(f"--hf {source}: the download from the Hub failed ({first}); {folder}") from None
+        raise UserError(
+            f"--hf {source}: the download from the Hub failed ({first}); {folder}"
+        ) from None

@@ -572,8 +572,12 @@ class DecoderLM(nn.Module):
             UserError: an id that is not an integer (whether the tokenizer fits the model's
                 vocabulary is the loaders' check).
         """
-        ids = () if token_id is None else (token_id,) if not hasattr(token_id, "__iter__") else token_id
-        ids = tuple(dict.fromkeys(ids))
+        if token_id is None:
+            ids = ()
+        elif hasattr(token_id, "__iter__"):
+            ids = tuple(dict.fromkeys(token_id))
+        else:
+            ids = (token_id,)
         for i in ids:
             if isinstance(i, bool) or not isinstance(i, int):
                 raise UserError(f"an end-of-text id is an integer token id, got {i!r}")
