@@ -294,8 +294,10 @@ def test_train_flags_build_the_architecture_and_export_refuses_it(tmp_path, caps
     assert (c.n_kv_heads, c.head_dim, c.qkv_bias, c.rope_scaling["factor"]) == (2, 6, True, 8)
     assert model.blocks[0].attn.qkv.weight.shape == ((4 + 2 * 2) * 6, 16)
     assert model.blocks[0].attn.proj.weight.shape == (16, 24)
-    for format in ("hf", "gguf"):
-        with pytest.raises(UserError, match="grouped-query attention") as error:
+    # hf's Llama writes these four (tests/io/test_hf_llama.py); the default preset's own
+    # options still block it there. The GGUF exporter does not write them yet.
+    for format, words in (("hf", "QK-norm"), ("gguf", "grouped-query attention")):
+        with pytest.raises(UserError, match=words) as error:
             export_target(c, format)
         assert "\n" not in str(error.value)
     assert main(["train", "--data", str(data), "--rope-scaling", "{factor: 8}", *flags]) == 2
