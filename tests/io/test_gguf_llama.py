@@ -262,7 +262,7 @@ def _rewrite(src, dst, **changes):
         ({"llama_attention_head_count_kv": 1}, "head_count_kv 1"),  # k/v widths change
         ({"llama_attention_head_count": 3}, "not a multiple of head_count 3"),
         ({"llama_rope_dimension_count": 4}, "partial rotary"),
-        ({"llama_feed_forward_length": 40}, "ffn"),
+        ({"llama_feed_forward_length": 40}, "mlp.fc.weight: file (48, 64) vs model (40, 64)"),
     ],
 )
 def test_converter_file_whose_metadata_disagrees_with_its_tensors_is_refused(
@@ -343,7 +343,10 @@ def test_export_of_llama_family_reads_back_and_through_transformers(tmp_path, sh
     ids = torch.randint(0, 257, (2, 24), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         ref = model(ids)[0]
-        assert torch.equal(back(ids)[0], ref)
+        if shape == "llama3-scaling":  # its frequencies refitted from float32 divisors
+            assert (back(ids)[0] - ref).abs().max().item() <= 1e-4
+        else:
+            assert torch.equal(back(ids)[0], ref)
         if shape != "llama3-scaling":
             hf = AutoModelForCausalLM.from_pretrained(out.parent, gguf_file=out.name).eval()
             assert (hf(ids).logits - ref).abs().max().item() <= 1e-4
