@@ -471,7 +471,8 @@ def _config(meta: dict, tensors: dict, arch: str, source: Path) -> ModelConfig:
             f"edited or damaged, and would compute something else"
         )
 
-    need("token_embd.weight"), need("blk.0.ffn_up.weight")
+    for name in ("token_embd.weight", "blk.0.ffn_up.weight"):
+        need(name)
     tied = "output.weight" not in tensors or torch.equal(
         tensors["output.weight"], tensors["token_embd.weight"]
     )
@@ -480,7 +481,7 @@ def _config(meta: dict, tensors: dict, arch: str, source: Path) -> ModelConfig:
         int(need("embedding_length", "key")),
     )
     n_kv_heads = int(get("attention.head_count_kv", n_heads))
-    if not n_heads or d_model % n_heads and get("attention.key_length") is None:
+    if not n_heads or (d_model % n_heads and get("attention.key_length") is None):
         raise disagree(f"embedding_length {d_model} is not a multiple of head_count {n_heads}")
     head_dim = int(get("attention.key_length", d_model // n_heads))
     fields = dict(
