@@ -152,7 +152,9 @@ def test_one_query_attention_and_the_pattern_group_query_heads_as_repeat_kv():
     expected = F.scaled_dot_product_attention(q, k_rep, v_rep, attn_mask=mask)
     torch.testing.assert_close(one_query_attention(q, k, v, mask), expected)
     square = k[:, :, :5]
-    torch.testing.assert_close(attention_pattern(q, square), attention_pattern(q, square.repeat_interleave(3, dim=1)))
+    torch.testing.assert_close(
+        attention_pattern(q, square), attention_pattern(q, square.repeat_interleave(3, dim=1))
+    )
 
 
 def test_grouped_heads_equal_multi_head_attention_with_repeated_key_value_weights():
@@ -164,7 +166,9 @@ def test_grouped_heads_equal_multi_head_attention_with_repeated_key_value_weight
         for kind in ("weight", "bias"):
             qkv = state[f"blocks.{i}.attn.qkv.{kind}"]
             q, k, v = qkv.split([H * D, H_kv * D, H_kv * D])
-            rep = [t.unflatten(0, (H_kv, D)).repeat_interleave(2, dim=0).flatten(0, 1) for t in (k, v)]
+            rep = [
+                t.unflatten(0, (H_kv, D)).repeat_interleave(2, dim=0).flatten(0, 1) for t in (k, v)
+            ]
             state[f"blocks.{i}.attn.qkv.{kind}"] = torch.cat([q, *rep])
     mha.load_state_dict(state)
     idx = torch.randint(0, 61, (1, 16), generator=torch.Generator().manual_seed(4))
