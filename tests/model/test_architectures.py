@@ -285,18 +285,17 @@ def test_train_flags_build_the_architecture_and_export_refuses_it(tmp_path, caps
     flags += ["--d-model", "16", "--qkv-bias", "--rope-scaling", scaling, "--block-size", "16"]
     flags += ["--batch-size", "4", "--max-steps", "2", "--eval-interval", "2", "--no-progress"]
     assert main(["train", "--data", str(data), "--out", str(out), *flags]) == 0
-    # the export line names the flags the exporters need (beside the default preset's own)
-    assert "--n-kv-heads 4 --head-dim 4 --qkv-bias false --rope-scaling none" in (
-        capsys.readouterr().out
-    )
+    # the export line names the flags the exporters need (beside the default preset's own):
+    # gguf's qwen2 (llama with q/k/v biases) has no rope scaling
+    assert "--bias false --rope-scaling none, would export" in capsys.readouterr().out
     model = DecoderLM.from_pretrained(out)
     c = model.config
     assert (c.n_kv_heads, c.head_dim, c.qkv_bias, c.rope_scaling["factor"]) == (2, 6, True, 8)
     assert model.blocks[0].attn.qkv.weight.shape == ((4 + 2 * 2) * 6, 16)
     assert model.blocks[0].attn.proj.weight.shape == (16, 24)
-    # hf's Llama writes these four (tests/io/test_hf_llama.py); the default preset's own
-    # options still block it there. The GGUF exporter does not write them yet.
-    for format, words in (("hf", "QK-norm"), ("gguf", "grouped-query attention")):
+    # hf's and gguf's Llama write GQA, head_dim and biases (tests/io/test_gguf_llama.py);
+    # the default preset's own options still block them, and gguf's qwen2 the rope scaling
+    for format, words in (("hf", "QK-norm"), ("gguf", "rope scaling")):
         with pytest.raises(UserError, match=words) as error:
             export_target(c, format)
         assert "\n" not in str(error.value)
