@@ -345,7 +345,7 @@ def print_report(
     Hugging Face directory (--hf) or GGUF file (--gguf) is scored on --data.
 
     Args:
-        source: the model (`ModelSource`: --run, --hf or --gguf; --device, --no-verify).
+        source: the model (`ModelSource`: --run, --hf or --gguf; --device, --no-verify, --threads).
         data: a text file (scored whole, unknown characters mapped to the run's unknown token
             and counted; its <|endoftext|> strings are ordinary text) or a prepared token
             directory (default: the data the run was trained on).
