@@ -92,7 +92,12 @@ def main() -> None:
     parser.add_argument("--train-flags", **TRAIN_FLAGS)
     args = parser.parse_args()
     flags = args.train_flags
-    if args.seconds <= 0 or args.calibration_steps < 15 or args.parallel < 1 or (args.steps or 1) < 1:
+    if (
+        args.seconds <= 0
+        or args.calibration_steps < 15
+        or args.parallel < 1
+        or (args.steps or 1) < 1
+    ):
         raise SystemExit(
             "error: --seconds and --steps must be positive, --calibration-steps >= 15, "
             "--parallel >= 1"

@@ -1,6 +1,6 @@
 """The model a command decodes, scores or inspects, from its option groups: loaded from a
-`ModelSource` (its --threads set) and made ready at a `Precision` (`decoderlm sample`, `serve`, `eval`,
-`inspect`)."""
+`ModelSource` (its --threads set) and made ready at a `Precision` (`decoderlm sample`,
+`serve`, `eval`, `inspect`)."""
 
 from __future__ import annotations
 

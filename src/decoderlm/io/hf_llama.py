@@ -26,7 +26,7 @@ from ..errors import UserError
 from ..files import atomic_write, read_json, write_json
 from ..model.model import DecoderLM
 from ..model.weights import CHECKSUMS_KEY, file_digest, load_state, unwrap_model
-from .hf_weights import read_hf_weights
+from .hf_weights import read_hf_weights, weights_metadata
 from .targets import export_target
 
 __all__ = ["load_llama", "save_llama"]
@@ -45,6 +45,25 @@ _LLAMA_TOP = {
     "lm_head.weight": "lm_head.weight",
 }
 _QKV = ("q_proj", "k_proj", "v_proj")
+# the config.json entries that decide what the model computes, recorded in an export's
+# model.safetensors (`weights_metadata`) and checked when it is read
+COMPUTATION_KEYS = (
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "max_position_embeddings",
+    "rms_norm_eps",
+    "rope_theta",
+    "rope_parameters",
+    "hidden_act",
+    "attention_bias",
+    "mlp_bias",
+    "tie_word_embeddings",
+)
 
 
 def _llama_state(model: DecoderLM) -> dict[str, torch.Tensor]:
@@ -80,36 +99,32 @@ def save_llama(model: DecoderLM, directory: str | Path, eos_token_id: int | None
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     state = _llama_state(model)
-    atomic_write(
-        directory / "model.safetensors",
-        lambda tmp: save_file(state, tmp, metadata={"format": "pt"}),
-    )
-    write_json(
-        directory / "config.json",
-        {
-            "model_type": "llama",
-            "architectures": ["LlamaForCausalLM"],
-            "vocab_size": c.vocab_size,
-            "hidden_size": c.d_model,
-            "intermediate_size": c.d_ff,
-            "num_hidden_layers": c.n_layers,
-            "num_attention_heads": c.n_heads,
-            "num_key_value_heads": c.n_heads,
-            "head_dim": c.head_dim,
-            "max_position_embeddings": c.max_positions,
-            "rms_norm_eps": c.norm_eps,
-            "rope_theta": c.rope_base,
-            "rope_parameters": {"rope_type": "default", "rope_theta": c.rope_base},
-            "hidden_act": "silu",
-            "attention_bias": False,
-            "mlp_bias": False,
-            "attention_dropout": 0.0,
-            "tie_word_embeddings": c.tie_embeddings,
-            "bos_token_id": eos_token_id,
-            "eos_token_id": eos_token_id,
-            CHECKSUMS_KEY: {"model.safetensors": file_digest(directory / "model.safetensors")},
-        },
-    )
+    hf = {
+        "model_type": "llama",
+        "architectures": ["LlamaForCausalLM"],
+        "vocab_size": c.vocab_size,
+        "hidden_size": c.d_model,
+        "intermediate_size": c.d_ff,
+        "num_hidden_layers": c.n_layers,
+        "num_attention_heads": c.n_heads,
+        "num_key_value_heads": c.n_heads,
+        "head_dim": c.head_dim,
+        "max_position_embeddings": c.max_positions,
+        "rms_norm_eps": c.norm_eps,
+        "rope_theta": c.rope_base,
+        "rope_parameters": {"rope_type": "default", "rope_theta": c.rope_base},
+        "hidden_act": "silu",
+        "attention_bias": False,
+        "mlp_bias": False,
+        "attention_dropout": 0.0,
+        "tie_word_embeddings": c.tie_embeddings,
+        "bos_token_id": eos_token_id,
+        "eos_token_id": eos_token_id,
+    }
+    metadata = weights_metadata(hf, COMPUTATION_KEYS)
+    atomic_write(directory / "model.safetensors", lambda tmp: save_file(state, tmp, metadata))
+    digest = file_digest(directory / "model.safetensors")
+    write_json(directory / "config.json", {**hf, CHECKSUMS_KEY: {"model.safetensors": digest}})
 
 
 def load_llama(directory: str | Path, map_location: str = "cpu", verify: bool = True) -> DecoderLM:
