@@ -9,7 +9,12 @@ seeds alternate (A B C ... A B C ...). The score is the final validation loss ov
 validation split (nats/char).
 
     python benchmarks/ablation.py [--seconds 120] [--seeds 1337 1 2] [--variants ...]
-                                  [--parallel 1] [--train-flags="--dtype float32"]
+                                  [--parallel 1] [--train-flags="--dtype float32"] [--steps N]
+
+--steps N trains every variant for N steps (equal steps, not equal time) and skips the
+calibration. The variants `default`, `default-as-llama` and `default-as-gpt2` are the
+`default` preset and the smallest flag changes that make it exportable (the flags that
+`decoderlm train` and `decoderlm export` name: src/decoderlm/io/targets.py).
 
 --parallel N runs N trainings at once (calibrations included), each on one thread
 (--threads 1): N cores in use, every run beside N - 1 others alike, so equal wall time means
@@ -50,6 +55,13 @@ VARIANTS = {
 VARIANTS["all+dropout-0.1"] = [*VARIANTS["all"], *OPTIONS["dropout-0.1"]]
 # the options that each beat the base alone in benchmarks/README.md's ablation table
 VARIANTS["rope+muon+relu2+wsd"] = [f for n in ("rope", "muon", "relu2", "wsd") for f in OPTIONS[n]]
+# the default preset (a later --preset replaces BASE's) and the flags that make it exportable
+NOT_EXPORTABLE = ["--preset", "default", "--qk-norm", "false", "--logit-softcap", "none"]
+VARIANTS["default"] = ["--preset", "default"]
+VARIANTS["default-as-llama"] = [*NOT_EXPORTABLE, "--norm", "rmsnorm", "--mlp", "swiglu"]
+VARIANTS["default-as-llama"] += ["--bias", "false"]
+VARIANTS["default-as-gpt2"] = [*NOT_EXPORTABLE, "--pos-encoding", "learned", "--mlp", "gelu"]
+VARIANTS["default-as-gpt2"] += ["--activation", "gelu_tanh"]
 
 
 def steps_for(
@@ -75,19 +87,28 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[1337, 1, 2])
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     parser.add_argument("--calibration-steps", type=int, default=30)
+    parser.add_argument("--steps", type=int, help="train every variant N steps (no calibration)")
     parser.add_argument("--parallel", type=int, default=1, help="trainings at once, 1 thread each")
     parser.add_argument("--train-flags", **TRAIN_FLAGS)
     args = parser.parse_args()
     flags = args.train_flags
-    if args.seconds <= 0 or args.calibration_steps < 15 or args.parallel < 1:
+    if (
+        args.seconds <= 0
+        or args.calibration_steps < 15
+        or args.parallel < 1
+        or (args.steps or 1) < 1
+    ):
         raise SystemExit(
-            "error: --seconds must be positive, --calibration-steps >= 15, --parallel >= 1"
+            "error: --seconds and --steps must be positive, --calibration-steps >= 15, "
+            "--parallel >= 1"
         )
     losses = {name: [] for name in args.variants}
     with tempfile.TemporaryDirectory() as work, ThreadPoolExecutor(args.parallel) as pool:
         work = Path(work)
 
         def calibrate(name: str) -> int:
+            if args.steps is not None:
+                return args.steps
             return steps_for(name, args.seconds, flags, work, args.calibration_steps, args.parallel)
 
         steps = dict(zip(losses, pool.map(calibrate, losses), strict=True))
@@ -104,11 +125,13 @@ def main() -> None:
         jobs = [(seed, name) for seed in args.seeds for name in args.variants]
         for name, loss in pool.map(one, jobs):
             losses[name].append(loss)
-    base = statistics.fmean(losses["base"]) if "base" in losses else None
-    print(f"\n| variant | flags | steps in {args.seconds:g} s | val loss (nats/char) | vs base |")
+    reference = "base" if "base" in losses else args.variants[0]  # what "vs" compares with
+    base = statistics.fmean(losses[reference])
+    budget = "steps" if args.steps is not None else f"steps in {args.seconds:g} s"
+    print(f"\n| variant | flags | {budget} | val loss (nats/char) | vs {reference} |")
     print("| --- | --- | --- | --- | --- |")
     for name, values in losses.items():
-        delta = "" if base is None else f"{statistics.fmean(values) - base:+.4f}"
+        delta = "" if name == reference else f"{statistics.fmean(values) - base:+.4f}"
         flag_text = " ".join(VARIANTS[name]) or "(--preset classic)"
         print(f"| {name} | `{flag_text}` | {steps[name]} | {spread(values)} | {delta} |")
 

@@ -222,3 +222,30 @@ def test_eval_scores_a_gguf_file_and_a_hugging_face_directory_on_data(tmp_path, 
         message = f"{flag} {paths[flag]} records no data to score; give --data PATH"
         one_line_error(capsys, ["eval", flag, str(paths[flag])], message)
     one_line_error(capsys, ["eval", "--run", "r", "--hf", "h", "--data", "t"], "give one of --run")
+
+
+def test_eval_of_a_gpt2_bpe_run_gives_bits_per_byte(tmp_path, capsys):
+    """bits/byte of a GPT-2 BPE model, against the closed form: the mean loss over the scored
+    tokens (evaluate) x their count / the UTF-8 bytes of their text / ln 2, on ASCII text (one
+    byte per character, so the bytes are the decoded text's length)."""
+    from decoderlm.tokenizers import GPT2Tokenizer
+
+    text = "The cat sat on the mat; the dog sat on the log. " * 12
+    tok = GPT2Tokenizer()
+    model = tiny_model(vocab_size=tok.vocab_size)
+    model.save_pretrained(tmp_path / "run")
+    tok.save_pretrained(tmp_path / "run")
+    (tmp_path / "text.txt").write_text(text, encoding="utf-8")
+    ids = tok.encode(text)
+    T = model.config.block_size
+    scored = ids[1 : (len(ids) - 1) // T * T + 1]
+    nats = evaluate(model, torch.tensor(ids))
+    n_bytes = len(tok.decode(scored))
+    assert n_bytes < len(text)  # the first token and the tail are not scored
+    argv = ["eval", "--run", str(tmp_path / "run"), "--data", str(tmp_path / "text.txt")]
+    assert main([*argv, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["bytes_scored"] == n_bytes
+    assert report["bits_per_byte"] == pytest.approx(nats * len(scored) / n_bytes / math.log(2))
+    assert main(argv) == 0
+    assert f"{report['bits_per_byte']:.4f} bits/byte" in capsys.readouterr().out

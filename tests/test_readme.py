@@ -459,3 +459,17 @@ def test_the_readme_runs_from_a_fresh_clone_offline_then_the_data_examples(
     assert not failures, "\n".join(failures)
     assert (tmp_path / "runs" / "wiki-merged" / "model.safetensors").is_file()
     assert (tmp_path / "data" / "input-char" / "meta.json").is_file()
+
+
+def test_pages_run_one_after_another_never_make_the_same_path_twice():
+    """A reader who follows the README and then every page in order makes each `--out` path
+    once: a second `decoderlm train` or `prepare` with the same --out stops with "already
+    exists" (inspect's HTML file is replaced, so it may repeat)."""
+    made = {}
+    for page in [README, *PAGES]:
+        for block in re.findall(r"```bash\n(.*?)```", page.read_text(encoding="utf-8"), re.S):
+            for out in re.findall(r"--out (\S+)", block):
+                if out.endswith(".html") or "/to/" in out or out == "DIR":
+                    continue
+                assert out not in made, f"{page.name} and {made[out]} both make {out}"
+                made[out] = page.name

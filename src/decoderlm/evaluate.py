@@ -249,7 +249,9 @@ def evaluate_source(
     Returns:
         A dict: run (the run directory, Hugging Face directory or GGUF file scored), data
         (where the ids came from), split, tokenizer (kind), nats_per_token, bits_per_token,
-        bits_per_char (char tokenizer) or bits_per_byte (byte tokenizer), perplexity
+        bits_per_char (char tokenizer) or bits_per_byte (byte tokenizer; GPT-2 BPE: nats per
+        token x tokens_scored / bytes_scored / ln 2, with bytes_scored the UTF-8 bytes of the
+        scored tokens), perplexity
         (exp(nats_per_token)), tokens (in the split or text), tokens_scored, windows,
         block_size, unknown_characters, unk_token (char tokenizer).
 
@@ -300,6 +302,10 @@ def evaluate_source(
     }
     if tokenizer.kind in ("char", "byte"):
         report[f"bits_per_{tokenizer.kind}"] = nats / LN2
+    elif tokenizer.kind == "gpt2":  # byte-level BPE: the scored tokens' bytes, exactly
+        scored = [int(i) for i in ids[1 : n_windows * T + 1]]
+        report["bytes_scored"] = len(tokenizer.encoding.decode_bytes(scored))
+        report["bits_per_byte"] = nats * n_windows * T / report["bytes_scored"] / LN2
     if isinstance(tokenizer, CharTokenizer):
         report["unk_token"] = tokenizer.unk_token
     return report
@@ -321,6 +327,11 @@ def format_report(report: dict) -> str:
         (
             f"loss {report['nats_per_token']:.4f} nats/token = {report['bits_per_token']:.4f} "
             f"{unit}, perplexity {report['perplexity']:.3f}"
+            + (
+                f"; {report['bits_per_byte']:.4f} bits/byte over {report['bytes_scored']:,} bytes"
+                if "bytes_scored" in report
+                else ""
+            )
         ),
     ]
     if report["tokenizer"] == "char":
@@ -345,7 +356,7 @@ def print_report(
     Hugging Face directory (--hf) or GGUF file (--gguf) is scored on --data.
 
     Args:
-        source: the model (`ModelSource`: --run, --hf or --gguf; --device, --no-verify).
+        source: the model (`ModelSource`: --run, --hf or --gguf; --device, --no-verify, --threads).
         data: a text file (scored whole, unknown characters mapped to the run's unknown token
             and counted; its <|endoftext|> strings are ordinary text) or a prepared token
             directory (default: the data the run was trained on).

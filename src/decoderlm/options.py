@@ -1,6 +1,6 @@
 """The option groups that several commands share, and the one set of number-format names.
 
-`ModelSource` (which model: --run, --hf or --gguf; --device, --no-verify), `Precision`
+`ModelSource` (which model: --run, --hf or --gguf; --device, --no-verify, --threads), `Precision`
 (--dtype, --quantize: the number formats a model decodes or is scored in) and `Decoding`
 (Precision and --compile) are frozen dataclasses, checked when built. A command takes one as
 a parameter `Annotated[ModelSource, Fields(ModelSource)]` (see `decoderlm.arguments.Fields`):
@@ -14,6 +14,7 @@ bf16, f16 as llama.cpp writes them; fp32, fp16); `canonical_dtype` gives torch's
 
 from __future__ import annotations
 
+import os
 import typing
 from dataclasses import dataclass
 from typing import ClassVar, Literal
@@ -21,7 +22,15 @@ from typing import ClassVar, Literal
 from .arguments import DecodeDType, Quantize
 from .errors import UserError, flag_name
 
-__all__ = ["DTYPE_ALIASES", "Decoding", "DtypeName", "ModelSource", "Precision", "canonical_dtype"]
+__all__ = [
+    "DTYPE_ALIASES",
+    "Decoding",
+    "DtypeName",
+    "ModelSource",
+    "Precision",
+    "canonical_dtype",
+    "parse_threads",
+]
 
 # torch's names of the number formats, then their short names (accepted everywhere, the same)
 DTYPE_ALIASES = {"f32": "float32", "bf16": "bfloat16", "f16": "float16"}
@@ -38,6 +47,29 @@ def canonical_dtype(name: str) -> str:
     if name not in typing.get_args(DtypeName):
         raise UserError(f"dtype must be one of {list(typing.get_args(DtypeName))}, got {name!r}")
     return DTYPE_ALIASES.get(name, name)
+
+
+def parse_threads(threads: int | str | None, auto: bool = True) -> int | str | None:
+    """None, "auto" (where `auto`) or a positive integer (also given as text) up to
+    os.cpu_count() (more threads than CPUs only wait for each other): `--threads` of `train`,
+    `sample`, `serve`, `eval` and `inspect`.
+
+    Raises:
+        UserError: anything else (the message names --threads and what it takes).
+    """
+    if threads is None or (auto and threads == "auto"):
+        return threads
+    n = int(threads) if str(threads).isdigit() and not isinstance(threads, bool) else 0
+    if n < 1:
+        takes = "auto or a positive integer" if auto else "a positive integer"
+        raise UserError(f"--threads must be {takes}, got {threads!r}")
+    cpus = os.cpu_count() or 1
+    if n > cpus:
+        more = ", or auto" if auto else ""
+        raise UserError(
+            f"--threads {n} is more than this machine's {cpus} CPUs; give at most {cpus}{more}"
+        )
+    return n
 
 
 @dataclass(frozen=True)
@@ -65,11 +97,15 @@ class ModelSource:
     no_verify: bool = False
     """load the weights without checking them against the sizes and sha256 digests that
     config.json records (for huge files)."""
+    threads: int | None = None
+    """CPU threads torch computes with (at most the machine's CPUs; default torch's, the
+    usable cores): fewer than the cores is faster on a machine other programs keep busy."""
 
     def __post_init__(self) -> None:
         for name in self.ONE_OF:
             if getattr(self, name) == "":
                 raise UserError(f"{flag_name(name)} must not be empty")
+        object.__setattr__(self, "threads", parse_threads(self.threads, auto=False))
 
     @property
     def path(self) -> str | None:

@@ -4,6 +4,8 @@ computes decoderlm's logits, greedy tokens and token ids; and every refusal of
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from export_models import MIXED_TEXT, greedy, make_model_dir
@@ -107,6 +109,48 @@ def test_target_refuses_options_without_counterpart(fields, named):
     with pytest.raises(ValueError, match=named):
         export_target(config, "hf")
     assert "not exportable" in export_summary(config)
+
+
+def _apply(config: ModelConfig, flags: str) -> ModelConfig:
+    """config with the `--field value` flags of a message applied."""
+    words = flags.split()
+    fields = {}
+    for name, value in zip(words[::2], words[1::2], strict=True):
+        field = name.removeprefix("--").replace("-", "_")
+        fields[field] = {"none": None, "true": True, "false": False}.get(value, value)
+    return ModelConfig(**{**config.__dict__, **fields, "d_ff": None})
+
+
+@pytest.mark.parametrize("format", ["hf", "gguf"])
+def test_the_default_presets_refusal_names_what_blocks_and_flags_that_export(format):
+    """The default preset (rotary positions, QK-norm, ReLU^2, soft-cap, LayerNorm, biases):
+    the refusal says what GPT-2 and what Llama each lack, never that Llama lacks rotary
+    positions nor a GELU the ReLU^2 model does not use, and each route's flags, applied
+    to the model, do export it as that architecture."""
+    config = ModelConfig(**PRESETS["default"].model)
+    with pytest.raises(ValueError) as refused:
+        export_target(config, format)
+    line = str(refused.value)
+    assert "\n" not in line
+    gpt2, llama = line.split("GPT-2 has no ")[1].split("; Llama has no ")
+    assert "rotary positions (pos_encoding='rope')" in gpt2 and "rotary" not in llama
+    assert "LayerNorm (norm='layernorm')" in llama and "biases (bias=True)" in llama
+    for lacks in (gpt2, llama):
+        assert "QK-norm (qk_norm=True)" in lacks and "a ReLU^2 MLP (mlp='relu2')" in lacks
+    assert "activation" not in line.split("; so the file")[0]  # the MLP is named, not GELU
+    assert "docs/export.md" in line
+    routes = re.findall(
+        r"(?:train with|or with) ((?:--[a-z-]+ [^ ]+ ?)+) \(or [^)]*\) to export as (\w+)", line
+    )
+    assert [arch for _, arch in routes] == ["gpt2", "llama"]
+    for flags, arch in routes:
+        assert export_target(_apply(config, flags), format) == arch
+    summary = export_summary(config)
+    ways = re.findall(r"((?:--[a-z-]+ [^ ]+ ?)+) \(as (\w+)\)", summary)
+    assert [arch for _, arch in ways] == ["gpt2", "llama"]
+    for flags, arch in ways:  # the train's end names flags that export to both formats
+        exported = _apply(config, flags)
+        assert export_target(exported, "hf") == export_target(exported, "gguf") == arch
 
 
 def test_summary_of_exportable_models():
@@ -311,7 +355,7 @@ def test_python_export_refuses_like_the_command(tmp_path):
     [
         (["--preset", "classic", "--activation", "gelu_tanh"], "exports to hf and gguf as gpt2"),
         (["--preset", "classic"], "exports to hf as gpt2 (decoderlm export --run"),
-        ([], "this model is not exportable (qk_norm=True"),
+        ([], "this model is not exportable (GPT-2 has no QK-norm (qk_norm=True)"),
     ],
 )
 def test_train_says_whether_the_run_exports(tmp_path, capsys, flags, line):
@@ -369,6 +413,47 @@ def test_gguf_refusal_names_a_preset_that_exports_to_gguf(tmp_path, capsys):
     default = {k: v for k, v in PRESETS["default"].model.items() if k != "vocab_size"}
     make_model_dir(tmp_path / "run", "gpt2", "char", **default)
     assert _export(tmp_path / "run", tmp_path / "out.gguf", "gguf") == 2
-    assert "train with --preset classic --activation gelu_tanh or with" in _one_line(capsys)
+    assert "(or --preset classic --activation gelu_tanh) to export as gpt2" in _one_line(capsys)
     classic = ModelConfig(**{**PRESETS["classic"].model, "activation": "gelu_tanh"})
     assert export_target(classic, "gguf") == "gpt2"
+
+
+@pytest.mark.parametrize(
+    ("shape", "field", "value"),
+    [("gpt2", "n_head", 4), ("llama", "rope_theta", 500000.0), ("gpt2", "layer_norm_epsilon", 0.1)],
+)
+def test_an_edited_config_of_an_export_is_refused(tmp_path, capsys, shape, field, value):
+    """An export's config.json with another head count (the weights' shapes are the same:
+    2 or 4 heads of a 32-wide model), rotary base or epsilon would load and compute something
+    else: the values the export wrote are recorded inside model.safetensors, whose sha256
+    config.json records, and reading refuses the edit in one line, with --no-verify too."""
+    import json
+
+    make_model_dir(tmp_path / "run", shape, "char")
+    assert _export(tmp_path / "run", tmp_path / "hf") == 0
+    capsys.readouterr()
+    path = tmp_path / "hf" / "config.json"
+    config = json.loads(path.read_text(encoding="utf-8"))
+    assert config[field] != value
+    sample = ["sample", "--hf", str(tmp_path / "hf"), "--prompt", "a", "--max-new-tokens", "1"]
+    assert main(sample) == 0  # as exported: loads
+    path.write_text(json.dumps({**config, field: value}), encoding="utf-8")
+    for flags in ([], ["--no-verify"]):
+        assert main([*sample, *flags]) == 2
+        line = _one_line(capsys)
+        assert f"{field}={value!r} (written with {config[field]!r})" in line
+        assert "restore config.json" in line
+
+
+def test_a_gpt2_config_whose_width_the_heads_do_not_divide_is_refused(tmp_path, capsys):
+    """For directories from elsewhere (nothing recorded): n_embd must be a multiple of n_head."""
+    import json
+
+    make_model_dir(tmp_path / "run", "gpt2", "char")
+    assert _export(tmp_path / "run", tmp_path / "hf") == 0
+    capsys.readouterr()
+    path = tmp_path / "hf" / "config.json"
+    config = json.loads(path.read_text(encoding="utf-8"))
+    path.write_text(json.dumps({**config, "n_head": 3}), encoding="utf-8")
+    assert main(["sample", "--hf", str(tmp_path / "hf"), "--prompt", "a"]) == 2
+    assert "n_head" in _one_line(capsys)

@@ -386,4 +386,17 @@ def test_export_of_llama_family_through_llama_cpp(tmp_path, shape, dtype):
     code = [sys.executable, "-c", _LLAMA_CPP_GREEDY, str(out), json.dumps(prompt), "12"]
     done = subprocess.run(code, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, f"llama.cpp exited {done.returncode}: {done.stderr[-500:]}"
-    assert json.loads(done.stdout) == greedy(load_gguf(out)[0], prompt, 12)
+    got = json.loads(done.stdout)
+    if dtype == "f32":
+        assert got == greedy(load_gguf(out)[0], prompt, 12)
+        return
+    # q8_0: llama.cpp also rounds the activations to 8 bits, so on this random model's
+    # near-tied logits its greedy path may part from ours; each token it picks must be one
+    # our reading of the same file scores within the q8_0 rounding of its best
+    model = load_gguf(out)[0]
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + got]))[0][0, len(prompt) - 1 : -1]
+    gaps = logits.max(-1).values - logits[torch.arange(len(got)), torch.tensor(got)]
+    spread = (logits.max(-1).values - logits.min(-1).values).min().item()
+    assert gaps.max().item() <= 0.02 * spread, (gaps.tolist(), spread)
+    assert (gaps == 0).sum().item() >= len(got) - 2  # its own top choice nearly everywhere

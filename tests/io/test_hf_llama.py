@@ -213,7 +213,7 @@ def test_export_loads_back_in_transformers_with_the_same_logits(tmp_path, name):
     )
 
 
-def test_hf_exports_what_the_gguf_exporter_does_not_write_yet():
+def test_hf_exports_qkv_biases_with_rope_scaling_which_gguf_qwen2_has_not():
     from decoderlm.config import ModelConfig
     from decoderlm.io.targets import export_target
     from decoderlm.presets import PRESETS
@@ -221,5 +221,11 @@ def test_hf_exports_what_the_gguf_exporter_does_not_write_yet():
     fields = dict(n_kv_heads=2, head_dim=8, qkv_bias=True, rope_scaling=dict(LLAMA3))
     config = ModelConfig(**{**PRESETS["llama-tiny"].model, **fields})
     assert export_target(config, "hf") == "llama"
-    with pytest.raises(UserError, match="grouped-query attention .* not written by the"):
+    with pytest.raises(UserError, match="rope scaling"):  # llama.cpp's qwen2 has none
         export_target(config, "gguf")
+    assert (
+        export_target(
+            ModelConfig(**{**PRESETS["llama-tiny"].model, **fields, "qkv_bias": False}), "gguf"
+        )
+        == "llama"
+    )

@@ -83,6 +83,7 @@ def test_the_report_shows_every_view_offline_and_reacts_to_hovering(browser, rep
     assert page.locator("#lens tr").count() == 1 + 4  # header, embedding, 3 blocks
     assert page.locator("#embedding circle").count() > 0
     assert page.locator("#patching rect").count() == 3 * len(TEXT) + 3 * 4
+    assert page.locator("#patching .colour-scale").count() == 1  # the heatmaps' colour scale
     before = page.inner_html("#lines")
     page.hover("#text .tok[data-i='5']")
     after = page.inner_html("#lines")

@@ -287,7 +287,7 @@ def test_train_flags_build_the_architecture_and_export_refuses_it(tmp_path, caps
     assert main(["train", "--data", str(data), "--out", str(out), *flags]) == 0
     # the export line names the flags the exporters need (beside the default preset's own):
     # gguf's qwen2 (llama with q/k/v biases) has no rope scaling
-    assert "--bias false --rope-scaling none, would export" in capsys.readouterr().out
+    assert "--bias false --rope-scaling none (as llama)" in capsys.readouterr().out
     model = DecoderLM.from_pretrained(out)
     c = model.config
     assert (c.n_kv_heads, c.head_dim, c.qkv_bias, c.rope_scaling["factor"]) == (2, 6, True, 8)

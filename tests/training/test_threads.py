@@ -124,3 +124,44 @@ def test_train_says_when_the_machine_is_busy_and_keeps_the_default_threads(
     assert torch.get_num_threads() == 2
     weights = "model.safetensors"
     assert (quiet / weights).read_bytes() == (busy / weights).read_bytes()
+
+
+def test_decoding_commands_take_threads_as_train_does(monkeypatch):
+    """sample, serve, eval and inspect take --threads N with train's one check (no auto:
+    there are no training steps to time)."""
+    from decoderlm.cli import parse
+
+    monkeypatch.setattr("os.cpu_count", lambda: 4)
+    for name in ("sample", "serve", "eval", "inspect"):
+        _, kwargs = parse([name, "--run", "r", "--threads", "3"])
+        assert kwargs["source"].threads == 3, name
+    with pytest.raises(ValueError, match="--threads must be a positive integer, got 'auto'"):
+        parse_threads("auto", auto=False)
+    with pytest.raises(ValueError, match="--threads 5 is more than this machine's 4 CPUs"):
+        parse(["eval", "--run", "r", "--threads", "5"])
+
+
+@pytest.mark.parametrize("command", ["sample", "eval"])
+def test_threads_is_set_before_the_model_computes(tmp_path, monkeypatch, capsys, command):
+    from decoderlm.cli import main
+    from decoderlm.model.weights import save_model
+    from decoderlm.tokenizers import CharTokenizer
+
+    text = "hello there, hello again. " * 20
+    tok = CharTokenizer.from_text(text)
+    save_model(tiny_model(vocab_size=tok.vocab_size), tmp_path / "run")
+    tok.save_pretrained(tmp_path / "run")
+    (tmp_path / "text.txt").write_text(text, encoding="utf-8")
+    torch.set_num_threads(2)
+    seen, real = [], torch.nn.Module.__call__
+
+    def call(module, *args, **kwargs):
+        seen.append(torch.get_num_threads())
+        return real(module, *args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.Module, "__call__", call)
+    extra = {"sample": ["--prompt", "he", "--max-new-tokens", "2"], "eval": ["--data", "text.txt"]}
+    monkeypatch.chdir(tmp_path)
+    assert main([command, "--run", "run", "--threads", "1", *extra[command]]) == 0
+    assert seen and set(seen) == {1}
+    one_line_error(capsys, [command, "--run", "run", "--threads", "0"], "--threads")

@@ -1,8 +1,10 @@
 """The model a command decodes, scores or inspects, from its option groups: loaded from a
-`ModelSource` and made ready at a `Precision` (`decoderlm sample`, `serve`, `eval`,
-`inspect`)."""
+`ModelSource` (its --threads set) and made ready at a `Precision` (`decoderlm sample`,
+`serve`, `eval`, `inspect`)."""
 
 from __future__ import annotations
+
+import torch
 
 from ..io.load import load_from_flags
 from ..model.model import DecoderLM
@@ -27,6 +29,8 @@ def load_for_decoding(
             machine cannot decode in (see `prepare_for_decoding`).
     """
     s, precision = source, precision or Precision()
+    if s.threads is not None:
+        torch.set_num_threads(s.threads)  # torch's intra-op threads, for the whole process
     model, tokenizer = load_from_flags(
         run=s.run, hf=s.hf, gguf=s.gguf, device=s.device, verify=not s.no_verify
     )

@@ -43,7 +43,7 @@ def sample(
     (as nanoGPT's sample.py encodes it); elsewhere it is ordinary text.
 
     Args:
-        source: the model (`ModelSource`: --run, --hf or --gguf; --device, --no-verify).
+        source: the model (`ModelSource`: --run, --hf or --gguf; --device, --no-verify, --threads).
         prompt: text to continue; repeat for several (default: <|endoftext|> where the
             vocabulary has it, as for GPT-2; else a newline, or the first character of a
             character vocabulary without one).

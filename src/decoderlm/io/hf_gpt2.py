@@ -29,7 +29,7 @@ from ..errors import UserError
 from ..files import atomic_write, read_json, write_json
 from ..model.model import DecoderLM
 from ..model.weights import CHECKSUMS_KEY, file_digest, load_state, unwrap_model
-from .hf_weights import read_hf_weights
+from .hf_weights import read_hf_weights, weights_metadata
 
 __all__ = ["load_gpt2", "save_gpt2"]
 
@@ -43,6 +43,19 @@ _BLOCK_NAMES = {
     "mlp.c_proj": "mlp.proj",
 }
 _TOP_NAMES = {"wte": "tok_emb", "wpe": "pos_emb", "ln_f": "ln_f"}
+# the config.json entries that decide what the model computes, recorded in an export's
+# model.safetensors (`weights_metadata`) and checked when it is read
+COMPUTATION_KEYS = (
+    "vocab_size",
+    "n_positions",
+    "n_embd",
+    "n_layer",
+    "n_head",
+    "n_inner",
+    "activation_function",
+    "layer_norm_epsilon",
+    "tie_word_embeddings",
+)
 _ACTIVATIONS = {
     "gelu_new": "gelu_tanh",
     "gelu_pytorch_tanh": "gelu_tanh",
@@ -251,31 +264,28 @@ def save_gpt2(model: DecoderLM, directory: str | Path, eos_token_id: int | None 
             key = "transformer." + {v: k for k, v in _TOP_NAMES.items()}[parts[0]] + "." + parts[-1]
             tensor = tensor[: c.vocab_size] if parts[0] == "tok_emb" else tensor
         out[key] = tensor.detach().cpu().contiguous()
-    atomic_write(
-        directory / "model.safetensors", lambda tmp: save_file(out, tmp, metadata={"format": "pt"})
-    )
-    write_json(
-        directory / "config.json",
-        {
-            "model_type": "gpt2",
-            "architectures": ["GPT2LMHeadModel"],
-            "vocab_size": c.vocab_size,
-            "n_positions": c.block_size,
-            "n_ctx": c.block_size,  # what llama.cpp's convert_hf_to_gguf.py reads
-            "n_embd": c.d_model,
-            "n_layer": c.n_layers,
-            "n_head": c.n_heads,
-            "n_inner": None if c.d_ff == 4 * c.d_model else c.d_ff,
-            "activation_function": "gelu_new" if c.activation == "gelu_tanh" else "gelu",
-            "layer_norm_epsilon": c.norm_eps,
-            "tie_word_embeddings": c.tie_embeddings,
-            "resid_pdrop": c.dropout,
-            "embd_pdrop": c.dropout,
-            "attn_pdrop": c.dropout,
-            **_special_ids(c.vocab_size, eos_token_id),
-            CHECKSUMS_KEY: {"model.safetensors": file_digest(directory / "model.safetensors")},
-        },
-    )
+    hf = {
+        "model_type": "gpt2",
+        "architectures": ["GPT2LMHeadModel"],
+        "vocab_size": c.vocab_size,
+        "n_positions": c.block_size,
+        "n_ctx": c.block_size,  # what llama.cpp's convert_hf_to_gguf.py reads
+        "n_embd": c.d_model,
+        "n_layer": c.n_layers,
+        "n_head": c.n_heads,
+        "n_inner": None if c.d_ff == 4 * c.d_model else c.d_ff,
+        "activation_function": "gelu_new" if c.activation == "gelu_tanh" else "gelu",
+        "layer_norm_epsilon": c.norm_eps,
+        "tie_word_embeddings": c.tie_embeddings,
+        "resid_pdrop": c.dropout,
+        "embd_pdrop": c.dropout,
+        "attn_pdrop": c.dropout,
+        **_special_ids(c.vocab_size, eos_token_id),
+    }
+    metadata = weights_metadata(hf, COMPUTATION_KEYS)
+    atomic_write(directory / "model.safetensors", lambda tmp: save_file(out, tmp, metadata))
+    digest = file_digest(directory / "model.safetensors")
+    write_json(directory / "config.json", {**hf, CHECKSUMS_KEY: {"model.safetensors": digest}})
 
 
 def _special_ids(vocab_size: int, eos_token_id: int | None) -> dict:

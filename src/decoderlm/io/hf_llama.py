@@ -46,7 +46,7 @@ from ..errors import UserError
 from ..files import atomic_write, read_json, write_json
 from ..model.model import DecoderLM
 from ..model.weights import CHECKSUMS_KEY, file_digest, load_state, unwrap_model
-from .hf_weights import read_hf_weights
+from .hf_weights import read_hf_weights, weights_metadata
 from .targets import export_target
 
 __all__ = ["LLAMA_FAMILY", "family_of", "llama_config", "load_llama", "save_llama"]
@@ -81,6 +81,27 @@ _IGNORED = ("rotary_emb.inv_freq",)  # buffers older checkpoints hold, rebuilt f
 
 def _qkv_rows(c: ModelConfig) -> tuple[int, int, int]:
     return (c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim, c.n_kv_heads * c.head_dim)
+# the config.json entries that decide what the model computes, recorded in an export's
+# model.safetensors (`weights_metadata`) and checked when it is read
+COMPUTATION_KEYS = (
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "max_position_embeddings",
+    "rms_norm_eps",
+    "rope_theta",
+    "rope_parameters",
+    "rope_scaling",
+    "sliding_window",
+    "hidden_act",
+    "attention_bias",
+    "mlp_bias",
+    "tie_word_embeddings",
+)
 
 
 def _llama_state(model: DecoderLM) -> dict[str, torch.Tensor]:
@@ -139,10 +160,6 @@ def save_llama(model: DecoderLM, directory: str | Path, eos_token_id=None) -> st
         for i in range(c.n_layers):
             weight = state[f"model.layers.{i}.self_attn.o_proj.weight"]
             state[f"model.layers.{i}.self_attn.o_proj.bias"] = weight.new_zeros(c.d_model)
-    atomic_write(
-        directory / "model.safetensors",
-        lambda tmp: save_file(state, tmp, metadata={"format": "pt"}),
-    )
     fields = {
         "model_type": arch,
         "architectures": [next(k for k, v in LLAMA_FAMILY.items() if v == arch)],
@@ -165,6 +182,8 @@ def save_llama(model: DecoderLM, directory: str | Path, eos_token_id=None) -> st
         fields.update(head_dim=c.head_dim, attention_bias=attention_bias, mlp_bias=c.bias)
     else:
         fields.update(use_sliding_window=False, sliding_window=None)
+    metadata = weights_metadata(fields, COMPUTATION_KEYS)
+    atomic_write(directory / "model.safetensors", lambda tmp: save_file(state, tmp, metadata))
     digest = {"model.safetensors": file_digest(directory / "model.safetensors")}
     write_json(directory / "config.json", {**fields, CHECKSUMS_KEY: digest})
     return arch

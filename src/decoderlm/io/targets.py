@@ -29,6 +29,8 @@ __all__ = ["ARCHITECTURES", "DTYPES", "FORMATS", "export_summary", "export_targe
 FORMATS = ("hf", "gguf")
 DTYPES = ("f32", "f16", "bf16", "q8_0")
 _COMMON = {"norm_position": "pre", "qk_norm": False, "logit_softcap": None}
+# where the cost of the flags that export is measured (the default preset's ablation)
+COSTS = "what they cost in validation loss: docs/export.md, 'Exporting the default preset'"
 ARCHITECTURES = {  # the ModelConfig fields each architecture fixes, and its preset
     "gpt2": (
         {**_COMMON, "pos_encoding": "learned", "norm": "layernorm", "mlp": "gelu", "bias": True},
@@ -39,17 +41,24 @@ ARCHITECTURES = {  # the ModelConfig fields each architecture fixes, and its pre
         "llama-tiny",
     ),
 }
-_NAMES = {  # what each blocking option is called in messages
-    "qk_norm": "QK-norm",
-    "logit_softcap": "logit soft-cap",
-    "norm_position": "post-norm",
-    "mlp": "MLP",
-    "pos_encoding": "positions",
-    "norm": "norm",
-    "bias": "biases",
-    "activation": "GELU",
+_LABELS = {"gpt2": "GPT-2", "llama": "Llama"}
+_NAMES = {  # what each blocking option is called in messages, by the model's value
+    "qk_norm": {True: "QK-norm"},
+    "norm_position": {"post": "post-norm"},
+    "mlp": {"gelu": "a GELU MLP", "swiglu": "a SwiGLU MLP", "relu2": "a ReLU^2 MLP"},
+    "pos_encoding": {
+        "learned": "learned positions",
+        "rope": "rotary positions",
+        "sinusoidal": "sinusoidal positions",
+    },
+    "norm": {"layernorm": "LayerNorm", "rmsnorm": "RMSNorm"},
+    "bias": {True: "biases", False: "bias-free layers"},
+    "activation": {"gelu": "the exact (erf) GELU"},
+}
+_ANY_VALUE = {  # names of the options blocking at any value they take
+    "logit_softcap": "a logit soft-cap",
     "n_kv_heads": "grouped-query attention",
-    "head_dim": "head_dim",
+    "head_dim": "a head_dim other than d_model / n_heads",
     "qkv_bias": "q/k/v biases",
     "rope_scaling": "rope scaling",
 }
@@ -59,6 +68,10 @@ _NOT_WRITTEN = ("n_kv_heads", "head_dim", "qkv_bias", "rope_scaling")  # see _no
 def _flag(field: str, value) -> str:
     shown = {None: "none", True: "true", False: "false"}.get(value, value)
     return f"--{field.replace('_', '-')} {shown}"
+
+
+def _flags(wrong: dict) -> str:
+    return " ".join(_flag(k, v) for k, v in wrong.items())
 
 
 def _mismatches(config: ModelConfig, fields: dict) -> dict:
@@ -82,16 +95,34 @@ def _not_written(config: ModelConfig, arch: str, format: str) -> dict:
     return _mismatches(config, plain)
 
 
-def _blockers(config: ModelConfig, format: str) -> tuple[str, dict]:
-    """(the nearest architecture, {field: the value it needs} for the fields that differ)."""
-    found = []
+def _routes(config: ModelConfig, format: str) -> dict:
+    """{architecture: {field: the value it needs} for the fields of `config` that differ},
+    nearest architecture first."""
+    found = {}
     for arch, (fields, _) in ARCHITECTURES.items():
         wrong = {**_mismatches(config, fields), **_not_written(config, arch, format)}
         if arch == "gpt2" and format == "gguf" and config.activation != "gelu_tanh":
             wrong["activation"] = "gelu_tanh"  # llama.cpp's GPT-2 GELU is the tanh one
-        found.append((len(wrong), arch, wrong))
-    _, arch, wrong = min(found, key=lambda item: item[0])
-    return arch, wrong
+        found[arch] = wrong
+    return dict(sorted(found.items(), key=lambda item: len(item[1])))
+
+
+def _blockers(config: ModelConfig, format: str) -> tuple[str, dict]:
+    """(the nearest architecture, {field: the value it needs} for the fields that differ)."""
+    return next(iter(_routes(config, format).items()))
+
+
+def _lacks(config: ModelConfig, arch: str, wrong: dict, format: str) -> str:
+    """e.g. "GPT-2 has no QK-norm (qk_norm=True), rotary positions (pos_encoding='rope')"."""
+    shown = [k for k in wrong if not (k == "activation" and "mlp" in wrong)]  # the MLP's own
+    names = []
+    for k in shown:
+        value = getattr(config, k)
+        name = _NAMES[k].get(value) if k in _NAMES else None
+        name = name or _ANY_VALUE.get(k, k)
+        names.append(f"{name} ({k}={value!r})")
+    who = "llama.cpp's GPT-2" if arch == "gpt2" and "activation" in shown else _LABELS[arch]
+    return f"{who} has no {', '.join(names)}"
 
 
 def export_target(config: ModelConfig, format: str) -> str:
@@ -103,26 +134,25 @@ def export_target(config: ModelConfig, format: str) -> str:
 
     Raises:
         UserError: an unknown format, or the model has options neither architecture has; the
-            one-line message names them and the preset or flags that would export.
+            one-line message names, for each architecture, the options it lacks and the
+            flags (or preset) that would export as it.
     """
     if format not in FORMATS:
         raise UserError(f"unknown export format {format!r}; use one of {list(FORMATS)}")
-    arch, wrong = _blockers(config, format)
+    routes = _routes(config, format)
+    arch, wrong = next(iter(routes.items()))
     if not wrong:
         return arch
-    options = ", ".join(f"{_NAMES[k]} ({k}={getattr(config, k)!r})" for k in wrong)
-    flags = " ".join(_flag(k, v) for k, v in wrong.items())
-    preset = f"--preset {ARCHITECTURES[arch][1]}"
-    if arch == "gpt2" and format == "gguf":  # the gpt2-shaped preset has the exact GELU
-        preset += f" {_flag('activation', 'gelu_tanh')}"
-    verb = "has" if len(wrong) == 1 else "have"
-    why = f"{verb} no counterpart in GPT-2 or Llama"
-    if set(wrong) <= set(_NOT_WRITTEN):
-        why = f"{'is' if len(wrong) == 1 else 'are'} not written by the exporters yet"
+    lacks = "; ".join(_lacks(config, a, w, format) for a, w in routes.items())
+    ways = []
+    for a, w in routes.items():
+        preset = f"--preset {ARCHITECTURES[a][1]}"
+        if a == "gpt2" and format == "gguf":  # the gpt2-shaped preset has the exact GELU
+            preset += f" {_flag('activation', 'gelu_tanh')}"
+        ways.append(f"{_flags(w)} (or {preset}) to export as {a}")
     raise UserError(
-        f"this model cannot be exported to {format}: {options} {why}, so the "
-        f"file would compute something else; train with {preset} "
-        f"or with {flags} to export as {arch}"
+        f"this model cannot be exported to {format}: {lacks}; so the file would compute "
+        f"something else; train with {' or with '.join(ways)} ({COSTS})"
     )
 
 
@@ -145,19 +175,14 @@ def export_summary(config: ModelConfig, run_dir=None, adapters: bool = False) ->
         except UserError:
             arch, wrong = _blockers(config, format)
             shown = ", ".join(f"{k}={getattr(config, k)!r}" for k in wrong)
-            flags = " ".join(_flag(k, v) for k, v in wrong.items())
-            reasons.append(f"{format}: {shown} (train with {flags} for {arch})")
+            reasons.append(f"{format}: {shown} (train with {_flags(wrong)} for {arch})")
     if not targets:
-        _, blocking = _blockers(config, "hf")
-        _, wrong = _blockers(config, "gguf")  # the same, and the GELU llama.cpp's GPT-2 needs
-        shown = ", ".join(f"{k}={getattr(config, k)!r}" for k in blocking)
-        flags = " ".join(_flag(k, v) for k, v in wrong.items())
-        why = "no counterpart in GPT-2 or Llama"
-        if set(blocking) <= set(_NOT_WRITTEN):
-            why = "not written by the exporters yet"
+        routes = _routes(config, "gguf")  # what exports to both formats
+        lacks = "; ".join(_lacks(config, a, w, "gguf") for a, w in routes.items())
+        ways = " or ".join(f"{_flags(w)} (as {a})" for a, w in routes.items())
         return (
-            f"export: this model is not exportable ({shown}: {why}); --preset classic or "
-            f"llama-tiny, or {flags}, would export"
+            f"export: this model is not exportable ({lacks}); training with {ways} would "
+            f"export it to hf and gguf ({COSTS})"
         )
     archs = " / ".join(sorted(set(targets.values())))
     merged = "; its adapters merged into the weights" if adapters else ""

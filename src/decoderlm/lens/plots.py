@@ -29,13 +29,18 @@ def _pyplot():
     return plt
 
 
-def plot_loss(metrics: list[dict], path: str | Path) -> None:
+def plot_loss(metrics: list[dict], path: str | Path):
     """Plot train and validation loss (nats) against step from metrics.jsonl records.
 
     Args:
         metrics: dicts with "step" and "train_loss" and, on evaluation steps, "val_loss"
-            (and "probe_second_half_loss", drawn too when present).
+            (and "probe_second_half_loss", drawn when present on its own right-hand axis:
+            it starts near ln(vocab_size), far above the other two).
         path: the PNG file to write.
+
+    Returns:
+        the (closed) matplotlib Figure: axes[0] train and validation, axes[1] the probe (when
+        drawn).
     """
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
@@ -48,16 +53,25 @@ def plot_loss(metrics: list[dict], path: str | Path) -> None:
     probe = [
         (m["step"], m["probe_second_half_loss"]) for m in metrics if "probe_second_half_loss" in m
     ]
+    handles = ax.get_lines()
     if probe:  # falls when induction heads form
-        ax.plot(*zip(*probe, strict=True), "s--", label="repeated probe, 2nd half", linewidth=1)
+        right = ax.twinx()
+        handles += right.plot(
+            *zip(*probe, strict=True), "s--", color="C2", label="repeated probe, 2nd half (right)"
+        )
+        right.set_ylabel("repeated probe, 2nd half (nats per token)", color="C2")
     ax.set_xlabel("step")
     ax.set_ylabel("cross-entropy loss (nats per token)")
     ax.set_title("loss")
     ax.grid(alpha=0.3)
-    ax.legend()
-    fig.subplots_adjust(left=0.8 / 7, right=1 - 0.15 / 7, bottom=0.55 / 4.5, top=1 - 0.35 / 4.5)
+    ax.legend(handles=handles, labels=[h.get_label() for h in handles])
+    right_margin = 0.8 if probe else 0.15
+    fig.subplots_adjust(
+        left=0.8 / 7, right=1 - right_margin / 7, bottom=0.55 / 4.5, top=1 - 0.35 / 4.5
+    )
     fig.savefig(path, dpi=110)  # fixed margins: tight_layout would draw the figure twice
     plt.close(fig)
+    return fig
 
 
 def _checked_maps(att) -> np.ndarray:
@@ -78,7 +92,8 @@ def plot_attention(att: np.ndarray, path: str | Path, title: str = ""):
         title: a figure title (for example the text of the window).
 
     Returns:
-        the (closed) matplotlib Figure; its axes are in row-major (layer, head) order.
+        the (closed) matplotlib Figure; its axes are in row-major (layer, head) order, then
+        the colour scale (0 to 1, shared by every map).
 
     Raises:
         ValueError: att is not 4-D with square maps.
@@ -94,7 +109,9 @@ def plot_attention(att: np.ndarray, path: str | Path, title: str = ""):
     for layer in range(n_layers):
         for head in range(n_heads):
             ax = axes[layer][head]
-            ax.imshow(att[layer, head], cmap="viridis", vmin=0.0, vmax=1.0, interpolation="nearest")
+            image = ax.imshow(
+                att[layer, head], cmap="viridis", vmin=0.0, vmax=1.0, interpolation="nearest"
+            )
             ax.set_title(f"layer {layer}, head {head}", fontsize=9)
             ax.set_xlabel("key position", fontsize=8)
             ax.set_ylabel("query position", fontsize=8)
@@ -107,12 +124,14 @@ def plot_attention(att: np.ndarray, path: str | Path, title: str = ""):
     width, height = fig.get_size_inches()
     fig.subplots_adjust(
         left=0.6 / width,
-        right=1 - 0.1 / width,
+        right=1 - 0.9 / width,
         bottom=0.5 / height,
         top=1 - (0.55 if title else 0.35) / height,
         wspace=0.4,
         hspace=0.45,
     )
+    scale = fig.add_axes((1 - 0.7 / width, 0.5 / height, 0.15 / width, 1 - 1.2 / height))
+    fig.colorbar(image, cax=scale, label="attention weight")  # one scale: every map is 0 to 1
     with warnings.catch_warnings():  # characters the font lacks are drawn as boxes
         warnings.filterwarnings("ignore", message="Glyph .* missing from")
         fig.savefig(path, dpi=90)

@@ -272,7 +272,7 @@ def inspect(
     same data as JSON beside it (same name, .json). See decoderlm.lens.report.
 
     Args:
-        source: the model (`ModelSource`: --run, --hf or --gguf; --device, --no-verify).
+        source: the model (`ModelSource`: --run, --hf or --gguf; --device, --no-verify, --threads).
         text: the text to look at (give --text or --text-file); its <|endoftext|> is the
             end-of-text token where the vocabulary has one, as in a prompt.
         text_file: a UTF-8 file holding the text.

@@ -245,7 +245,7 @@ def serve(
     end-of-text token where the vocabulary has one, as in `decoderlm sample`.
 
     Args:
-        source: the model (`ModelSource`: --run, --hf or --gguf; --device, --no-verify).
+        source: the model (`ModelSource`: --run, --hf or --gguf; --device, --no-verify, --threads).
         host: the address to listen on.
         port: the TCP port to listen on, in [1, 65536).
         served_model_name: the model id clients send (default: the directory's name).

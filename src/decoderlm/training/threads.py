@@ -22,26 +22,10 @@ import torch
 
 from ..config import TrainConfig
 from ..data.corpus import windows
-from ..errors import UserError
 from ..model.model import DecoderLM
+from ..options import parse_threads
 
 __all__ = ["set_threads", "parse_threads", "thread_candidates", "busy_machine_hint", "ThreadTuner"]
-
-
-def parse_threads(threads: int | str | None) -> int | str | None:
-    """None, "auto" or a positive integer (also given as text) up to os.cpu_count() (more
-    threads than CPUs only wait for each other); UserError otherwise."""
-    if threads is None or threads == "auto":
-        return threads
-    n = int(threads) if str(threads).isdigit() and not isinstance(threads, bool) else 0
-    if n < 1:
-        raise UserError(f"--threads must be auto or a positive integer, got {threads!r}")
-    cpus = os.cpu_count() or 1
-    if n > cpus:
-        raise UserError(
-            f"--threads {n} is more than this machine's {cpus} CPUs; give at most {cpus}, or auto"
-        )
-    return n
 
 
 def thread_candidates() -> list[int]:
