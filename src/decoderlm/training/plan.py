@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,7 @@ from ..files import read_json
 from ..finetune.init_from import finetune_config
 from ..io.load import load_run, load_source
 from ..model.model import DecoderLM
-from ..model.weights import list_checkpoints
+from ..model.weights import CHECKPOINTS_DIR, list_checkpoints
 from ..presets import get_preset
 from ..tokenizers import Tokenizer, read_tokenizer
 from .checkpoints import latest_checkpoint, load_trainer_state
@@ -105,6 +106,8 @@ class RunPlan:
             --init-from's (fine-tuning); None for a new model.
         init_from: fine-tuning: config.json["init_from"] (where the weights came from).
         lora: config.json["lora"] once adapters are added (`decoderlm.finetune.trainable`).
+        run_options: config.json["run_options"] once the device and threads are set
+            (`decoderlm.training.run_options`).
     """
 
     out_dir: Path
@@ -121,6 +124,7 @@ class RunPlan:
     start_model: DecoderLM | None = None
     init_from: dict | None = None
     lora: dict | None = None
+    run_options: dict | None = None
 
     @property
     def resumed_step(self) -> int | None:
@@ -136,7 +140,8 @@ class RunPlan:
             "data": self.corpus,
             "data_spec": self.data_spec,
         }
-        extra.update({k: v for k, v in (("init_from", self.init_from), ("lora", self.lora)) if v})
+        entries = (("init_from", self.init_from), ("lora", self.lora))
+        extra.update({k: v for k, v in (*entries, ("run_options", self.run_options)) if v})
         return extra
 
 
@@ -396,15 +401,25 @@ class _ResumePoint:
 def _resume_point(run_dir: Path, info: DistInfo, log, verify: bool = True) -> _ResumePoint:
     """The newest checkpoint of run_dir that loads whole. A damaged newer one is skipped
     with a warning and renamed damaged-step-N (by rank 0), so it stays on disk for
-    inspection but out of the keep_checkpoints rotation.
+    inspection but out of the keep_checkpoints rotation. Without verify the damaged-step-N
+    folders are candidates too (by step; step-N before damaged-step-N): a checkpoint set
+    aside because a digest check failed loads unchecked, as the warning said it would.
 
     Raises:
         UserError / MissingFileError: run_dir is a file, has no checkpoint, or none loads.
     """
     if run_dir.exists() and not run_dir.is_dir():
         raise UserError(f"--resume {run_dir} is a file; give the run directory")
-    latest_checkpoint(run_dir)  # raises a clear error when there is none
-    for candidate in reversed(list_checkpoints(run_dir)):
+    aside = sorted((run_dir / CHECKPOINTS_DIR).glob(f"{_DAMAGED}*")) if run_dir.is_dir() else []
+    if not list_checkpoints(run_dir) and aside and verify:
+        raise UserError(
+            f"{run_dir / CHECKPOINTS_DIR} holds only checkpoints set aside as damaged "
+            f"({', '.join(p.name for p in aside)}); `decoderlm train --resume {run_dir} "
+            f"--no-verify` tries them without checking their digests"
+        )
+    if verify or not aside:
+        latest_checkpoint(run_dir)  # raises a clear error when there is none
+    for candidate in _resume_candidates(run_dir, aside if not verify else []):
         try:
             return _ResumePoint(
                 checkpoint=candidate,
@@ -413,13 +428,41 @@ def _resume_point(run_dir: Path, info: DistInfo, log, verify: bool = True) -> _R
                 tokenizer=read_tokenizer(candidate),
             )
         except (ValueError, FileNotFoundError) as e:
-            aside = candidate.with_name("damaged-" + candidate.name)
+            if candidate.name.startswith(_DAMAGED):
+                log(f"warning: skipping checkpoint {candidate}: {e}")
+                continue
+            moved = _free_name(candidate.with_name(_DAMAGED + candidate.name))
+            hint = f" (`decoderlm train --resume {run_dir} --no-verify` tries it unchecked)"
             log(
-                f"warning: skipping checkpoint {candidate}: {e}; moved it to {aside} (delete "
-                "it once you no longer need it) and trying the checkpoint before it"
+                f"warning: skipping checkpoint {candidate}: {e}; moved it to {moved} (delete "
+                f"it once you no longer need it{hint if verify else ''}) and trying the "
+                "checkpoint before it"
             )
             if info.is_main:
-                os.replace(candidate, aside)
+                os.replace(candidate, moved)
     raise UserError(
-        f"no checkpoint in {run_dir / 'checkpoints'} can be loaded; see the warnings above"
+        f"no checkpoint in {run_dir / CHECKPOINTS_DIR} can be loaded; see the warnings above"
     )
+
+
+_DAMAGED = "damaged-"  # the prefix of a checkpoint set aside by --resume
+
+
+def _resume_candidates(run_dir: Path, aside: list[Path]) -> list[Path]:
+    """The checkpoints to try, newest first: run_dir's step-N and the damaged-step-N of
+    `aside` (at the same step, step-N first)."""
+
+    def order(path: Path) -> tuple[int, int]:
+        found = re.match(r"(?:damaged-)?step-(\d+)", path.name)
+        return (int(found[1]) if found else -1, not path.name.startswith(_DAMAGED))
+
+    return sorted([*list_checkpoints(run_dir), *aside], key=order, reverse=True)
+
+
+def _free_name(path: Path) -> Path:
+    """path, or path-2, path-3, ... where it is taken (a step set aside twice)."""
+    candidate, n = path, 1
+    while candidate.exists():
+        n += 1
+        candidate = path.with_name(f"{path.name}-{n}")
+    return candidate
