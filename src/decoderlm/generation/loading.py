@@ -28,7 +28,7 @@ def load_for_decoding(
     """
     s, precision = source, precision or Precision()
     model, tokenizer = load_from_flags(
-        run=s.run, hf=s.hf, gguf=s.gguf, device=s.device, verify=not s.no_verify
+        run=s.run, hf=s.hf, gguf=s.gguf, device=s.device, verify=not s.no_verify, base=s.base
     )
     compile = isinstance(precision, Decoding) and precision.compile
     prepare_for_decoding(model, precision.dtype, precision.quantize, compile)

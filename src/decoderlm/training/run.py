@@ -81,6 +81,7 @@ def run_experiment(
     resume: NotEmptyPath | None = None,
     init_from: NotEmptyPath | None = None,
     merge: bool | None = None,
+    base: NotEmptyPath | None = None,
     no_verify: bool = False,
     device: str | None = None,
     no_progress: bool = False,
@@ -127,6 +128,9 @@ def run_experiment(
             (adapter.safetensors). config.json records the source in "init_from".
         merge: after training with LoRA adapters, also write the merged model to
             <out>/merged/ (an ordinary model directory). Default: false; resuming, the run's.
+        base: the base model of the LoRA run given to --resume (or to --init-from) in a new
+            place; config.json records it as found (default: where the run records it,
+            relative to the run first, then the absolute path).
         no_verify: load --init-from's weights and --resume's checkpoints without checking
             them against the sizes and sha256 digests that their config.json records (for
             huge files); --resume then also tries the checkpoints an earlier resume set aside
@@ -160,11 +164,9 @@ def run_experiment(
             to change); not enough memory to build or train the model (one line with the
             estimate of `memory_bytes`).
     """
-    given = {"device": device, "threads": threads, "merge": merge}
+    given, notes = {"device": device, "threads": threads, "merge": merge}, []
     if resume is not None:  # the run's settings, for those not given
-        main_rank = os.environ.get("RANK", "0") == "0"
-        warn = (lambda line: print(line, file=sys.stderr)) if main_rank else (lambda line: None)
-        given = resumed_run_options(stored_run_options(resume, no_verify), given, warn)
+        given, notes = resumed_run_options(stored_run_options(resume, no_verify), given)
     device, threads, merge = given["device"], given["threads"], bool(given["merge"])
     request = RunRequest(
         preset=preset,
@@ -176,6 +178,7 @@ def run_experiment(
         resume=resume,
         init_from=init_from,
         merge=merge,
+        base=base,
         verify=not no_verify,
         model_overrides=model_overrides,
         train_overrides=train_overrides,
@@ -190,6 +193,8 @@ def run_experiment(
     log = info.main_only(log)
     plan = make_plan(request, info, log)
     check_plan(plan, info, request.overwrite)  # on every rank: all fail alike
+    for note in notes if info.is_main else ():
+        print(note, file=sys.stderr)
     memory = dict(config=plan.model_cfg, batch_size=plan.train_cfg.data.batch_size)
     with out_of_memory_as_user_error("build the model", **memory):
         model, lora = _build_model(plan, info, device)  # refuses LoRA targets / --freeze items too

@@ -65,18 +65,18 @@ def _step(checkpoint: Path) -> int:
     return int(found[1]) if found else -1
 
 
-def resumed_run_options(stored: dict, given: dict, warn) -> dict:
+def resumed_run_options(stored: dict, given: dict) -> tuple[dict, list[str]]:
     """The device, threads and merge a resumed run uses.
 
     Args:
         stored: the run's record (`stored_run_options`; {} for none).
         given: {"device", "threads", "merge"} of the resume's command line, None where not
             given.
-        warn: prints one line (stderr): which settings were taken from the run, and a
-            warning when a given device or thread count differs from the run's.
 
     Returns:
-        {"device", "threads", "merge"}: each given value, else the run's, else None.
+        ({"device", "threads", "merge"}: each given value, else the run's, else None; the
+        lines to print once the resume is known to start: which settings were taken from
+        the run, and a warning when a given device or thread count differs from the run's).
 
     Raises:
         UserError: a setting taken from the run that this machine cannot repeat (a device it
@@ -95,9 +95,10 @@ def resumed_run_options(stored: dict, given: dict, warn) -> dict:
             f"{os.cpu_count()} CPUs; give --threads N to resume with fewer (its losses then "
             f"differ from an uninterrupted run's)"
         )
+    notes = []
     if taken:
         flags = " ".join(_flag(name, value) for name, value in taken.items())
-        warn(f"resuming with the run's {flags} (give a flag to change one)")
+        notes.append(f"resuming with the run's {flags} (give a flag to change one)")
     changed = [
         f"{name} {stored[name]} to {given[name]}"
         for name in ("device", "threads")
@@ -106,11 +107,11 @@ def resumed_run_options(stored: dict, given: dict, warn) -> dict:
         and str(given[name]) != str(stored[name])
     ]
     if changed:
-        warn(
+        notes.append(
             f"warning: this resume changes the run's {' and '.join(changed)}; its losses differ "
             f"from an uninterrupted run's (give the run's to resume it bit for bit)"
         )
-    return options
+    return options, notes
 
 
 def _flag(name: str, value) -> str:
