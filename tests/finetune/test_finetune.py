@@ -433,9 +433,7 @@ def test_a_moved_project_with_a_lora_run_and_its_base_inside_still_loads(
     assert record["relative_path"] == "../../../models/base"
     load_model(run)  # from the place now recorded, without --base
     capsys.readouterr()
-    one_line_error(
-        capsys, ["sample", "--run", str(base), "--base", str(elsewhere)], "drop --base"
-    )
+    one_line_error(capsys, ["sample", "--run", str(base), "--base", str(elsewhere)], "drop --base")
 
 
 def list_checkpoints_names(run):

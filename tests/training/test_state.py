@@ -549,7 +549,10 @@ def test_a_resume_that_changes_the_threads_says_so_and_one_that_cannot_repeat_th
     out = tmp_path / "run"
     assert main(train_argv(corpus, out, "--max-steps", "2", "--threads", "1")) == 0
     capsys.readouterr()
-    assert main(["train", "--resume", str(out), "--max-steps", "3", "--threads", "1", "--no-progress"]) == 0
+    assert (
+        main(["train", "--resume", str(out), "--max-steps", "3", "--threads", "1", "--no-progress"])
+        == 0
+    )
     assert capsys.readouterr().err.splitlines() == [
         "resuming with the run's --device cpu --merge false (give a flag to change one)"
     ]
@@ -558,7 +561,10 @@ def test_a_resume_that_changes_the_threads_says_so_and_one_that_cannot_repeat_th
     record["run_options"]["threads"] = (os.cpu_count() or 1) + 1
     config.write_text(json.dumps(record))
     one_line_error(capsys, ["train", "--resume", str(out), "--max-steps", "4"], "--threads N")
-    assert main(["train", "--resume", str(out), "--max-steps", "4", "--threads", "1", "--no-progress"]) == 0
+    assert (
+        main(["train", "--resume", str(out), "--max-steps", "4", "--threads", "1", "--no-progress"])
+        == 0
+    )
     err = capsys.readouterr().err
     assert f"changes the run's threads {(os.cpu_count() or 1) + 1} to 1" in err
     assert "losses differ from an uninterrupted run's" in err
@@ -576,7 +582,10 @@ def test_resume_options_taken_given_and_refused():
     options, notes = resumed_run_options(stored, {"threads": "auto", "merge": False})
     assert options == {"device": "cpu", "threads": "auto", "merge": False}
     assert notes[1].startswith("warning: this resume changes the run's threads 1 to auto")
-    assert resumed_run_options({}, {"threads": 2}) == ({"threads": 2, "device": None, "merge": None}, [])
+    assert resumed_run_options({}, {"threads": 2}) == (
+        {"threads": 2, "device": None, "merge": None},
+        [],
+    )
     if not torch.cuda.is_available():
         with pytest.raises(UserError, match="trained on cuda, which this machine does not have"):
             resumed_run_options({"device": "cuda"}, {})
