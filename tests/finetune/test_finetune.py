@@ -434,6 +434,8 @@ def test_a_moved_project_with_a_lora_run_and_its_base_inside_still_loads(
     load_model(run)  # from the place now recorded, without --base
     capsys.readouterr()
     one_line_error(capsys, ["sample", "--run", str(base), "--base", str(elsewhere)], "drop --base")
+    resume = ["train", "--resume", str(base), "--base", str(elsewhere)]
+    one_line_error(capsys, resume, "has no adapters (drop --base)")  # nothing set aside
 
 
 def list_checkpoints_names(run):

@@ -324,10 +324,6 @@ def _resumed_plan(request: RunRequest, info: DistInfo, log) -> RunPlan:
     if is_adapter_dir(point.checkpoint):  # the base where it was found: recorded anew
         found = find_base(point.checkpoint, request.base)
         init_from = base_record({**init_from, "path": str(Path(found).resolve())}, out_dir)
-    elif request.base is not None:
-        raise UserError(
-            f"--base gives the base model of a LoRA run; {out_dir} has no adapters (drop --base)"
-        )
     if request.preset is not None and request.preset != saved.get("preset"):
         raise UserError(
             f"the checkpoint was trained with preset {saved.get('preset')!r}, "
@@ -442,6 +438,11 @@ def _resume_point(
     if verify or not aside:
         latest_checkpoint(run_dir)  # raises a clear error when there is none
     for candidate in _resume_candidates(run_dir, aside if not verify else []):
+        if base is not None and not is_adapter_dir(candidate):
+            raise UserError(
+                f"--base gives the base model of a LoRA run; {run_dir} has no adapters (drop "
+                "--base)"
+            )
         find_base(candidate, base)  # a missing base model is the run's fault, not the checkpoint's
         try:
             return _ResumePoint(
