@@ -1,7 +1,7 @@
 """The option groups that several commands share, and the one set of number-format names.
 
-`ModelSource` (which model: --run, --hf or --gguf; --device, --no-verify, --threads), `Precision`
-(--dtype, --quantize: the number formats a model decodes or is scored in) and `Decoding`
+`ModelSource` (which model: --run, --hf or --gguf; --base, --device, --no-verify, --threads),
+`Precision` (--dtype, --quantize: the number formats a model decodes or is scored in) and `Decoding`
 (Precision and --compile) are frozen dataclasses, checked when built. A command takes one as
 a parameter `Annotated[ModelSource, Fields(ModelSource)]` (see `decoderlm.arguments.Fields`):
 the command line gives each field its flag, helped by the field's docstring, so the flags and
@@ -79,7 +79,7 @@ class ModelSource:
     its weights are checked.
 
     Raises:
-        UserError: an empty run, hf or gguf (the message names its flag).
+        UserError: an empty run, hf, gguf or base (the message names its flag).
     """
 
     ONE_OF: ClassVar[tuple[str, ...]] = ("run", "hf", "gguf")
@@ -92,6 +92,9 @@ class ModelSource:
     reads the cache only), with its tokenizer (else GPT-2 BPE)."""
     gguf: str | None = None
     """a GGUF file (gpt2 or llama), e.g. from `decoderlm export` or llama.cpp."""
+    base: str | None = None
+    """the base model of a LoRA run given to --run, in a new place (default: where the run
+    records it, relative to the run first)."""
     device: str = "cpu"
     """cpu, cuda, ..."""
     no_verify: bool = False
@@ -102,7 +105,7 @@ class ModelSource:
     usable cores): fewer than the cores is faster on a machine other programs keep busy."""
 
     def __post_init__(self) -> None:
-        for name in self.ONE_OF:
+        for name in (*self.ONE_OF, "base"):
             if getattr(self, name) == "":
                 raise UserError(f"{flag_name(name)} must not be empty")
         object.__setattr__(self, "threads", parse_threads(self.threads, auto=False))

@@ -357,3 +357,86 @@ def test_presets_lists_the_finetune_defaults(capsys):
     assert main(["presets"]) == 0
     line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("finetune"))
     assert "--init-from" in line and "3e-4" in line
+
+
+def test_a_lora_merge_run_stopped_and_resumed_with_its_printed_line_writes_merged(
+    base, new_text, tmp_path, monkeypatch, capsys
+):
+    """A LoRA run started with --merge and stopped like Ctrl-C after 2 of 4 steps records
+    merge; its printed `resume with:` line alone finishes it with merged/, the model of the
+    adapters folded in."""
+    import decoderlm.training.loop as loop
+
+    out = tmp_path / "lora"
+    steps = []
+    monkeypatch.setattr(loop, "agree_across_ranks", lambda *a: steps.append(1) or len(steps) >= 2)
+    assert finetune(base, new_text, out, "--lora-rank", "2", "--max-steps", "4", "--merge") == 0
+    monkeypatch.undo()
+    printed = capsys.readouterr().out
+    line = next(x for x in printed.splitlines() if x.startswith("resume with: "))
+    assert line == f"resume with: decoderlm train --resume {out}" and not (out / "merged").exists()
+    assert main(line.removeprefix("resume with: decoderlm ").split()) == 0
+    assert "--merge" in capsys.readouterr().err.splitlines()[0]
+    merged = DecoderLM.from_pretrained(out / "merged")
+    idx = torch.randint(0, merged.config.vocab_size, (2, 16))
+    assert (merged(idx)[0] - load_model(out)(idx)[0]).abs().max() < 1e-5
+
+
+def test_a_moved_project_with_a_lora_run_and_its_base_inside_still_loads(
+    base, new_text, tmp_path, capsys, monkeypatch
+):
+    """A LoRA run trained in a project folder (the working directory) over a base inside it
+    records the base relative to the run (and absolutely); moved, the project's run loads,
+    resumes and samples over the moved base. A base moved elsewhere is named in one line
+    with --base, which then finds it; a checkpoint is never set aside for a missing base."""
+    import shutil
+
+    project = tmp_path / "project"
+    shutil.copytree(base, project / "base")
+    monkeypatch.chdir(project)
+    run = project / "runs" / "lora"
+    assert finetune("base", new_text, "runs/lora", "--lora-rank", "2", "--max-steps", "2") == 0
+    monkeypatch.chdir(tmp_path)
+    record = json.loads((run / "config.json").read_text())["init_from"]
+    assert record["path"] == str((project / "base").resolve())
+    assert record["relative_path"] == "../../base"
+    idx = torch.randint(0, 20, (1, 8))
+    want = load_model(run)(idx)[0]
+    moved = tmp_path / "moved"
+    project.rename(moved)
+    run = moved / "runs" / "lora"
+    assert torch.equal(load_model(run)(idx)[0], want)
+    assert main(["sample", "--run", str(run), "--max-new-tokens", "3", "--no-verify"]) == 0
+    assert main(["train", "--resume", str(run), "--max-steps", "3", "--no-progress"]) == 0
+    record = json.loads((run / "config.json").read_text())["init_from"]
+    assert record["path"] == str((moved / "base").resolve())  # recorded anew where found
+
+    elsewhere = tmp_path / "models" / "base"
+    (moved / "base").rename(elsewhere.parent.mkdir() or elsewhere)
+    capsys.readouterr()
+    one_line_error(
+        capsys,
+        ["sample", "--run", str(run), "--max-new-tokens", "3"],
+        f"the base model of {run}, {moved / 'base'}",
+        "--base PATH",
+    )
+    one_line_error(capsys, ["train", "--resume", str(run), "--max-steps", "4"], "--base PATH")
+    assert list_checkpoints_names(run) == ["step-00000002", "step-00000003"]  # none set aside
+    argv = ["sample", "--run", str(run), "--base", str(elsewhere), "--max-new-tokens", "3"]
+    assert main(argv) == 0
+    merged = tmp_path / "merged"
+    assert main(["merge", "--run", str(run), "--out", str(merged), "--base", str(elsewhere)]) == 0
+    flags = ["--max-steps", "4", "--no-progress", "--base", str(elsewhere)]
+    assert main(["train", "--resume", str(run), *flags]) == 0
+    record = json.loads((run / "config.json").read_text())["init_from"]
+    assert record["path"] == str(elsewhere.resolve())  # tmp_path, the working directory:
+    assert record["relative_path"] == "../../../models/base"
+    load_model(run)  # from the place now recorded, without --base
+    capsys.readouterr()
+    one_line_error(capsys, ["sample", "--run", str(base), "--base", str(elsewhere)], "drop --base")
+    resume = ["train", "--resume", str(base), "--base", str(elsewhere)]
+    one_line_error(capsys, resume, "has no adapters (drop --base)")  # nothing set aside
+
+
+def list_checkpoints_names(run):
+    return sorted(p.name for p in (run / "checkpoints").iterdir())

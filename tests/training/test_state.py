@@ -29,7 +29,7 @@ from decoderlm.training.optim import configure_optimizer, lr_at
 from decoderlm.training.parallel import DistInfo, Parallelized
 from decoderlm.training.state import TrainState, named_state_dicts
 
-from conftest import tiny_config
+from conftest import one_line_error, tiny_config
 
 SYMBOLS = [chr(c) for c in range(33, 33 + 64)] + ["\n"]  # 65 distinct characters
 TINY = [  # AdamW (the 'classic' preset): these tests read AdamW's state
@@ -494,3 +494,134 @@ def test_a_checkpoint_with_flipped_weight_bytes_is_skipped_and_the_resume_stays_
         f.write(bytes([byte[0] ^ 0xFF]))
     with pytest.raises(ValueError, match="trainer_state.pt has sha256 .* but config.json records"):
         load_trainer_state(state.parent)
+
+
+def stop_after(monkeypatch, steps):
+    """Make the next in-process run stop as Ctrl-C stops it, after optimizer step `steps`
+    (the loop's ranks agree to stop then); undone by the returned function."""
+    import decoderlm.training.loop as loop
+
+    done = []
+
+    def agree(loss, stop, info):
+        done.append(1)
+        return len(done) >= steps
+
+    monkeypatch.setattr(loop, "agree_across_ranks", agree)
+    return lambda: monkeypatch.setattr(loop, "agree_across_ranks", lambda loss, stop, info: stop)
+
+
+def test_the_printed_resume_line_alone_repeats_the_runs_threads_and_resumes_exactly(
+    corpus, uninterrupted, tmp_path, monkeypatch, capsys
+):
+    """A --threads 1 run stopped like Ctrl-C at step 10 records its device, threads and merge
+    in config.json; the `resume with:` line it prints, run as it is where torch's default
+    is 2 threads, trains at the run's 1 thread (saying so on stderr) and logs the losses of
+    the uninterrupted 1-thread run bit for bit."""
+    out = tmp_path / "run"
+    undo = stop_after(monkeypatch, 10)
+    args = train_argv(corpus, out, "--max-steps", "20", "--decay-steps", "20", "--threads", "1")
+    assert main(args) == 0
+    undo()
+    printed = capsys.readouterr().out
+    line = next(x for x in printed.splitlines() if x.startswith("resume with: "))
+    assert line == f"resume with: decoderlm train --resume {out}"
+    checkpoint = list_checkpoints(out)[-1]
+    assert checkpoint.name == "step-00000010" and not (out / "model.safetensors").exists()
+    config = json.loads((checkpoint / "config.json").read_text())
+    assert config["run_options"] == {"device": "cpu", "threads": 1, "merge": False}
+    torch.set_num_threads(2)  # the machine's default here, were it not for the record
+    try:
+        assert main(line.removeprefix("resume with: decoderlm ").split()) == 0
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(1)
+    err = capsys.readouterr().err.splitlines()  # then the progress bar
+    assert err[0] == (
+        "resuming with the run's --device cpu --threads 1 --merge false (give a flag to change one)"
+    )
+    assert_same_run(uninterrupted, out)
+
+
+def test_a_resume_that_changes_the_threads_says_so_and_one_that_cannot_repeat_them_is_refused(
+    corpus, tmp_path, capsys
+):
+    out = tmp_path / "run"
+    assert main(train_argv(corpus, out, "--max-steps", "2", "--threads", "1")) == 0
+    capsys.readouterr()
+    assert (
+        main(["train", "--resume", str(out), "--max-steps", "3", "--threads", "1", "--no-progress"])
+        == 0
+    )
+    assert capsys.readouterr().err.splitlines() == [
+        "resuming with the run's --device cpu --merge false (give a flag to change one)"
+    ]
+    config = out / "checkpoints" / "step-00000003" / "config.json"
+    record = json.loads(config.read_text())
+    record["run_options"]["threads"] = (os.cpu_count() or 1) + 1
+    config.write_text(json.dumps(record))
+    one_line_error(capsys, ["train", "--resume", str(out), "--max-steps", "4"], "--threads N")
+    assert (
+        main(["train", "--resume", str(out), "--max-steps", "4", "--threads", "1", "--no-progress"])
+        == 0
+    )
+    err = capsys.readouterr().err
+    assert f"changes the run's threads {(os.cpu_count() or 1) + 1} to 1" in err
+    assert "losses differ from an uninterrupted run's" in err
+
+
+def test_resume_options_taken_given_and_refused():
+    from decoderlm.errors import UserError
+    from decoderlm.training.run_options import resumed_run_options
+
+    stored = {"device": "cpu", "threads": 1, "merge": True}
+    options, notes = resumed_run_options(stored, {"threads": None, "device": None, "merge": None})
+    assert options == stored and notes == [
+        "resuming with the run's --device cpu --threads 1 --merge (give a flag to change one)"
+    ]
+    options, notes = resumed_run_options(stored, {"threads": "auto", "merge": False})
+    assert options == {"device": "cpu", "threads": "auto", "merge": False}
+    assert notes[1].startswith("warning: this resume changes the run's threads 1 to auto")
+    assert resumed_run_options({}, {"threads": 2}) == (
+        {"threads": 2, "device": None, "merge": None},
+        [],
+    )
+    if not torch.cuda.is_available():
+        with pytest.raises(UserError, match="trained on cuda, which this machine does not have"):
+            resumed_run_options({"device": "cuda"}, {})
+        assert resumed_run_options({"device": "cuda"}, {"device": "cpu"})[0]["device"] == "cpu"
+
+
+def test_a_checkpoint_set_aside_as_damaged_resumes_with_the_no_verify_its_hint_names(
+    corpus, tmp_path, capsys
+):
+    """The only checkpoint, its weights changed in place (same size: the sha256 check
+    fails), is set aside as damaged-step-2 by --resume, whose warning names `--resume DIR
+    --no-verify`; a plain --resume then says the same in one line; and that command
+    resumes from damaged-step-2, unchecked."""
+    out = tmp_path / "run"
+    assert main(train_argv(corpus, out, "--max-steps", "2")) == 0
+    (only,) = list_checkpoints(out)
+    with open(only / "model.safetensors", "r+b") as f:  # the last bytes: tensor data
+        f.seek(-4, os.SEEK_END)
+        byte = f.read(1)
+        f.seek(-4, os.SEEK_END)
+        f.write(bytes([byte[0] ^ 0x01]))  # the lowest mantissa bit of one weight
+    capsys.readouterr()
+    assert main(["train", "--resume", str(out), "--max-steps", "4"]) == 2
+    captured = capsys.readouterr()
+    hint = f"`decoderlm train --resume {out} --no-verify` tries it unchecked"
+    assert "skipping checkpoint" in captured.out and hint in captured.out
+    assert "no checkpoint in" in captured.err
+    assert not list_checkpoints(out) and (out / "checkpoints" / "damaged-step-00000002").is_dir()
+    one_line_error(
+        capsys,
+        ["train", "--resume", str(out), "--max-steps", "4"],
+        "damaged-step-00000002",
+        f"`decoderlm train --resume {out} --no-verify`",
+    )
+    assert main(["train", "--resume", str(out), "--no-verify", "--max-steps", "4"]) == 0
+    said = capsys.readouterr().out
+    assert f"resuming from {out / 'checkpoints' / 'damaged-step-00000002'}" in said
+    assert [p.name for p in list_checkpoints(out)] == ["step-00000004"]
+    assert (out / "model.safetensors").is_file()

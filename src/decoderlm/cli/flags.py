@@ -376,7 +376,7 @@ def _add(command: Command, group, flag: _Flag, help: str, default, metavars) -> 
         help += f" (default: {str(default).lower() if isinstance(default, bool) else default})"
     options = dict(dest=dest, default=argparse.SUPPRESS, type=_converter(flag.hint))
     options.update(required=flag.required, help=help.replace("%", "%%").strip())
-    if flag.hint is bool:
+    if flag.hint is bool or _optional_bool(flag.hint):  # --flag, --flag true|false
         options.update(nargs="?", const=True, metavar="true|false")
     else:
         metavar = "{" + ",".join(choices) + "}" if choices else None
@@ -388,6 +388,11 @@ def _add(command: Command, group, flag: _Flag, help: str, default, metavars) -> 
     command.flags[dest] = flag
     if flag.required:
         command.required[dest] = action
+
+
+def _optional_bool(hint) -> bool:
+    """Whether a type is `bool | None` (a bool flag whose absence the function tells apart)."""
+    return typing.get_origin(hint) in _UNIONS and set(typing.get_args(hint)) == {bool, type(None)}
 
 
 def _choices(hint) -> list[str]:

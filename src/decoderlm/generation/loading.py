@@ -32,7 +32,7 @@ def load_for_decoding(
     if s.threads is not None:
         torch.set_num_threads(s.threads)  # torch's intra-op threads, for the whole process
     model, tokenizer = load_from_flags(
-        run=s.run, hf=s.hf, gguf=s.gguf, device=s.device, verify=not s.no_verify
+        run=s.run, hf=s.hf, gguf=s.gguf, device=s.device, verify=not s.no_verify, base=s.base
     )
     compile = isinstance(precision, Decoding) and precision.compile
     prepare_for_decoding(model, precision.dtype, precision.quantize, compile)

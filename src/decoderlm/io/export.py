@@ -108,6 +108,7 @@ def export(
     outtype: Literal["f32", "f16", "bf16", "q8_0"] = "f32",
     overwrite: bool = False,
     no_verify: bool = False,
+    base: NotEmptyPath | None = None,
 ) -> Path:
     """Export a trained model to Hugging Face (transformers) or GGUF (llama.cpp).
 
@@ -128,6 +129,8 @@ def export(
             export (a folder holding anything else is refused).
         no_verify: read the weights without checking them against the sizes and sha256
             digests that config.json records (for huge files).
+        base: a LoRA run's base model, where it has moved since the run was trained
+            (default: where the run records it).
 
     Returns:
         the path written.
@@ -147,7 +150,7 @@ def export(
         raise UserError("q8_0 is a GGUF quantisation; a hf export takes f32, f16 or bf16")
     run, out = Path(run), Path(out)
     check_flag_path("run", run)
-    model = load_run(run, verify=not no_verify)
+    model = load_run(run, verify=not no_verify, base=base)
     arch = export_target(model.config, format)
     if format == "gguf":
         check_gguf_dtype(model.config, outtype)

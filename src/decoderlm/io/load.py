@@ -34,7 +34,13 @@ from ..model.analysis import out_of_memory_as_user_error
 from ..model.model import DecoderLM
 from ..model.weights import ADAPTER_NAME, CONFIG_NAME, WEIGHTS_NAME, recorded_digest
 from ..tokenizers import Tokenizer, read_end_of_text_id, read_tokenizer
-from .adapters import adapted_model, adapter_config, checked_adapter_dir, is_adapter_dir
+from .adapters import (
+    BaseModelError,
+    adapted_model,
+    adapter_config,
+    checked_adapter_dir,
+    is_adapter_dir,
+)
 from .gguf import load_gguf, load_gguf_tokenizer
 from .hf import hf_tokenizer, load_hf
 from .hf_weights import HF_WEIGHT_FILES, hf_weight_files
@@ -90,7 +96,11 @@ def _paired(model: DecoderLM, tokenizer: Tokenizer, source) -> tuple[DecoderLM, 
 
 
 def load_run(
-    directory: str | Path, map_location: str = "cpu", merge: bool = True, verify: bool = True
+    directory: str | Path,
+    map_location: str = "cpu",
+    merge: bool = True,
+    verify: bool = True,
+    base: str | Path | None = None,
 ) -> DecoderLM:
     """Load a run or model directory in eval mode; an adapter directory is loaded over its
     base. Its `eos_token_id` is the end-of-text id of the directory's tokenizer file.
@@ -105,6 +115,8 @@ def load_run(
         verify: check model.safetensors (or adapter.safetensors, and the base's weights)
             against the size and sha256 that config.json records; False skips it. A
             directory that records none loads unchecked.
+        base: an adapter directory's base model in a new place (--base), instead of the
+            one config.json records (`decoderlm.io.adapters.checked_adapter_dir`).
 
     Raises:
         MissingFileError / UserError: missing or damaged files (a weights file whose size
@@ -113,34 +125,50 @@ def load_run(
             (sha256 differs).
     """
     directory = Path(directory)
+    if not is_adapter_dir(directory) and base is not None:
+        raise UserError(
+            f"--base gives the base model of a LoRA run; {directory} is not one (no "
+            f"{ADAPTER_NAME}); drop --base"
+        )
     if not is_adapter_dir(directory):
         return DecoderLM.from_pretrained(directory, map_location, verify=verify)
-    config, base_info, lora = checked_adapter_dir(directory, verify)
-    base = load_source(base_info["path"], map_location, verify)
-    if base.info["sha256"] != base_info["sha256"]:
-        raise UserError(
+    config, base_info, lora = checked_adapter_dir(directory, verify, base)
+    source = load_source(base_info["path"], map_location, verify)
+    if source.info["sha256"] != base_info["sha256"] and base is not None:
+        raise BaseModelError(
+            f"--base {base} is not the base model {directory} was trained from (its weights' "
+            f"sha256 differs from the recorded {base_info['sha256']}); give that one"
+        )
+    if source.info["sha256"] != base_info["sha256"]:
+        raise BaseModelError(
             f"the base model {base_info['path']} changed since {directory} was trained from it "
             f"(its weights' sha256 differs); restore the original weights"
         )
-    model = adapted_model(directory, config, lora, base.model, merge)
+    model = adapted_model(directory, config, lora, source.model, merge, base_info["path"])
     model.set_end_of_text(read_end_of_text_id(directory))
     return model.to(map_location).eval()
 
 
-def _load(kind: str, source, map_location: str, merge: bool, verify: bool):
-    """(model, tokenizer) of a source of `kind` ("run" | "hf" | "gguf"), paired."""
+def _load(kind: str, source, map_location: str, merge: bool, verify: bool, base=None):
+    """(model, tokenizer) of a source of `kind` ("run" | "hf" | "gguf"), paired; base: a
+    LoRA run's base in a new place (`load_run`)."""
     if kind == "hf":
         model, tokenizer = load_hf(source, map_location, verify=verify)
     elif kind == "gguf":
         model, tokenizer = load_gguf(source, map_location, verify=verify)
     else:
-        model = load_run(source, map_location, merge, verify=verify)
+        model = load_run(source, map_location, merge, verify=verify, base=base)
         tokenizer = read_tokenizer(source)
     return _paired(model, tokenizer, source)
 
 
 def load_model_and_tokenizer(
-    source: str | Path, map_location: str = "cpu", *, merge: bool = True, verify: bool = True
+    source: str | Path,
+    map_location: str = "cpu",
+    *,
+    merge: bool = True,
+    verify: bool = True,
+    base: str | Path | None = None,
 ) -> tuple[DecoderLM, Tokenizer]:
     """The model (eval mode) and tokenizer of `source`: a run, adapter, Hugging Face or GGUF
     source (see the module docstring and `source_kind`). The model's `eos_token_id` is the
@@ -153,26 +181,32 @@ def load_model_and_tokenizer(
         verify: check the weights against the digests their files record (config.json's
             "checksums" entry; a GGUF file's "decoderlm.sha256" key); a source
             that records none loads unchecked.
+        base: a LoRA run's base model in a new place (`load_run`).
 
     Raises:
         MissingFileError / UserError: missing or damaged files, a tokenizer whose vocabulary
             does not fit the model, options decoderlm has not (from the format's loader).
     """
-    return _load(source_kind(source), source, map_location, merge, verify)
+    return _load(source_kind(source), source, map_location, merge, verify, base)
 
 
 def load_model(
-    source: str | Path, map_location: str = "cpu", merge: bool = True, verify: bool = True
+    source: str | Path,
+    map_location: str = "cpu",
+    merge: bool = True,
+    verify: bool = True,
+    base: str | Path | None = None,
 ) -> DecoderLM:
     """The model (eval mode) of `source`, as `load_model_and_tokenizer` gives it; a run's
-    tokenizer is not built (its end-of-text id is read from the saved file).
+    tokenizer is not built (its end-of-text id is read from the saved file). base: a LoRA
+    run's base model in a new place (`load_run`).
 
     Raises:
         MissingFileError / UserError: as `load_model_and_tokenizer`.
     """
     kind = source_kind(source)
     if kind == "run":
-        return load_run(source, map_location, merge, verify)
+        return load_run(source, map_location, merge, verify, base)
     return _load(kind, source, map_location, merge, verify)[0]
 
 
@@ -199,13 +233,15 @@ def load_from_flags(
     gguf: str | Path | None = None,
     device: str | None = "cpu",
     verify: bool = True,
+    base: str | Path | None = None,
 ) -> tuple[DecoderLM, Tokenizer]:
     """The model (eval mode) and tokenizer of exactly one of `run` (a decoderlm run, model or
     adapter directory), `hf` (a Hugging Face GPT-2, Llama, Qwen2 or Mistral directory, or a
     Hub model id such as "HuggingFaceTB/SmolLM2-135M": `decoderlm.io.hub.hub_directory`) or
     `gguf` (a GGUF file), as the commands' --run / --hf / --gguf name them; each is read as
     that kind only.
-    device: where to load it (checked first). verify: as in `load_model_and_tokenizer`.
+    device: where to load it (checked first). verify, base: as in `load_model_and_tokenizer`
+    (base is refused with --hf or --gguf).
 
     Raises:
         UserError: none or several given, an unusable device, not enough memory to load the
@@ -213,6 +249,8 @@ def load_from_flags(
             cached, say); MissingFileError / UserError of the loaders.
     """
     one_of(run=run, hf=hf, gguf=gguf)
+    if base is not None and run is None:
+        raise UserError("--base gives the base model of a LoRA run; use it with --run")
     device = checked_device(device)
     given = (("run", run), ("hf", hf), ("gguf", gguf))
     kind, source = next((k, v) for k, v in given if v is not None)
@@ -221,7 +259,7 @@ def load_from_flags(
     check_flag_path(kind, Path(source))
     flags = f"--run {run}" if run else ""
     with out_of_memory_as_user_error(f"load the model of {source}", params_flags=flags):
-        return _load(kind, source, device, True, verify)
+        return _load(kind, source, device, True, verify, base)
 
 
 def check_flag_path(kind: str, path: Path) -> None:
@@ -284,11 +322,14 @@ def weights_sha256(directory: str | Path) -> str:
     return _sha256_of(hf_weight_files(directory))
 
 
-def load_source(src: str | Path, map_location: str = "cpu", verify: bool = True) -> Source:
+def load_source(
+    src: str | Path, map_location: str = "cpu", verify: bool = True, base: str | Path | None = None
+) -> Source:
     """The model, tokenizer and source record of SRC for `decoderlm train --init-from SRC`: a
     decoderlm run or model directory (an adapter directory: merged over its base) or a
     Hugging Face GPT-2 directory (its tokenizer as `decoderlm.io.hf.hf_tokenizer` reads it).
     verify: check the weight files against the digests config.json records (`load_run`).
+    base: an adapter directory's base model in a new place (`load_run`).
 
     Raises:
         MissingFileError / UserError: SRC is not such a directory (the message says what one
@@ -311,7 +352,7 @@ def load_source(src: str | Path, map_location: str = "cpu", verify: bool = True)
         raise UserError(f"--init-from {src} is not a model: {_NOT_A_MODEL}")
     if kind == "run" and not (path / "tokenizer.json").is_file():
         raise UserError(f"{src} has no tokenizer.json; a run directory saves its tokenizer")
-    model, tokenizer = _load(kind, path, map_location, True, verify)
+    model, tokenizer = _load(kind, path, map_location, True, verify, base)
     # a digest the load has just checked is the file's: no second pass over a large file
     checked = recorded_digest(config, WEIGHTS_NAME, path / CONFIG_NAME) if verify else None
     use_recorded = checked is not None and kind == "run" and (path / WEIGHTS_NAME).is_file()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,9 +20,10 @@ from ..data.corpus import check_split, data_spec, load_corpus
 from ..errors import UserError
 from ..files import read_json
 from ..finetune.init_from import finetune_config
+from ..io.adapters import BaseModelError, base_record, find_base, is_adapter_dir
 from ..io.load import load_run, load_source
 from ..model.model import DecoderLM
-from ..model.weights import list_checkpoints
+from ..model.weights import CHECKPOINTS_DIR, list_checkpoints
 from ..presets import get_preset
 from ..tokenizers import Tokenizer, read_tokenizer
 from .checkpoints import latest_checkpoint, load_trainer_state
@@ -47,6 +49,8 @@ class RunRequest:
         resume: the run directory to continue from its newest checkpoint.
         init_from: the model directory whose weights a fine-tune starts from.
         merge: write the merged model after training LoRA adapters.
+        base: the base model of the LoRA run resumed (or of an --init-from LoRA run) in a
+            new place.
         verify: check loaded weights against the digests their config.json records.
         model_overrides: ModelConfig fields to change, {field: value}.
         train_overrides: TrainConfig settings to change, one flat {setting: value} (given
@@ -66,6 +70,7 @@ class RunRequest:
     resume: str | Path | None = None
     init_from: str | Path | None = None
     merge: bool = False
+    base: str | Path | None = None
     verify: bool = True
     model_overrides: dict[str, Any] = field(default_factory=dict)
     train_overrides: dict[str, Any] = field(default_factory=dict)
@@ -79,6 +84,11 @@ class RunRequest:
             raise UserError("--resume continues a run and --overwrite replaces one; pick one")
         object.__setattr__(self, "model_overrides", dict(self.model_overrides or {}))
         object.__setattr__(self, "train_overrides", TrainConfig.flatten(self.train_overrides or {}))
+        if self.base is not None and self.resume is None and self.init_from is None:
+            raise UserError(
+                "--base gives the base model of a LoRA run; use it with --resume DIR or "
+                "--init-from SRC"
+            )
         if self.resume is not None and self.init_from is not None:
             raise UserError(
                 "--resume continues a run, which already records where it started; drop --init-from"
@@ -105,6 +115,8 @@ class RunPlan:
             --init-from's (fine-tuning); None for a new model.
         init_from: fine-tuning: config.json["init_from"] (where the weights came from).
         lora: config.json["lora"] once adapters are added (`decoderlm.finetune.trainable`).
+        run_options: config.json["run_options"] once the device and threads are set
+            (`decoderlm.training.run_options`).
     """
 
     out_dir: Path
@@ -121,6 +133,7 @@ class RunPlan:
     start_model: DecoderLM | None = None
     init_from: dict | None = None
     lora: dict | None = None
+    run_options: dict | None = None
 
     @property
     def resumed_step(self) -> int | None:
@@ -136,7 +149,8 @@ class RunPlan:
             "data": self.corpus,
             "data_spec": self.data_spec,
         }
-        extra.update({k: v for k, v in (("init_from", self.init_from), ("lora", self.lora)) if v})
+        entries = (("init_from", self.init_from), ("lora", self.lora))
+        extra.update({k: v for k, v in (*entries, ("run_options", self.run_options)) if v})
         return extra
 
 
@@ -176,10 +190,13 @@ def check_plan(plan: RunPlan, info: DistInfo, overwrite: bool) -> None:
     check_run_dir(plan.out_dir, overwrite, resuming=plan.checkpoint is not None)
 
 
-def checkpoint_model(checkpoint: Path, map_location: str = "cpu", verify: bool = True) -> DecoderLM:
+def checkpoint_model(
+    checkpoint: Path, map_location: str = "cpu", verify: bool = True, base=None
+) -> DecoderLM:
     """A checkpoint's model as training continues from it: LoRA layers kept, not merged
-    (`decoderlm.io.load.load_run` with merge=False)."""
-    return load_run(checkpoint, map_location=map_location, merge=False, verify=verify)
+    (`decoderlm.io.load.load_run` with merge=False; base: a LoRA run's base in a new
+    place)."""
+    return load_run(checkpoint, map_location=map_location, merge=False, verify=verify, base=base)
 
 
 def _new_plan(request: RunRequest, log) -> RunPlan:
@@ -259,7 +276,7 @@ def _finetune_plan(
     """A new run from the weights of `request.init_from`: its shape (dropout may change) and
     tokenizer, the corpus encoded with that tokenizer (characters outside a char vocabulary
     mapped to its unknown token, and counted)."""
-    init_source = load_source(request.init_from, verify=request.verify)
+    init_source = load_source(request.init_from, verify=request.verify, base=request.base)
     base = init_source.model
     context = request.model_overrides.get("block_size")
     if context is not None and context != base.config.block_size:
@@ -288,7 +305,7 @@ def _finetune_plan(
         train_ids=train_ids,
         val_ids=val_ids,
         start_model=base,
-        init_from=init_source.info,
+        init_from=base_record(init_source.info, out_dir),
     )
 
 
@@ -301,8 +318,12 @@ def _resumed_plan(request: RunRequest, info: DistInfo, log) -> RunPlan:
             f"--resume continues the run in {out_dir} itself; drop --out "
             f"{request.out} (copy the run directory first to branch it)"
         )
-    point = _resume_point(out_dir, info, log, request.verify)
+    point = _resume_point(out_dir, info, log, request.verify, request.base)
     saved = read_json(point.checkpoint / "config.json")
+    init_from = saved.get("init_from")
+    if is_adapter_dir(point.checkpoint):  # the base where it was found: recorded anew
+        found = find_base(point.checkpoint, request.base)
+        init_from = base_record({**init_from, "path": str(Path(found).resolve())}, out_dir)
     if request.preset is not None and request.preset != saved.get("preset"):
         raise UserError(
             f"the checkpoint was trained with preset {saved.get('preset')!r}, "
@@ -338,7 +359,7 @@ def _resumed_plan(request: RunRequest, info: DistInfo, log) -> RunPlan:
         checkpoint=point.checkpoint,
         resume_state=point.trainer_state,
         start_model=point.model,
-        init_from=saved.get("init_from"),
+        init_from=init_from,
     )
 
 
@@ -393,33 +414,81 @@ class _ResumePoint:
     tokenizer: Tokenizer
 
 
-def _resume_point(run_dir: Path, info: DistInfo, log, verify: bool = True) -> _ResumePoint:
+def _resume_point(
+    run_dir: Path, info: DistInfo, log, verify: bool = True, base=None
+) -> _ResumePoint:
     """The newest checkpoint of run_dir that loads whole. A damaged newer one is skipped
     with a warning and renamed damaged-step-N (by rank 0), so it stays on disk for
-    inspection but out of the keep_checkpoints rotation.
+    inspection but out of the keep_checkpoints rotation. Without verify the damaged-step-N
+    folders are candidates too (by step; step-N before damaged-step-N): a checkpoint set
+    aside because a digest check failed loads unchecked, as the warning said it would.
 
     Raises:
         UserError / MissingFileError: run_dir is a file, has no checkpoint, or none loads.
     """
     if run_dir.exists() and not run_dir.is_dir():
         raise UserError(f"--resume {run_dir} is a file; give the run directory")
-    latest_checkpoint(run_dir)  # raises a clear error when there is none
-    for candidate in reversed(list_checkpoints(run_dir)):
+    aside = sorted((run_dir / CHECKPOINTS_DIR).glob(f"{_DAMAGED}*")) if run_dir.is_dir() else []
+    if not list_checkpoints(run_dir) and aside and verify:
+        raise UserError(
+            f"{run_dir / CHECKPOINTS_DIR} holds only checkpoints set aside as damaged "
+            f"({', '.join(p.name for p in aside)}); `decoderlm train --resume {run_dir} "
+            f"--no-verify` tries them without checking their digests"
+        )
+    if verify or not aside:
+        latest_checkpoint(run_dir)  # raises a clear error when there is none
+    for candidate in _resume_candidates(run_dir, aside if not verify else []):
+        if base is not None and not is_adapter_dir(candidate):
+            raise UserError(
+                f"--base gives the base model of a LoRA run; {run_dir} has no adapters (drop "
+                "--base)"
+            )
+        find_base(candidate, base)  # a missing base model is the run's fault, not the checkpoint's
         try:
             return _ResumePoint(
                 checkpoint=candidate,
                 trainer_state=load_trainer_state(candidate, verify),
-                model=checkpoint_model(candidate, verify=verify),
+                model=checkpoint_model(candidate, verify=verify, base=base),
                 tokenizer=read_tokenizer(candidate),
             )
+        except BaseModelError:
+            raise
         except (ValueError, FileNotFoundError) as e:
-            aside = candidate.with_name("damaged-" + candidate.name)
+            if candidate.name.startswith(_DAMAGED):
+                log(f"warning: skipping checkpoint {candidate}: {e}")
+                continue
+            moved = _free_name(candidate.with_name(_DAMAGED + candidate.name))
+            hint = f" (`decoderlm train --resume {run_dir} --no-verify` tries it unchecked)"
             log(
-                f"warning: skipping checkpoint {candidate}: {e}; moved it to {aside} (delete "
-                "it once you no longer need it) and trying the checkpoint before it"
+                f"warning: skipping checkpoint {candidate}: {e}; moved it to {moved} (delete "
+                f"it once you no longer need it{hint if verify else ''}) and trying the "
+                "checkpoint before it"
             )
             if info.is_main:
-                os.replace(candidate, aside)
+                os.replace(candidate, moved)
     raise UserError(
-        f"no checkpoint in {run_dir / 'checkpoints'} can be loaded; see the warnings above"
+        f"no checkpoint in {run_dir / CHECKPOINTS_DIR} can be loaded; see the warnings above"
     )
+
+
+_DAMAGED = "damaged-"  # the prefix of a checkpoint set aside by --resume
+
+
+def _resume_candidates(run_dir: Path, aside: list[Path]) -> list[Path]:
+    """The checkpoints to try, newest first: run_dir's step-N and the damaged-step-N of
+    `aside` (at the same step, step-N first)."""
+
+    def order(path: Path) -> tuple[int, int]:
+        found = re.match(r"(?:damaged-)?step-(\d+)", path.name)
+        return (int(found[1]) if found else -1, not path.name.startswith(_DAMAGED))
+
+    return sorted([*list_checkpoints(run_dir), *aside], key=order, reverse=True)
+
+
+def _free_name(path: Path) -> Path:
+    """path, or path-2, path-3, ... where it is taken (a step set aside twice)."""
+    candidate, n = path, 1
+    while candidate.exists():
+        n += 1
+        candidate = path.with_name(f"{path.name}-{n}")
+    return candidate

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
@@ -39,6 +40,7 @@ from .metrics import bytes_per_token
 from .parallel import DistInfo, barrier, init_distributed
 from .plan import RunPlan, RunRequest, check_plan, checkpoint_model, make_plan
 from .run_dir import prepare_run_dir, run_files, save_run
+from .run_options import resumed_run_options, run_options, stored_run_options
 from .threads import ThreadTuner, busy_machine_hint, parse_threads, set_threads
 
 __all__ = ["run_experiment", "RunSummary"]
@@ -78,7 +80,8 @@ def run_experiment(
     overwrite: bool = False,
     resume: NotEmptyPath | None = None,
     init_from: NotEmptyPath | None = None,
-    merge: bool = False,
+    merge: bool | None = None,
+    base: NotEmptyPath | None = None,
     no_verify: bool = False,
     device: str | None = None,
     no_progress: bool = False,
@@ -112,7 +115,8 @@ def run_experiment(
             after every check, just before training).
         resume: continue the run in DIR from its newest checkpoint (settings such as
             --max-steps may change; the model and data may not); metrics.jsonl is appended
-            to.
+            to. The run's --device, --threads and --merge are repeated (one line says so; a
+            flag given overrides, with a warning when it changes the device or the threads).
         init_from: fine-tune: start from the weights of a decoderlm run directory or a
             Hugging Face GPT-2 directory (config.json + model.safetensors or
             pytorch_model.bin); the model's shape and tokenizer come from it (only --dropout
@@ -123,11 +127,15 @@ def run_experiment(
             With --lora-rank R the run trains LoRA adapters alone and saves them alone
             (adapter.safetensors). config.json records the source in "init_from".
         merge: after training with LoRA adapters, also write the merged model to
-            <out>/merged/ (an ordinary model directory).
+            <out>/merged/ (an ordinary model directory). Default: false; resuming, the run's.
+        base: the base model of the LoRA run given to --resume (or to --init-from) in a new
+            place; config.json records it as found (default: where the run records it,
+            relative to the run first, then the absolute path).
         no_verify: load --init-from's weights and --resume's checkpoints without checking
             them against the sizes and sha256 digests that their config.json records (for
-            huge files).
-        device: cpu, cuda, ... (default: cuda if available).
+            huge files); --resume then also tries the checkpoints an earlier resume set aside
+            as damaged-step-N.
+        device: cpu, cuda, ... (default: cuda if available; resuming, the run's).
         no_progress: print neither the progress bar nor the evaluation lines (metrics.jsonl
             still has them).
         nproc_per_node: train with N processes on this machine, started through torchrun
@@ -138,7 +146,8 @@ def run_experiment(
         threads: CPU threads: N (at most the machine's CPUs), or auto (time a few training
             steps at 1, 2, ... threads on this machine as it is loaded now and keep the
             fastest; while training, re-time them when steps slow down or every 300 steps
-            and move to the fastest); default torch's (the usable cores).
+            and move to the fastest); default torch's (the usable cores); resuming, the
+            run's.
             OMP_WAIT_POLICY=PASSIVE in the environment makes idle threads sleep instead of
             spinning.
         model_overrides: ModelConfig fields to change (`model` in a settings file).
@@ -155,6 +164,10 @@ def run_experiment(
             to change); not enough memory to build or train the model (one line with the
             estimate of `memory_bytes`).
     """
+    given, notes = {"device": device, "threads": threads, "merge": merge}, []
+    if resume is not None:  # the run's settings, for those not given
+        given, notes = resumed_run_options(stored_run_options(resume, no_verify), given)
+    device, threads, merge = given["device"], given["threads"], bool(given["merge"])
     request = RunRequest(
         preset=preset,
         data=data,
@@ -165,6 +178,7 @@ def run_experiment(
         resume=resume,
         init_from=init_from,
         merge=merge,
+        base=base,
         verify=not no_verify,
         model_overrides=model_overrides,
         train_overrides=train_overrides,
@@ -179,6 +193,8 @@ def run_experiment(
     log = info.main_only(log)
     plan = make_plan(request, info, log)
     check_plan(plan, info, request.overwrite)  # on every rank: all fail alike
+    for note in notes if info.is_main else ():
+        print(note, file=sys.stderr)
     memory = dict(config=plan.model_cfg, batch_size=plan.train_cfg.data.batch_size)
     with out_of_memory_as_user_error("build the model", **memory):
         model, lora = _build_model(plan, info, device)  # refuses LoRA targets / --freeze items too
@@ -187,6 +203,8 @@ def run_experiment(
         prepare_run_dir(plan.out_dir, plan.resumed_step, log)
     barrier(info)
     tuner = _set_threads(threads, model, plan, device, log)
+    options = run_options(device, info.world_size, threads, request.merge)
+    plan = dataclasses.replace(plan, run_options=options)
     _log_start(plan, model, info, device, log)
     # the plots' process imports matplotlib now, on a core left idle while torch starts up
     plotter = Plotter() if info.is_main else None
