@@ -38,8 +38,9 @@ def test_padded_rows_never_reach_the_logits_the_loss_or_sampling(tied):
     logits, loss = padded(IDX, targets)
     assert logits.shape == (2, 32, 65)
     assert_matches_reference(padded, IDX)  # the NumPy forward, which drops rows past 65
-    (_, _), cache = run_with_cache(padded, IDX, ["hook_normalized"])
-    assert torch.equal(padded.unembed(cache["hook_normalized"]), logits)  # e.g. a logit lens
+    (_, _), cache = run_with_cache(padded, IDX, ["unembed.hook_in", "unembed.hook_out"])
+    assert torch.equal(padded.to_logits(cache["unembed.hook_in"]), logits)  # e.g. a logit lens
+    assert cache["unembed.hook_out"].shape == (2, 32, 65)
     plain_logits, plain_loss = plain(IDX, targets)
     torch.testing.assert_close(logits, plain_logits, atol=1e-5, rtol=0)
     torch.testing.assert_close(loss, plain_loss, atol=1e-6, rtol=0)
