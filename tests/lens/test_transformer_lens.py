@@ -46,9 +46,11 @@ TOP_NAMES = {
     "unembed.hook_out",
 }
 # every hook point of ours is one of TransformerLens's, by name
-EXPECTED_SHARED = TOP_NAMES | {"hook_pos_embed"} | {
-    f"blocks.{layer}.{name}" for layer in range(2) for name in BLOCK_NAMES
-}
+EXPECTED_SHARED = (
+    TOP_NAMES
+    | {"hook_pos_embed"}
+    | {f"blocks.{layer}.{name}" for layer in range(2) for name in BLOCK_NAMES}
+)
 ROPE_NAMES = ("attn.hook_rot_q", "attn.hook_rot_k")
 LLAMA_SHARED = TOP_NAMES | {
     f"blocks.{layer}.{name}" for layer in range(2) for name in BLOCK_NAMES + ROPE_NAMES

@@ -116,7 +116,9 @@ def test_every_documented_hook_point_exists_with_its_shape(combo):
     torch.testing.assert_close(pattern.sum(-1), torch.ones(B, c.n_heads, T))
     # the scores are what the softmax reads: -inf exactly where the pattern is 0 by causality
     scores = cache["blocks.0.attn.hook_attn_scores"]
-    assert torch.equal(scores.isneginf(), torch.ones(T, T, dtype=torch.bool).triu(1).expand_as(scores))
+    assert torch.equal(
+        scores.isneginf(), torch.ones(T, T, dtype=torch.bool).triu(1).expand_as(scores)
+    )
     torch.testing.assert_close(scores.softmax(-1), pattern)
     # each norm's output is hook_normalized times its gain (plus its bias)
     for layer, block in enumerate(model.blocks):
