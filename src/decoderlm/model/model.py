@@ -114,6 +114,16 @@ class Unembed(nn.Module):
         super().__init__()
         self.hook_in, self.hook_out = HookPoint(), HookPoint()
 
+    def forward(self, x: Tensor) -> Tensor:
+        """Refused with a UserError: this module only names the hook points. The logits of x
+        are DecoderLM.to_logits(x) (of a residual state before the final norm:
+        `decoderlm.lens.lens.unembed(model, x)`)."""
+        raise UserError(
+            "model.unembed holds the unembedding's hook points (hook_in, hook_out); compute "
+            "logits with model.to_logits(x), or decoderlm.lens.lens.unembed(model, resid) to "
+            "apply the final norm first"
+        )
+
 
 def _scores(q: Tensor, k: Tensor) -> Tensor:
     """q k^T / sqrt(head_dim) per query head: q [B, n_heads, T, head_dim], k [B, n_kv_heads,
