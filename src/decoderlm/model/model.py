@@ -78,7 +78,7 @@ class NormHooks(nn.Module):
                                       gain and bias, float32
 
     as TransformerLens's TransformerBridge (and its HookedTransformer's RMSNorm and folded
-    LayerNormPre) compute them. Called as hooks(norm, x) -> norm(x) [B, T, d_model]. With a
+    LayerNormPre) compute them. Called as ln1(ln_1, x) -> ln_1(x) [B, T, d_model]. With a
     hook attached to either point the norm is written out in float32 (the hooks see, and may
     replace, both), then gain and bias, cast back to x's dtype: the output equals norm(x) up
     to float rounding. With none attached, norm(x) runs as it is.
