@@ -331,12 +331,13 @@ class Block(nn.Module):
 
     def forward(self, x: Tensor, rope=None, cache: KVCache | None = None, mask=None) -> Tensor:
         x = self.hook_resid_pre(x)
-        ln_1, ln_2 = lambda h: self.ln1(self.ln_1, h), lambda h: self.ln2(self.ln_2, h)
-        if self.pre_norm:
-            x = self.hook_resid_mid(x + self.hook_attn_out(self.attn(ln_1(x), rope, cache, mask)))
-            return self.hook_resid_post(x + self.hook_mlp_out(self.mlp(ln_2(x))))
-        x = self.hook_resid_mid(ln_1(x + self.hook_attn_out(self.attn(x, rope, cache, mask))))
-        return self.hook_resid_post(ln_2(x + self.hook_mlp_out(self.mlp(x))))
+        if self.pre_norm:  # ln1(ln_1, h) is ln_1(h), its hook points firing
+            h = self.hook_attn_out(self.attn(self.ln1(self.ln_1, x), rope, cache, mask))
+            x = self.hook_resid_mid(x + h)
+            return self.hook_resid_post(x + self.hook_mlp_out(self.mlp(self.ln2(self.ln_2, x))))
+        h = self.hook_attn_out(self.attn(x, rope, cache, mask))
+        x = self.hook_resid_mid(self.ln1(self.ln_1, x + h))
+        return self.hook_resid_post(self.ln2(self.ln_2, x + self.hook_mlp_out(self.mlp(x))))
 
 
 class DecoderLM(nn.Module):
