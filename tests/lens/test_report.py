@@ -190,3 +190,26 @@ def test_decoderlm_inspect_reads_a_gpt2_checkpoint(tmp_path, capsys):
     # bits per byte: the same bits over the UTF-8 bytes of tokens 1.. (not over tokens)
     bits = sum(data["surprisal"]["bits"])
     assert data["surprisal"]["bits_per_byte"] == pytest.approx(bits / len(text[4:]), rel=1e-3)
+
+
+def test_decoderlm_inspect_on_a_grouped_query_run_writes_a_report(tmp_path, capsys):
+    # a Llama-shaped run directory with 4 query heads over 2 key/value heads: attention maps
+    # and head scores per query head, patching of every query head's output
+    tok = CharTokenizer.from_text(TEXT)
+    config = dict(pos_encoding="rope", norm="rmsnorm", mlp="swiglu", bias=False, n_kv_heads=2)
+    model = halved_random_model(6, vocab_size=tok.vocab_size, **config)
+    run = tmp_path / "run"
+    model.save_pretrained(run)
+    tok.save_pretrained(run)
+    out = tmp_path / "r.html"
+    argv = ["inspect", "--run", str(run), "--text", TEXT[:20], "--corrupt", "A" + TEXT[1:20]]
+    assert main([*argv, "--out", str(out)]) == 0
+    data = json.loads(out.with_suffix(".json").read_text(encoding="utf-8"))
+    assert data["model"]["n_heads"] == 4 and data["model"]["n_kv_heads"] == 2
+    att = unquantize_attention(data["attention"]["data"], 2, 4, 20)
+    np.testing.assert_allclose(att.sum(-1), 1.0, atol=20 / 255)
+    assert np.array(data["scores"]["probe"]["induction"]).shape == (2, 4)
+    assert np.array(data["patching"]["heads"]).shape == (2, 4)
+    with torch.no_grad():  # the logit lens's last row is the model's own prediction
+        logits = model(torch.tensor([tok.encode(TEXT[:20])]))[0][0]
+    assert data["lens"]["top"][-1] == [tok.decode([int(i)]) for i in logits.argmax(-1)]

@@ -19,13 +19,18 @@ FIXTURES = Path(__file__).parents[1] / "fixtures" / "run_v0"
 
 BLOCK_HOOKS = [
     "hook_resid_pre",
+    "ln1.hook_scale",
+    "ln1.hook_normalized",
     "attn.hook_q",
     "attn.hook_k",
     "attn.hook_v",
+    "attn.hook_attn_scores",
     "attn.hook_pattern",
     "attn.hook_z",
     "hook_attn_out",
     "hook_resid_mid",
+    "ln2.hook_scale",
+    "ln2.hook_normalized",
     "mlp.hook_pre",
     "mlp.hook_post",
     "hook_mlp_out",
@@ -60,7 +65,10 @@ def test_every_documented_hook_point_exists_with_its_shape(combo):
     B, T = 2, 7
     rope = c.pos_encoding == "rope"
     block_hooks = BLOCK_HOOKS + (ROPE_HOOKS if rope else [])
-    names = ["hook_embed", "hook_normalized"] + ([] if rope else ["hook_pos_embed"])
+    names = ["hook_embed", "unembed.hook_in", "unembed.hook_out"]
+    names += ([] if rope else ["hook_pos_embed"]) + (
+        ["ln_final.hook_scale", "ln_final.hook_normalized"] if c.norm_position == "pre" else []
+    )
     names += [f"blocks.{i}.{h}" for i in range(c.n_layers) for h in block_hooks]
     assert sorted(hook_points(model)) == sorted(names)
     (logits, _), cache = run_with_cache(model, torch.randint(0, 65, (B, T)))
@@ -72,7 +80,14 @@ def test_every_documented_hook_point_exists_with_its_shape(combo):
         "hook_mlp_out": (B, T, c.d_model),
         "attn.hook_rot_q": heads,
         "attn.hook_rot_k": heads,
-        "hook_normalized": (B, T, c.d_model),
+        "unembed.hook_in": (B, T, c.d_model),
+        "unembed.hook_out": (B, T, c.vocab_size),
+        "ln1.hook_scale": (B, T, 1),
+        "ln2.hook_scale": (B, T, 1),
+        "ln_final.hook_scale": (B, T, 1),
+        "ln1.hook_normalized": (B, T, c.d_model),
+        "ln2.hook_normalized": (B, T, c.d_model),
+        "ln_final.hook_normalized": (B, T, c.d_model),
         "hook_resid_pre": (B, T, c.d_model),
         "hook_resid_mid": (B, T, c.d_model),
         "hook_resid_post": (B, T, c.d_model),
@@ -80,6 +95,7 @@ def test_every_documented_hook_point_exists_with_its_shape(combo):
         "attn.hook_k": heads,
         "attn.hook_v": heads,
         "attn.hook_z": heads,
+        "attn.hook_attn_scores": (B, c.n_heads, T, T),
         "attn.hook_pattern": (B, c.n_heads, T, T),
         "mlp.hook_pre": (B, T, c.d_ff),
         "mlp.hook_post": (B, T, c.d_ff),
@@ -92,11 +108,25 @@ def test_every_documented_hook_point_exists_with_its_shape(combo):
         assert torch.equal(
             cache[f"blocks.{layer}.hook_resid_post"], cache[f"blocks.{layer + 1}.hook_resid_pre"]
         )
-    # the unembedding reads hook_normalized
-    torch.testing.assert_close(model.lm_head(cache["hook_normalized"]), logits)
+    # the unembedding reads unembed.hook_in and writes unembed.hook_out, the logits
+    torch.testing.assert_close(model.lm_head(cache["unembed.hook_in"]), logits)
+    assert torch.equal(cache["unembed.hook_out"], logits)
     pattern = cache["blocks.0.attn.hook_pattern"]
     assert pattern.dtype == torch.float32 and torch.all(pattern.triu(1) == 0)
     torch.testing.assert_close(pattern.sum(-1), torch.ones(B, c.n_heads, T))
+    # the scores are what the softmax reads: -inf exactly where the pattern is 0 by causality
+    scores = cache["blocks.0.attn.hook_attn_scores"]
+    assert torch.equal(
+        scores.isneginf(), torch.ones(T, T, dtype=torch.bool).triu(1).expand_as(scores)
+    )
+    torch.testing.assert_close(scores.softmax(-1), pattern)
+    # each norm's output is hook_normalized times its gain (plus its bias)
+    for layer, block in enumerate(model.blocks):
+        for part, norm in (("ln1", block.ln_1), ("ln2", block.ln_2)):
+            normalized = cache[f"blocks.{layer}.{part}.hook_normalized"]
+            x = normalized * cache[f"blocks.{layer}.{part}.hook_scale"]  # the centred input
+            bias = 0 if getattr(norm, "bias", None) is None else norm.bias
+            torch.testing.assert_close(norm(x), normalized * norm.weight + bias)
 
 
 def test_a_hook_that_zeroes_z_equals_a_model_with_zero_values():
@@ -115,18 +145,19 @@ def test_a_hook_that_zeroes_z_equals_a_model_with_zero_values():
     assert not any(p.has_hooks() for p in hook_points(model).values())
 
 
-def test_the_pattern_is_computed_only_when_a_hook_asks_for_it(monkeypatch):
+@pytest.mark.parametrize("hook", ["hook_pattern", "hook_attn_scores"])
+def test_the_scores_are_computed_only_when_a_hook_asks_for_them(monkeypatch, hook):
     model = halved_random_model(2)
     calls = []
-    original = model_module.attention_pattern
+    original = model_module.attention_scores
     monkeypatch.setattr(
-        model_module, "attention_pattern", lambda q, k: calls.append(1) or original(q, k)
+        model_module, "attention_scores", lambda q, k: calls.append(1) or original(q, k)
     )
     idx = torch.randint(0, 65, (1, 8))
     plain, _ = model(idx)
     assert calls == []
-    (hooked, _), cache = run_with_cache(model, idx, ["blocks.1.attn.hook_pattern"])
-    assert len(calls) == 1 and list(cache) == ["blocks.1.attn.hook_pattern"]
+    (hooked, _), cache = run_with_cache(model, idx, [f"blocks.1.attn.{hook}"])
+    assert len(calls) == 1 and list(cache) == [f"blocks.1.attn.{hook}"]
     torch.testing.assert_close(hooked, plain, atol=1e-5, rtol=1e-5)
     # the written-out training kernel is for training mode only: evaluation stays fused
     for block in model.blocks:
@@ -259,10 +290,44 @@ def test_the_cache_at_position_t_ignores_later_tokens():
     _, a = run_with_cache(model, idx)
     _, b = run_with_cache(model, changed)
     for name in a:
-        if name.endswith("hook_pattern"):
+        if name.endswith(("hook_pattern", "hook_attn_scores")):
             torch.testing.assert_close(a[name][..., :6, :6], b[name][..., :6, :6], msg=name)
         else:
             # positions are axis 1: [B, T, d] and [B, T, n_heads, head_dim] alike
             torch.testing.assert_close(a[name][:, :6], b[name][:, :6], msg=name)
         if name != "hook_pos_embed":  # the position embedding does not depend on the tokens
             assert not torch.allclose(a[name], b[name]), name  # the later positions changed
+
+
+def test_replaced_scores_are_the_ones_the_softmax_reads():
+    # zero scores at every allowed key are uniform causal attention: the same logits as a
+    # hook that writes the uniform pattern itself
+    model = halved_random_model(3)
+    idx = torch.randint(0, 65, (1, 6))
+    T = idx.size(1)
+    uniform = torch.ones(T, T).tril() / torch.arange(1, T + 1)[:, None]
+
+    def flat(scores, name):
+        return torch.where(scores.isneginf(), scores, torch.zeros_like(scores))
+
+    with hooks(model, {"blocks.0.attn.hook_attn_scores": flat}):
+        by_scores, _ = model(idx)
+    with hooks(model, {"blocks.0.attn.hook_pattern": lambda a, n: uniform.expand_as(a)}):
+        by_pattern, _ = model(idx)
+    torch.testing.assert_close(by_scores, by_pattern)
+    assert not torch.allclose(by_scores, model(idx)[0])
+
+
+@pytest.mark.parametrize("norm", ["layernorm", "rmsnorm"])
+def test_a_replaced_norm_scale_is_the_one_the_norm_divides_by(norm):
+    # doubling ln_final's divisor halves what the gain multiplies: the same logits as
+    # halving ln_f's gain (and keeping its bias)
+    model = halved_random_model(5, norm=norm)
+    idx = torch.randint(0, 65, (2, 7))
+    with hooks(model, {"ln_final.hook_scale": lambda s, n: 2 * s}):
+        doubled, _ = model(idx)
+    halved = copy.deepcopy(model)
+    with torch.no_grad():
+        halved.ln_f.weight.mul_(0.5)
+    torch.testing.assert_close(doubled, halved(idx)[0], atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(doubled, model(idx)[0], atol=1e-3)

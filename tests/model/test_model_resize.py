@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from decoderlm import DecoderLM
+from decoderlm.errors import UserError
 from decoderlm.evaluate import evaluate
 from decoderlm.generation.generate import generate
 from decoderlm.model import reference
@@ -38,8 +39,11 @@ def test_padded_rows_never_reach_the_logits_the_loss_or_sampling(tied):
     logits, loss = padded(IDX, targets)
     assert logits.shape == (2, 32, 65)
     assert_matches_reference(padded, IDX)  # the NumPy forward, which drops rows past 65
-    (_, _), cache = run_with_cache(padded, IDX, ["hook_normalized"])
-    assert torch.equal(padded.unembed(cache["hook_normalized"]), logits)  # e.g. a logit lens
+    (_, _), cache = run_with_cache(padded, IDX, ["unembed.hook_in", "unembed.hook_out"])
+    assert torch.equal(padded.to_logits(cache["unembed.hook_in"]), logits)  # e.g. a logit lens
+    assert cache["unembed.hook_out"].shape == (2, 32, 65)
+    with pytest.raises(UserError, match="to_logits"):  # model.unembed only names hook points
+        padded.unembed(cache["unembed.hook_in"])
     plain_logits, plain_loss = plain(IDX, targets)
     torch.testing.assert_close(logits, plain_logits, atol=1e-5, rtol=0)
     torch.testing.assert_close(loss, plain_loss, atol=1e-6, rtol=0)

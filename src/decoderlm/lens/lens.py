@@ -38,6 +38,7 @@ __all__ = [
     "probe_metrics",
     "logit_difference",
     "patch_resid_pre",
+    "HEAD_ACTIVATIONS",
     "patch_heads",
     "pca_2d",
     "embedding_map",
@@ -50,9 +51,10 @@ _PATCH_TOKENS = 2**14  # tokens per batched forward pass of activation patching
 def unembed(model: DecoderLM, resid: Tensor) -> Tensor:
     """Logits [..., vocab_size] of a residual-stream state [..., d_model]: the final norm (its
     statistics recomputed for this state; pre-norm models) then lm_head, as the model does to
-    its last block's output. Post-norm models have no final norm: lm_head alone."""
+    its last block's output. Post-norm models have no final norm: lm_head alone. As
+    `DecoderLM.to_logits`: a padded vocabulary's extra rows dropped, the softcap applied."""
     x = model.ln_f(resid) if model.ln_f is not None else resid
-    return model.lm_head(x)
+    return model.to_logits(x)
 
 
 def _as_batch(ids: Tensor, model: DecoderLM) -> Tensor:
@@ -280,7 +282,7 @@ def _patched_metric(model, corrupted, name, patch, n, answer, wrong) -> Tensor:
                 patch(x[b], i)
             return x
 
-        last = [(name, replace), ("hook_normalized", lambda x, _name: x[:, -1:])]
+        last = [(name, replace), ("unembed.hook_in", lambda x, _name: x[:, -1:])]
         with hooks(model, last):
             logits, _ = model(corrupted[None].expand(len(rows), T))  # [rows, 1, vocab_size]
         out.append(logit_difference(logits, answer, wrong))
@@ -340,32 +342,49 @@ def patch_resid_pre(
     return (torch.stack(rows) - m_corrupt) / (m_clean - m_corrupt)
 
 
+HEAD_ACTIVATIONS = ("z", "q", "k", "v")  # the per-head hook points `patch_heads` patches
+
+
 @torch.no_grad()
 def patch_heads(
-    model: DecoderLM, clean: Tensor, corrupted: Tensor, answer: int, wrong: int
+    model: DecoderLM,
+    clean: Tensor,
+    corrupted: Tensor,
+    answer: int,
+    wrong: int,
+    activation: str = "z",
 ) -> Tensor:
-    """Activation patching of each head's output: for each (layer l, head h), run the
-    corrupted prompt with head h's hook_z (all positions) taken from the clean run. Metric as
-    in `patch_resid_pre`.
+    """Activation patching per head: for each (layer l, head h), run the corrupted prompt with
+    head h of blocks.l.attn.hook_<activation> (all positions) taken from the clean run.
+    Metric as in `patch_resid_pre`.
+
+    activation "z" (each head's output), "q", "k" or "v", as TransformerLens's
+    get_act_patch_attn_head_{out,q,k,v}_all_pos. With grouped-query attention (n_kv_heads <
+    n_heads) "z" and "q" patch one query head; "k" and "v" patch one key/value head, which
+    all n_heads / n_kv_heads query heads of its group read (TransformerLens's layout too).
 
     Returns:
-        [n_layers, n_heads] float32 (1: this head alone restores the clean answer).
+        [n_layers, n_heads] float32 ([n_layers, n_kv_heads] for "k" and "v"; 1: this head
+        alone restores the clean answer).
 
     Raises:
-        UserError: as `patch_resid_pre`.
+        UserError: as `patch_resid_pre`, or an activation not in HEAD_ACTIVATIONS.
     """
+    if activation not in HEAD_ACTIVATIONS:
+        raise UserError(f"activation must be one of {HEAD_ACTIVATIONS}, got {activation!r}")
     clean, corrupted = _as_batch(clean, model)[0], _as_batch(corrupted, model)[0]
     m_clean, m_corrupt = _normalised(model, clean, corrupted, answer, wrong)
-    _, cache = run_with_cache(model, clean[None], "hook_z")
+    part = f"hook_{activation}"
+    _, cache = run_with_cache(model, clean[None], part)
     rows = []
     for layer in range(model.config.n_layers):
-        saved = cache["hook_z", layer][0]  # [T, n_heads, head_dim]
+        saved = cache[f"attn.{part}", layer][0]  # [T, heads, head_dim]
 
-        def patch(z, h, saved=saved):
-            z[:, h] = saved[:, h]
+        def patch(x, h, saved=saved):
+            x[:, h] = saved[:, h]
 
-        name = f"blocks.{layer}.attn.hook_z"
-        n = model.config.n_heads
+        name = f"blocks.{layer}.attn.{part}"
+        n = saved.size(1)  # n_heads, or n_kv_heads for keys and values
         rows.append(_patched_metric(model, corrupted, name, patch, n, answer, wrong))
     return (torch.stack(rows) - m_corrupt) / (m_clean - m_corrupt)
 

@@ -91,6 +91,7 @@ def _model_info(model: DecoderLM) -> dict:
     return {
         "n_layers": c.n_layers,
         "n_heads": c.n_heads,
+        "n_kv_heads": c.n_kv_heads,
         "d_model": c.d_model,
         "vocab_size": c.vocab_size,
         "block_size": c.block_size,

@@ -58,10 +58,11 @@ class HookPoint(nn.Module):
 
 
 class HeadsHookPoint(HookPoint):
-    """A HookPoint on a per-head activation that the model computes as [B, n_heads, T,
-    head_dim]: its hooks see it, and return a replacement, as [B, T, n_heads, head_dim]
-    (TransformerLens's [batch, pos, head_index, d_head]). With nothing attached it returns
-    its input as it is, without a transpose.
+    """A HookPoint on a per-head activation that the model computes as [B, heads, T,
+    head_dim] (heads: n_heads for queries, n_kv_heads for keys and values): its hooks see it,
+    and return a replacement, as [B, T, heads, head_dim] (TransformerLens's [batch, pos,
+    head_index, d_head]). With nothing attached it returns its input as it is, without a
+    transpose.
     """
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
@@ -114,8 +115,9 @@ def hooks(
             functions on one hook point run in the order given.
 
     The hooks are removed on leaving the block, also when it raises. Attaching one to
-    hook_pattern makes that layer's attention compute its probabilities (the explicit path)
-    while attached; with nothing attached the fused kernel runs.
+    hook_attn_scores or hook_pattern makes that layer's attention compute its scores and
+    probabilities (the explicit path) while attached, and one to a norm's hook_scale or
+    hook_normalized writes that norm out; with nothing attached the fused kernels run.
 
     Raises:
         UserError: a name matches no hook point (nothing is attached then).
@@ -197,8 +199,9 @@ def run_with_cache(
 
     Returns:
         (what model(idx) returns: the hooks only read, so the logits are those of model(idx),
-        up to float rounding when hook_pattern is cached, because attention then takes its
-        explicit path instead of the fused kernel), `ActivationCache` {full name: activation
+        up to float rounding when hook_attn_scores, hook_pattern or a norm's hook points are
+        cached, because attention or the norm then takes its explicit path instead of the
+        fused kernel), `ActivationCache` {full name: activation
         tensor, detached}.
 
     Raises:

@@ -40,6 +40,9 @@ __all__ = [
     "MLP",
     "Block",
     "RMSNorm",
+    "NormHooks",
+    "Unembed",
+    "attention_scores",
     "attention_pattern",
     "one_query_attention",
 ]
@@ -65,6 +68,63 @@ def make_norm(config: ModelConfig) -> nn.Module:
     return nn.LayerNorm(config.d_model, eps=config.norm_eps, bias=config.bias)
 
 
+class NormHooks(nn.Module):
+    """TransformerLens's two hook points of a norm (blocks.l.ln1 and ln2, ln_final); it holds
+    no weights, the norm it hooks does (blocks.l.ln_1, ln_2, ln_f).
+
+    hook_scale       [B, T, 1]        the divisor sqrt(mean((x - mean x)^2) + eps) (RMSNorm:
+                                      sqrt(mean(x^2) + eps)), float32
+    hook_normalized  [B, T, d_model]  (x - mean x) / scale (RMSNorm: x / scale), before the
+                                      gain and bias, float32
+
+    as TransformerLens's TransformerBridge (and its HookedTransformer's RMSNorm and folded
+    LayerNormPre) compute them. Called as ln1(ln_1, x) -> ln_1(x) [B, T, d_model]. With a
+    hook attached to either point the norm is written out in float32 (the hooks see, and may
+    replace, both), then gain and bias, cast back to x's dtype: the output equals norm(x) up
+    to float rounding. With none attached, norm(x) runs as it is.
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.hook_scale, self.hook_normalized = HookPoint(), HookPoint()
+
+    def __call__(self, norm: nn.Module, x: Tensor) -> Tensor:
+        # no nn.Module dispatch: the unhooked path costs one Python call more than norm(x)
+        if not (self.hook_scale.has_hooks() or self.hook_normalized.has_hooks()):
+            return norm(x)
+        h = x.float()
+        if isinstance(norm, nn.LayerNorm):
+            h = h - h.mean(-1, keepdim=True)
+        scale = self.hook_scale((h.pow(2).mean(-1, keepdim=True) + norm.eps).sqrt())
+        h = self.hook_normalized(h / scale) * norm.weight.float()
+        if getattr(norm, "bias", None) is not None:
+            h = h + norm.bias.float()
+        return h.to(x.dtype)
+
+
+class Unembed(nn.Module):
+    """TransformerLens's hook points of the unembedding (``unembed``); it holds no weights:
+    the matrix is DecoderLM.lm_head and the logits are `DecoderLM.to_logits`.
+
+    hook_in   [B, T, d_model]     what lm_head reads (after ln_f, gain and bias included)
+    hook_out  [B, T, vocab_size]  the logits (padded rows dropped, softcap applied)
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.hook_in, self.hook_out = HookPoint(), HookPoint()
+
+    def forward(self, x: Tensor) -> Tensor:
+        """Refused with a UserError: this module only names the hook points. The logits of x
+        are DecoderLM.to_logits(x) (of a residual state before the final norm:
+        `decoderlm.lens.lens.unembed(model, x)`)."""
+        raise UserError(
+            "model.unembed holds the unembedding's hook points (hook_in, hook_out); compute "
+            "logits with model.to_logits(x), or decoderlm.lens.lens.unembed(model, resid) to "
+            "apply the final norm first"
+        )
+
+
 def _scores(q: Tensor, k: Tensor) -> Tensor:
     """q k^T / sqrt(head_dim) per query head: q [B, n_heads, T, head_dim], k [B, n_kv_heads,
     S, head_dim] -> [B, n_heads, T, S]. With grouped heads (n_kv_heads < n_heads) the G =
@@ -86,19 +146,25 @@ def _weighted(att: Tensor, v: Tensor) -> Tensor:
     return (att.reshape(B, v.size(1), -1, S) @ v).view(B, H, T, -1)
 
 
-def attention_pattern(q: Tensor, k: Tensor) -> Tensor:
-    """Causal attention probabilities softmax(q k^T / sqrt(head_dim)), future masked.
+def attention_scores(q: Tensor, k: Tensor) -> Tensor:
+    """Causal attention scores before the softmax: q k^T / sqrt(head_dim), future positions
+    -inf (TransformerLens's hook_attn_scores, which masks with -inf too).
 
     q [B, n_heads, T, head_dim], k [B, n_kv_heads, T, head_dim] (n_kv_heads divides n_heads;
     query head h reads key head h // (n_heads / n_kv_heads)), any floating dtype. Returns
-    att [B, n_heads, T, T] float32: row t sums to 1 and att[..., t, s] == 0 for every s > t.
-    q is scaled before the matmul and the softmax runs in float32, so float16 inputs with
-    large q.k do not overflow.
+    [B, n_heads, T, T] float32, scores[..., t, s] = -inf for every s > t. q is scaled before
+    the matmul, so float16 inputs with large q.k do not overflow.
     """
     T = q.size(-2)
-    scores = _scores(q, k)
     future = torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1)
-    return scores.float().masked_fill(future, float("-inf")).softmax(dim=-1)
+    return _scores(q, k).float().masked_fill(future, float("-inf"))
+
+
+def attention_pattern(q: Tensor, k: Tensor) -> Tensor:
+    """Causal attention probabilities softmax(q k^T / sqrt(head_dim)), future masked:
+    `attention_scores` (same q, k) after a float32 softmax. Returns att [B, n_heads, T, T]
+    float32: row t sums to 1 and att[..., t, s] == 0 for every s > t."""
+    return attention_scores(q, k).softmax(dim=-1)
 
 
 ONE_QUERY_MIN_ELEMENTS = 2**15  # n_kv_heads x keys x head_dim; below it the fused kernel wins
@@ -146,9 +212,10 @@ class CausalSelfAttention(nn.Module):
     many cached keys on the CPU runs `one_query_attention` (the same product, faster there).
 
     `impl` picks the training kernel: "sdpa" (F.scaled_dot_product_attention, memory linear in
-    T) or "explicit" (`attention_pattern` written out, in training mode; eval mode keeps
-    sdpa). hook_pattern with a hook attached takes the explicit path in either mode, so its
-    hooks see (and may replace) the probabilities; with a cache the pattern is not computed.
+    T) or "explicit" (`attention_scores` and the softmax written out, in training mode; eval
+    mode keeps sdpa). A hook attached to hook_attn_scores or hook_pattern takes the explicit
+    path in either mode, so its hooks see (and may replace) the scores or the probabilities;
+    with nothing attached the fused kernel runs. With a cache neither is computed.
     """
 
     def __init__(self, config: ModelConfig, layer: int = 0):
@@ -166,7 +233,8 @@ class CausalSelfAttention(nn.Module):
         self.hook_v = HeadsHookPoint()
         if config.pos_encoding == "rope":  # q and k after the rotation (TransformerLens's)
             self.hook_rot_q, self.hook_rot_k = HeadsHookPoint(), HeadsHookPoint()
-        self.hook_pattern, self.hook_z = HookPoint(), HookPoint()
+        self.hook_attn_scores, self.hook_pattern = HookPoint(), HookPoint()
+        self.hook_z = HookPoint()
         self.proj = nn.Linear(config.n_heads * config.head_dim, config.d_model, bias=config.bias)
         self.resid_dropout = nn.Dropout(config.dropout_at("resid"))
 
@@ -188,8 +256,10 @@ class CausalSelfAttention(nn.Module):
             k, v = cache.update(self.layer, k, v)  # [B, n_kv_heads, S, head_dim], S = length + T
         dropout_p = self.dropout if self.training else 0.0
         explicit = self.impl == "explicit" and self.training
-        if cache is None and (explicit or self.hook_pattern.has_hooks()):
-            att = self.hook_pattern(attention_pattern(q, k))  # [B, n_heads, T, T] float32
+        hooked = self.hook_attn_scores.has_hooks() or self.hook_pattern.has_hooks()
+        if cache is None and (explicit or hooked):
+            scores = self.hook_attn_scores(attention_scores(q, k))  # [B, n_heads, T, T] f32
+            att = self.hook_pattern(scores.softmax(dim=-1))
             att = F.dropout(att, dropout_p) if dropout_p > 0 else att
             z = _weighted(att.to(v.dtype), v)
         elif cache is not None and T == 1 and _written_out_wins(q, k):
@@ -255,24 +325,24 @@ class Block(nn.Module):
         super().__init__()
         self.pre_norm = config.norm_position == "pre"
         self.hook_resid_pre = HookPoint()
-        self.ln_1 = make_norm(config)
+        self.ln_1, self.ln1 = make_norm(config), NormHooks()  # ln1: ln_1's hook points
         self.attn = CausalSelfAttention(config, layer)
         self.hook_attn_out = HookPoint()
         self.hook_resid_mid = HookPoint()
-        self.ln_2 = make_norm(config)
+        self.ln_2, self.ln2 = make_norm(config), NormHooks()
         self.mlp = MLP(config)
         self.hook_mlp_out = HookPoint()
         self.hook_resid_post = HookPoint()
 
     def forward(self, x: Tensor, rope=None, cache: KVCache | None = None, mask=None) -> Tensor:
         x = self.hook_resid_pre(x)
-        if self.pre_norm:
-            x = self.hook_resid_mid(
-                x + self.hook_attn_out(self.attn(self.ln_1(x), rope, cache, mask))
-            )
-            return self.hook_resid_post(x + self.hook_mlp_out(self.mlp(self.ln_2(x))))
-        x = self.hook_resid_mid(self.ln_1(x + self.hook_attn_out(self.attn(x, rope, cache, mask))))
-        return self.hook_resid_post(self.ln_2(x + self.hook_mlp_out(self.mlp(x))))
+        if self.pre_norm:  # ln1(ln_1, h) is ln_1(h), its hook points firing
+            h = self.hook_attn_out(self.attn(self.ln1(self.ln_1, x), rope, cache, mask))
+            x = self.hook_resid_mid(x + h)
+            return self.hook_resid_post(x + self.hook_mlp_out(self.mlp(self.ln2(self.ln_2, x))))
+        h = self.hook_attn_out(self.attn(x, rope, cache, mask))
+        x = self.hook_resid_mid(self.ln1(self.ln_1, x + h))
+        return self.hook_resid_post(self.ln2(self.ln_2, x + self.hook_mlp_out(self.mlp(x))))
 
 
 class DecoderLM(nn.Module):
@@ -296,21 +366,33 @@ class DecoderLM(nn.Module):
                                      sinusoidal positions only)
         blocks.l.hook_resid_pre      [B, T, d_model]   the block's input (block 0: the sum
                                      of the two above, after embedding dropout)
+        blocks.l.ln1.hook_scale      [B, T, 1] float32  ln_1's divisor sqrt(var + eps) (see
+                                     `NormHooks`; RMSNorm: sqrt(mean(x^2) + eps))
+        blocks.l.ln1.hook_normalized [B, T, d_model] float32  ln_1's input over that divisor
+                                     (centred for LayerNorm), before gain and bias
         blocks.l.attn.hook_q         [B, T, n_heads, head_dim]  queries (after QK-norm)
         blocks.l.attn.hook_k/_v      [B, T, n_kv_heads, head_dim]  keys (after QK-norm), values
         blocks.l.attn.hook_rot_q     [B, T, n_heads, head_dim]  q after rope (rope only)
         blocks.l.attn.hook_rot_k     [B, T, n_kv_heads, head_dim]  k after rope (rope only)
+        blocks.l.attn.hook_attn_scores [B, n_heads, T, T] float32 q k^T / sqrt(head_dim), -inf
+                                     above the diagonal; computed only when a hook is attached
         blocks.l.attn.hook_pattern   [B, n_heads, T, T] float32 softmax probabilities, before
                                      dropout; computed only when a hook is attached
         blocks.l.attn.hook_z         [B, T, n_heads, head_dim]  attention output per head
         blocks.l.hook_attn_out       [B, T, d_model]   the attention's output (after proj)
         blocks.l.hook_resid_mid      [B, T, d_model]   after the attention residual (and ln_1
                                      when post-norm)
+        blocks.l.ln2.hook_scale, blocks.l.ln2.hook_normalized   the same for ln_2
         blocks.l.mlp.hook_pre        [B, T, d_ff]      the activation function's input
         blocks.l.mlp.hook_post       [B, T, d_ff]      the hidden layer
         blocks.l.hook_mlp_out        [B, T, d_model]   the MLP's output
         blocks.l.hook_resid_post     [B, T, d_model]   the block's output
-        hook_normalized              [B, T, d_model]   what lm_head reads (after ln_f)
+        ln_final.hook_scale, ln_final.hook_normalized   the same for ln_f (pre-norm only)
+        unembed.hook_in              [B, T, d_model]   what lm_head reads (after ln_f)
+        unembed.hook_out             [B, T, vocab_size]  the logits
+
+    Post-norm blocks apply ln_1 after the attention residual (and ln_2 after the MLP's);
+    their ln1 / ln2 hook points sit there.
 
     Attributes:
         eos_token_id: the end-of-text token id of the model's vocabulary (int), or None
@@ -348,7 +430,9 @@ class DecoderLM(nn.Module):
         self.drop = nn.Dropout(config.dropout_at("embed"))
         self.blocks = nn.ModuleList(Block(config, layer) for layer in range(config.n_layers))
         self.ln_f = make_norm(config) if config.norm_position == "pre" else None
-        self.hook_normalized = HookPoint()
+        if self.ln_f is not None:
+            self.ln_final = NormHooks()  # ln_f's hook points
+        self.unembed = Unembed()
         self.lm_head = nn.Linear(config.d_model, config.vocab_rows, bias=False)
         if config.tie_embeddings:
             self.lm_head.weight = self.tok_emb.weight
@@ -415,14 +499,16 @@ class DecoderLM(nn.Module):
         if last_only:  # decoding needs only the next token's logits
             x = x[:, -1:]
         if self.ln_f is not None:
-            x = self.ln_f(x)
-        return self.unembed(self.hook_normalized(x))  # [B, T, vocab_size]
+            x = self.ln_final(self.ln_f, x)
+        x = self.unembed.hook_in(x)
+        return self.unembed.hook_out(self.to_logits(x))  # [B, T, vocab_size]
 
-    def unembed(self, x: Tensor) -> Tensor:
+    def to_logits(self, x: Tensor) -> Tensor:
         """lm_head(x) without the padded rows: x [..., d_model] (what lm_head reads, after
         ln_f) -> logits [..., vocab_size]. A padded vocabulary's extra rows get no logits, so
         nothing downstream (sampling, loss, evaluation) can produce a padded id. With
-        config.logit_softcap c the logits are c * tanh(logits / c), bounded in (-c, c)."""
+        config.logit_softcap c the logits are c * tanh(logits / c), bounded in (-c, c). No
+        hook point fires (the logit lens reads intermediate states through it)."""
         logits = self.lm_head(x)  # [..., vocab_rows]
         if self.config.vocab_rows > self.config.vocab_size:
             logits = logits[..., : self.config.vocab_size]
