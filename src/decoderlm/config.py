@@ -133,9 +133,7 @@ def _check_rope_scaling(scaling, pos_encoding: str) -> None:
         isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
         for v in numbers.values()
     )
-    if not ok or numbers["factor"] < 1 or numbers["high_freq_factor"] <= numbers[
-        "low_freq_factor"
-    ]:
+    if not ok or numbers["factor"] < 1 or numbers["high_freq_factor"] <= numbers["low_freq_factor"]:
         raise UserError(
             f"rope_scaling's numbers must be positive with factor >= 1 and high_freq_factor > "
             f"low_freq_factor, got {numbers}; e.g. {example}"
@@ -534,7 +532,9 @@ class FinetuneConfig:
     """LoRA's alpha: the update is (alpha / r) B A; None means alpha = r."""
     lora_targets: str = "qkv"
     """The linear layers that get adapters, comma-separated ends of module names: qkv, proj
-    (attn.proj and mlp.proj), attn.proj, mlp.proj, fc, gate, lm_head (an untied unembedding)."""
+    (attn.proj and mlp.proj), attn.proj, mlp.proj, fc, gate, lm_head (an untied unembedding);
+    or Hugging Face Llama's names (peft's q_proj, ... too): q, k, v (row ranges of the fused
+    qkv, each part its own adapter), o (attn.proj), gate, up (mlp.fc), down (mlp.proj)."""
     lora_dropout: float = 0.0
     """Dropout probability on the adapters' input (training mode only)."""
 
