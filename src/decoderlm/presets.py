@@ -138,6 +138,86 @@ PRESETS: dict[str, Preset] = {
             tie_embeddings=False,
         ),
     ),
+    **{
+        name: Preset(
+            description=f"{source}'s shape ({hf_class}: {model['n_layers']} layers x "
+            f"{model['d_model']} wide, {model['n_heads']} query heads sharing "
+            f"{model['n_kv_heads']} key/value heads of 64, SwiGLU {model['d_ff']:,}, "
+            f"RMSNorm eps {model['norm_eps']:g}, rotary base {int(model['rope_base']):,}{extra}, "
+            f"no biases{' but q/k/v' if model.get('qkv_bias') else ''}, tied unembedding, "
+            f"{model['vocab_size']:,}-token vocabulary, context {model['block_size']:,}, as "
+            f"its config.json); `decoderlm train` takes the corpus's vocabulary",
+            model=dict(
+                pos_encoding="rope",
+                norm="rmsnorm",
+                mlp="swiglu",
+                bias=False,
+                tie_embeddings=True,
+                **model,
+            ),
+        )
+        for name, source, hf_class, extra, model in [
+            (
+                "smollm2-135m",
+                "SmolLM2-135M",
+                "LlamaForCausalLM",
+                "",
+                dict(
+                    vocab_size=49152,
+                    block_size=8192,
+                    n_layers=30,
+                    n_heads=9,
+                    n_kv_heads=3,
+                    d_model=576,
+                    d_ff=1536,
+                    rope_base=100000.0,
+                    norm_eps=1e-5,
+                ),
+            ),
+            (
+                "qwen2.5-0.5b",
+                "Qwen2.5-0.5B",
+                "Qwen2ForCausalLM",
+                "",
+                dict(
+                    vocab_size=151936,
+                    block_size=32768,
+                    n_layers=24,
+                    n_heads=14,
+                    n_kv_heads=2,
+                    d_model=896,
+                    d_ff=4864,
+                    qkv_bias=True,
+                    rope_base=1000000.0,
+                    norm_eps=1e-6,
+                ),
+            ),
+            (
+                "llama-3.2-1b",
+                "Llama-3.2-1B",
+                "LlamaForCausalLM",
+                " with Llama 3's scaling (factor 32, low 1, high 4, original 8,192)",
+                dict(
+                    vocab_size=128256,
+                    block_size=131072,
+                    n_layers=16,
+                    n_heads=32,
+                    n_kv_heads=8,
+                    d_model=2048,
+                    d_ff=8192,
+                    rope_base=500000.0,
+                    rope_scaling={
+                        "rope_type": "llama3",
+                        "factor": 32.0,
+                        "low_freq_factor": 1.0,
+                        "high_freq_factor": 4.0,
+                        "original_max_position_embeddings": 8192,
+                    },
+                    norm_eps=1e-5,
+                ),
+            ),
+        ]
+    },
 }
 
 

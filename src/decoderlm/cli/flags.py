@@ -3,7 +3,8 @@
 A parameter's type gives what its flag takes: int, float (finite), str, bool (`--flag`,
 `--flag true`, `--flag false`), a `Literal` (its choices), `X | None` (`none` is None),
 `list[X]` (the flag repeated once per value) and the `Annotated` checks of
-`decoderlm.arguments` (NonNegativeInt, PositiveInt, NotEmptyStr, NotEmptyPath). A parameter
+`decoderlm.arguments` (NonNegativeInt, PositiveInt, NotEmptyStr, NotEmptyPath); `dict` takes a
+JSON object (a mapping, in a settings file). A parameter
 `Annotated[dict | None, Fields(cls, section)]` becomes one flag per field of dataclass `cls`,
 nested dataclass fields flattened, and is passed the fields given as a flat dict; one
 `Annotated[cls, Fields(cls)]` is passed `cls(**the fields given)` (its default when none is).
@@ -20,6 +21,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import inspect
+import json
 import math
 import types
 import typing
@@ -35,7 +37,13 @@ from ..errors import UserError, flag_name
 __all__ = ["Command", "FlagError", "Parser", "command_flags", "convert", "words"]
 
 _UNIONS = (typing.Union, types.UnionType)
-_WORDS = {bool: "true or false", int: "an integer", float: "a number", str: "text"}
+_WORDS = {
+    bool: "true or false",
+    int: "an integer",
+    float: "a number",
+    str: "text",
+    dict: "a JSON object",
+}
 _PYTHON = {bool: bool, int: int, float: float, str: str, Path: str}  # Path: given as text
 
 
@@ -92,8 +100,8 @@ def words(hint) -> str:
         return "one of " + ", ".join(map(str, args))
     if origin is list:
         return "a list of " + words(args[0])
-    if hint in _WORDS or hint is Path:
-        return _WORDS.get(hint, "text")
+    if hint in _WORDS or hint is Path or origin is dict:
+        return _WORDS.get(origin or hint, "text")
     raise TypeError(f"a flag cannot take values of type {hint!r}")
 
 
@@ -123,6 +131,8 @@ def convert(hint, value):
             if value == choice or (isinstance(value, str) and value == str(choice)):
                 return choice
         raise ValueError(value)
+    if hint is dict or origin is dict:
+        return _json_object(value)
     if isinstance(value, str) and hint in (bool, int, float):
         value = _from_text(hint, value)
     if hint is float and isinstance(value, int) and not isinstance(value, bool):
@@ -130,6 +140,15 @@ def convert(hint, value):
     if isinstance(value, bool) != (hint is bool) or not isinstance(value, _PYTHON[hint]):
         raise ValueError(value)
     if hint is float and not math.isfinite(value):
+        raise ValueError(value)
+    return value
+
+
+def _json_object(value) -> dict:
+    """A dict, given as one or as the text of a JSON object (ValueError if it is neither)."""
+    if isinstance(value, str):
+        value = json.loads(value)  # json.JSONDecodeError is a ValueError
+    if not isinstance(value, dict):
         raise ValueError(value)
     return value
 

@@ -12,7 +12,9 @@ Any other option (QK-norm, ReLU^2, soft-capped logits, post-norm, sinusoidal pos
 has no counterpart in them, so a file written anyway would load and compute something else:
 such a model is refused, with the options that block it and the flags that would export.
 llama.cpp's GPT-2 has the tanh GELU only, so a GPT-2-shaped model with the exact (erf) GELU
-exports to hf but not to gguf.
+exports to hf but not to gguf. Grouped-query attention (n_kv_heads < n_heads), a head_dim
+other than d_model / n_heads, q/k/v biases and Llama 3's rope scaling are not written by the
+exporters yet: such a model is refused too.
 """
 
 from __future__ import annotations
@@ -44,7 +46,12 @@ _NAMES = {  # what each blocking option is called in messages
     "norm": "norm",
     "bias": "biases",
     "activation": "GELU",
+    "n_kv_heads": "grouped-query attention",
+    "head_dim": "head_dim",
+    "qkv_bias": "q/k/v biases",
+    "rope_scaling": "rope scaling",
 }
+_NOT_WRITTEN = ("n_kv_heads", "head_dim", "qkv_bias", "rope_scaling")  # by the exporters, yet
 
 
 def _flag(field: str, value) -> str:
@@ -56,11 +63,22 @@ def _mismatches(config: ModelConfig, fields: dict) -> dict:
     return {k: v for k, v in fields.items() if getattr(config, k) != v}
 
 
+def _not_written(config: ModelConfig) -> dict:
+    """{field: the value the exporters write} for the options they do not write yet."""
+    plain = dict(
+        n_kv_heads=config.n_heads,
+        head_dim=config.d_model // config.n_heads,
+        qkv_bias=False,
+        rope_scaling=None,
+    )
+    return _mismatches(config, plain)
+
+
 def _blockers(config: ModelConfig, format: str) -> tuple[str, dict]:
     """(the nearest architecture, {field: the value it needs} for the fields that differ)."""
     found = []
     for arch, (fields, _) in ARCHITECTURES.items():
-        wrong = _mismatches(config, fields)
+        wrong = {**_mismatches(config, fields), **_not_written(config)}
         if arch == "gpt2" and format == "gguf" and config.activation != "gelu_tanh":
             wrong["activation"] = "gelu_tanh"  # llama.cpp's GPT-2 GELU is the tanh one
         found.append((len(wrong), arch, wrong))
@@ -89,9 +107,12 @@ def export_target(config: ModelConfig, format: str) -> str:
     preset = f"--preset {ARCHITECTURES[arch][1]}"
     if arch == "gpt2" and format == "gguf":  # the gpt2-shaped preset has the exact GELU
         preset += f" {_flag('activation', 'gelu_tanh')}"
+    verb = "has" if len(wrong) == 1 else "have"
+    why = f"{verb} no counterpart in GPT-2 or Llama"
+    if set(wrong) <= set(_NOT_WRITTEN):
+        why = f"{'is' if len(wrong) == 1 else 'are'} not written by the exporters yet"
     raise UserError(
-        f"this model cannot be exported to {format}: {options} "
-        f"{'has' if len(wrong) == 1 else 'have'} no counterpart in GPT-2 or Llama, so the "
+        f"this model cannot be exported to {format}: {options} {why}, so the "
         f"file would compute something else; train with {preset} "
         f"or with {flags} to export as {arch}"
     )
@@ -123,9 +144,12 @@ def export_summary(config: ModelConfig, run_dir=None, adapters: bool = False) ->
         _, wrong = _blockers(config, "gguf")  # the same, and the GELU llama.cpp's GPT-2 needs
         shown = ", ".join(f"{k}={getattr(config, k)!r}" for k in blocking)
         flags = " ".join(_flag(k, v) for k, v in wrong.items())
+        why = "no counterpart in GPT-2 or Llama"
+        if set(blocking) <= set(_NOT_WRITTEN):
+            why = "not written by the exporters yet"
         return (
-            f"export: this model is not exportable ({shown}: no counterpart in GPT-2 or "
-            f"Llama); --preset classic or llama-tiny, or {flags}, would export"
+            f"export: this model is not exportable ({shown}: {why}); --preset classic or "
+            f"llama-tiny, or {flags}, would export"
         )
     archs = " / ".join(sorted(set(targets.values())))
     merged = "; its adapters merged into the weights" if adapters else ""
