@@ -56,13 +56,14 @@ def checked_adapter_dir(directory: str | Path, verify: bool = True) -> tuple[dic
     verify) adapter.safetensors matches the size and sha256 config.json records.
 
     Raises:
-        MissingFileError: the base model is missing (the message gives its sha256).
+        MissingFileError: the base model (a directory or GGUF file) is missing (the message
+            gives its sha256).
         UserError: as `adapter_config`; adapter.safetensors differs from its record.
     """
     directory = Path(directory)
     config, base_info, lora = adapter_config(directory)
     base_path = Path(base_info["path"])
-    if not base_path.is_dir():
+    if base_path.is_absolute() and not base_path.exists():  # a Hub id is not a local path
         raise MissingFileError(
             f"the base model of {directory}, {base_path}, is missing; restore it there (its "
             f"weights' sha256 is {base_info['sha256']})"
