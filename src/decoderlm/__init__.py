@@ -40,6 +40,7 @@ _HOMES = {
     "load_gpt2": "io.hf_gpt2",
     "save_gpt2": "io.hf_gpt2",
     "load_model": "io.load",
+    "load_model_and_tokenizer": "io.load",
     "generate": "generation.generate",
     "stream_text": "generation.generate",
     "SamplingParams": "generation.params",
@@ -69,6 +70,7 @@ __all__ = [
     "load_gpt2",
     "save_gpt2",
     "load_model",
+    "load_model_and_tokenizer",
     "generate",
     "stream_text",
     "SamplingParams",
@@ -87,7 +89,7 @@ if TYPE_CHECKING:  # for type checkers and editors; at run time __getattr__ impo
     from .generation.params import SamplingParams
     from .generation.precision import prepare_for_decoding
     from .io.hf_gpt2 import load_gpt2, save_gpt2
-    from .io.load import load_model, load_tokenizer
+    from .io.load import load_model, load_model_and_tokenizer, load_tokenizer
     from .model.analysis import count_parameters, flops_per_token, memory_bytes
     from .model.hooks import run_with_cache
     from .model.model import DecoderLM

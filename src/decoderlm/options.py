@@ -55,8 +55,9 @@ class ModelSource:
     run: str | None = None
     """a run directory (give --run, --hf or --gguf)."""
     hf: str | None = None
-    """a Hugging Face GPT-2 or Llama directory (config.json + model.safetensors), e.g. from
-    `decoderlm export` (its tokenizer; else GPT-2 BPE)."""
+    """a Hugging Face GPT-2, Llama, Qwen2 or Mistral directory (config.json + safetensors)
+    or a Hub model id (owner/name: downloaded into the Hugging Face cache; HF_HUB_OFFLINE=1
+    reads the cache only), with its tokenizer (else GPT-2 BPE)."""
     gguf: str | None = None
     """a GGUF file (gpt2 or llama), e.g. from `decoderlm export` or llama.cpp."""
     device: str = "cpu"

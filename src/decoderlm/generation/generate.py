@@ -25,7 +25,7 @@ __all__ = [
     "TextStream",
     "sample_next",
     "filter_logits",
-    "end_of_text_id",
+    "end_of_text_ids",
 ]
 
 
@@ -89,19 +89,28 @@ def sample_next(
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 
-def end_of_text_id(model, eos_token_id: int | None = None, ignore_eos: bool = False) -> int | None:
-    """The token id where generation stops a row by default: None with ignore_eos, else
-    eos_token_id when given, else the model's `eos_token_id` attribute (set by the loaders
-    from the tokenizer; None for a vocabulary without an end-of-text token)."""
+def end_of_text_ids(model, eos_token_id: int | None = None, ignore_eos: bool = False):
+    """The token ids where generation stops a row by default, a tuple of ints: () with
+    ignore_eos, else (eos_token_id,) when given, else the model's `eos_token_ids` (set by the
+    loaders from the tokenizer: every end-of-text id it has, e.g. a Hugging Face
+    generation_config.json's list) while they start with its `eos_token_id`, else that id
+    alone (a caller who sets `model.eos_token_id` is obeyed); () for none.
+
+    Raises:
+        UserError: an id that is not an integer.
+    """
     if ignore_eos:
-        return None
+        return ()
     if eos_token_id is None:
         eos_token_id = getattr(model, "eos_token_id", None)
-    if eos_token_id is not None and (
-        isinstance(eos_token_id, bool) or not isinstance(eos_token_id, numbers.Integral)
-    ):
-        raise UserError(f"eos_token_id must be a token id (an integer), got {eos_token_id!r}")
-    return None if eos_token_id is None else int(eos_token_id)
+        ids = tuple(getattr(model, "eos_token_ids", ()))  # valid while it starts with the id
+        if ids[:1] == (eos_token_id,):
+            return ids
+    ids = () if eos_token_id is None else (eos_token_id,)
+    for i in ids:
+        if isinstance(i, bool) or not isinstance(i, numbers.Integral):
+            raise UserError(f"eos_token_id must be a token id (an integer), got {i!r}")
+    return tuple(int(i) for i in ids)
 
 
 def _check_generate_args(idx, attention_mask, slide_by, limit):
@@ -143,10 +152,10 @@ def _ends_with_stop(generated: torch.Tensor, stops: list[torch.Tensor]) -> torch
 
 
 def _stop_tensors(model, params: SamplingParams) -> list[torch.Tensor]:
-    """params' stop token sequences and the end-of-text token, as int64 tensors."""
+    """params' stop token sequences and the end-of-text tokens, as int64 tensors."""
     stops = [torch.tensor(seq, dtype=torch.long) for seq in params.stop_token_ids]
-    eos = end_of_text_id(model, params.eos_token_id, params.ignore_eos)
-    return stops if eos is None else [*stops, torch.tensor([eos], dtype=torch.long)]
+    eos = end_of_text_ids(model, params.eos_token_id, params.ignore_eos)
+    return [*stops, *(torch.tensor([i], dtype=torch.long) for i in eos)]
 
 
 @torch.no_grad()
@@ -356,9 +365,9 @@ def stream_text(model, tokenizer, prompt_ids: list[int], params: SamplingParams)
     """
     idx = torch.tensor([prompt_ids], dtype=torch.long, device=model.device)
     text = TextStream(tokenizer, list(params.stop))
-    eos = end_of_text_id(model, params.eos_token_id, params.ignore_eos)
+    eos = end_of_text_ids(model, params.eos_token_id, params.ignore_eos)
     for token in stream_generate(model, idx, params):
-        if int(token[0]) == eos:
+        if int(token[0]) in eos:
             yield text.rest(), "stop", len(text.ids) + 1
             return
         delta = text.push(int(token[0]))

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..model.kv_cache import SlotKVCache
-from .generate import end_of_text_id, sample_next
+from .generate import end_of_text_ids, sample_next
 from .params import SamplingParams
 from .precision import activation_dtype, decoding_setup
 from .steps import decode_step, prefill, slide
@@ -63,15 +63,15 @@ class Sequence:
             are the caller's business.
         emit: called from the scheduler's thread with each `Token`, then None once done, or
             an Exception that ended the sequence.
-        stop_id: set by `Scheduler.submit`: the end-of-text token id that ends the sequence
-            (it is emitted, then None; None: no such id), `generate.end_of_text_id` of the model
-            and params.
+        stop_ids: set by `Scheduler.submit`: the end-of-text token ids that end the sequence
+            (the one sampled is emitted, then None; (): none), `generate.end_of_text_ids` of
+            the model and params.
     """
 
     prompt: list[int]
     params: SamplingParams
     emit: Callable[[Token | Exception | None], None]
-    stop_id: int | None = field(default=None, init=False)
+    stop_ids: tuple[int, ...] = field(default=(), init=False)
     ids: list[int] = field(default_factory=list, init=False)  # prompt + generated so far
     generator: torch.Generator | None = field(default=None, init=False)
     cancelled: bool = field(default=False, init=False)
@@ -118,7 +118,7 @@ class Scheduler:
         p = seq.params
         if p.seed is not None:
             seq.generator = torch.Generator(device=self.model.device).manual_seed(p.seed)
-        seq.stop_id = end_of_text_id(self.model, p.eos_token_id, p.ignore_eos)
+        seq.stop_ids = end_of_text_ids(self.model, p.eos_token_id, p.ignore_eos)
         seq.ids = list(seq.prompt)
         with self._wake:
             self._waiting.append(seq)
@@ -207,7 +207,7 @@ class Scheduler:
             token = Token(nxt, float(lp[nxt]), tuple(pairs))
         seq.ids.append(nxt)
         seq.emit(token)
-        if nxt == seq.stop_id or len(seq.ids) - len(seq.prompt) >= p.max_new_tokens:
+        if nxt in seq.stop_ids or len(seq.ids) - len(seq.prompt) >= p.max_new_tokens:
             seq.cancelled = True
             seq.emit(None)
 

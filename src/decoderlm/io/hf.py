@@ -1,10 +1,11 @@
 """Hugging Face model directories with their tokenizer: the whole directory `decoderlm export
---format hf` writes (`save_hf`) and `decoderlm sample --hf` reads (`load_hf`), GPT-2
-(`decoderlm.io.hf_gpt2`) or Llama (`decoderlm.io.hf_llama`).
+--format hf` writes (`save_hf`) and `decoderlm sample --hf` reads (`load_hf`): GPT-2
+(`decoderlm.io.hf_gpt2`) or the Llama family, Llama, Qwen2 and Mistral (`decoderlm.io.hf_llama`),
+told apart by config.json's `architectures` (`hf_model_type`).
 
 `save_hf` writes config.json + model.safetensors, tokenizer.json + tokenizer_config.json (what
 AutoTokenizer reads), decoderlm_tokenizer.json (decoderlm's own description) and
-generation_config.json (the end-of-text id).
+generation_config.json (the end-of-text ids).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from ..model.weights import CONFIG_NAME, WEIGHTS_NAME, unwrap_model
 from ..tokenizers import GPT2_BPE_DIR, GPT2Tokenizer, Tokenizer, read_hf_tokenizer, read_tokenizer
 from ..tokenizers.base import END_OF_TEXT, HF_TOKENIZER_NAME, TOKENIZER_NAME
 from .hf_gpt2 import load_gpt2, save_gpt2
-from .hf_llama import load_llama, save_llama
+from .hf_llama import family_of, load_llama, save_llama
 from .targets import export_target
 
 __all__ = ["HF_FILES", "hf_model_type", "hf_tokenizer", "load_hf", "save_hf"]
@@ -73,7 +74,11 @@ def save_hf(model: DecoderLM, tokenizer: Tokenizer, directory: str | Path, dtype
     model = copy.deepcopy(model).to(_TORCH_DTYPES[dtype])
     directory = Path(directory)
     eot = tokenizer.eot_token
-    (save_gpt2 if arch == "gpt2" else save_llama)(model, directory, eos_token_id=eot)
+    eos = list(getattr(tokenizer, "eos_token_ids", ())) or eot
+    if arch == "gpt2":
+        save_gpt2(model, directory, eos_token_id=eot)
+    else:
+        save_llama(model, directory, eos_token_id=eos)
     config = read_json(directory / "config.json")
     config["dtype"] = config["torch_dtype"] = str(_TORCH_DTYPES[dtype]).removeprefix("torch.")
     write_json(directory / "config.json", config)
@@ -82,31 +87,35 @@ def save_hf(model: DecoderLM, tokenizer: Tokenizer, directory: str | Path, dtype
         directory / "tokenizer_config.json",
         _tokenizer_config(tokenizer, model.config.max_positions),
     )
-    write_json(directory / "generation_config.json", {"bos_token_id": eot, "eos_token_id": eot})
+    bos = getattr(tokenizer, "bos_token_id", None)
+    generation = {"bos_token_id": eot if bos is None else bos, "eos_token_id": eos}
+    write_json(directory / "generation_config.json", generation)
     return arch
 
 
 def hf_model_type(directory: str | Path) -> str:
-    """The model_type of a Hugging Face directory's config.json: "gpt2" or "llama".
+    """The model type of a Hugging Face directory: "gpt2", or "llama", "qwen2" or "mistral"
+    (`decoderlm.io.hf_llama.LLAMA_FAMILY`), read from config.json's `architectures` entry
+    (its model_type where it has none).
 
     Raises:
-        MissingFileError: no config.json. UserError: no model_type (a decoderlm run directory
-            has none) or another one.
+        MissingFileError: no config.json. UserError: neither entry (a decoderlm run directory
+            has none) or an architecture decoderlm does not run (the message names those it
+            runs).
     """
     directory = Path(directory)
     config = read_json(directory / "config.json")
-    model_type = config.get("model_type") if isinstance(config, dict) else None
-    if model_type is None:
+    if not isinstance(config, dict) or not (
+        config.get("model_type") or config.get("architectures")
+    ):
         raise UserError(
             f"{directory}/config.json has no 'model_type', so it is not a Hugging Face "
             f"model directory; for a decoderlm run directory use --run {directory}"
         )
-    if model_type not in ("gpt2", "llama"):
-        raise UserError(
-            f"{directory} is a Hugging Face {model_type!r} model; decoderlm reads GPT-2 "
-            f"('gpt2') and Llama ('llama') directories"
-        )
-    return model_type
+    names = config.get("architectures") or []
+    if "GPT2LMHeadModel" in names or (not names and config.get("model_type") == "gpt2"):
+        return "gpt2"
+    return family_of(config, directory)
 
 
 def hf_tokenizer(directory: str | Path) -> Tokenizer:
@@ -148,13 +157,12 @@ def load_hf(
     directory: str | Path, map_location: str = "cpu", verify: bool = True
 ) -> tuple[DecoderLM, Tokenizer]:
     """The model (eval mode) and tokenizer (`hf_tokenizer`) of a Hugging Face directory:
-    GPT-2 (model_type "gpt2", `load_gpt2`) or Llama ("llama", `load_llama`). verify: check
-    the weights against the digest config.json records, where it records one.
+    GPT-2 (`load_gpt2`) or Llama, Qwen2 or Mistral (`load_llama`), as `hf_model_type` tells.
+    verify: check the weights against the digest config.json records, where it records one.
 
     Raises:
-        MissingFileError / UserError: missing files, no or another model type (a decoderlm
-            run directory has none), a Llama directory without decoderlm_tokenizer.json,
-            unsupported options.
+        MissingFileError / UserError: missing files, no or another architecture (a decoderlm
+            run directory has none), no tokenizer file, options decoderlm has not.
     """
     load = load_gpt2 if hf_model_type(directory) == "gpt2" else load_llama
     model = load(directory, map_location, verify=verify)

@@ -6,8 +6,9 @@ A source is one of
     run     a decoderlm run or model directory (config.json with a "model" entry and
             model.safetensors, `decoderlm.model.weights`), or an adapter directory (a LoRA run:
             its base model loaded and the adapters applied, `decoderlm.io.adapters`)
-    hf      a Hugging Face GPT-2 or Llama directory (config.json with a "model_type",
-            `decoderlm.io.hf`)
+    hf      a Hugging Face GPT-2, Llama, Qwen2 or Mistral directory (config.json with a
+            "model_type", `decoderlm.io.hf`); `load_from_flags(hf=)` also takes a Hub model
+            id, downloaded into the Hugging Face cache (`decoderlm.io.hub`)
     gguf    a GGUF file (`decoderlm.io.gguf`)
 
 `load_model(source)`, `load_tokenizer(source)` and `load_model_and_tokenizer(source)` tell them
@@ -36,6 +37,7 @@ from .adapters import adapted_model, adapter_config, checked_adapter_dir, is_ada
 from .gguf import load_gguf, load_gguf_tokenizer
 from .hf import hf_tokenizer, load_hf
 from .hf_weights import HF_WEIGHT_FILES, hf_weight_files
+from .hub import hub_directory
 
 __all__ = [
     "Source",
@@ -82,7 +84,7 @@ def _paired(model: DecoderLM, tokenizer: Tokenizer, source) -> tuple[DecoderLM, 
             f"the tokenizer of {source} has {tokenizer.vocab_size} tokens but the "
             f"model expects vocab_size={model.config.vocab_size}"
         )
-    model.set_end_of_text(tokenizer.eot_token)
+    model.set_end_of_text(getattr(tokenizer, "eos_token_ids", None) or tokenizer.eot_token)
     return model, tokenizer
 
 
@@ -198,18 +200,23 @@ def load_from_flags(
     verify: bool = True,
 ) -> tuple[DecoderLM, Tokenizer]:
     """The model (eval mode) and tokenizer of exactly one of `run` (a decoderlm run, model or
-    adapter directory), `hf` (a Hugging Face GPT-2 or Llama directory) or `gguf` (a GGUF
-    file), as the commands' --run / --hf / --gguf name them; each is read as that kind only.
+    adapter directory), `hf` (a Hugging Face GPT-2, Llama, Qwen2 or Mistral directory, or a
+    Hub model id such as "HuggingFaceTB/SmolLM2-135M": `decoderlm.io.hub.hub_directory`) or
+    `gguf` (a GGUF file), as the commands' --run / --hf / --gguf name them; each is read as
+    that kind only.
     device: where to load it (checked first). verify: as in `load_model_and_tokenizer`.
 
     Raises:
         UserError: none or several given, an unusable device, not enough memory to load the
-            model (one line with the estimate); MissingFileError / UserError of the loaders.
+            model (one line with the estimate), a Hub id that cannot be had (offline and not
+            cached, say); MissingFileError / UserError of the loaders.
     """
     one_of(run=run, hf=hf, gguf=gguf)
     device = checked_device(device)
     given = (("run", run), ("hf", hf), ("gguf", gguf))
     kind, source = next((k, v) for k, v in given if v is not None)
+    if kind == "hf":
+        source = hub_directory(source)
     check_flag_path(kind, Path(source))
     flags = f"--run {run}" if run else ""
     with out_of_memory_as_user_error(f"load the model of {source}", params_flags=flags):

@@ -13,8 +13,9 @@ has no counterpart in them, so a file written anyway would load and compute some
 such a model is refused, with the options that block it and the flags that would export.
 llama.cpp's GPT-2 has the tanh GELU only, so a GPT-2-shaped model with the exact (erf) GELU
 exports to hf but not to gguf. Grouped-query attention (n_kv_heads < n_heads), a head_dim
-other than d_model / n_heads, q/k/v biases and Llama 3's rope scaling are not written by the
-exporters yet: such a model is refused too.
+other than d_model / n_heads, q/k/v biases (as Qwen2ForCausalLM) and Llama 3's rope scaling
+export to hf as Llama; the GGUF exporter does not write them yet, so such a model is refused
+for gguf.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ _NAMES = {  # what each blocking option is called in messages
     "qkv_bias": "q/k/v biases",
     "rope_scaling": "rope scaling",
 }
-_NOT_WRITTEN = ("n_kv_heads", "head_dim", "qkv_bias", "rope_scaling")  # by the exporters, yet
+_NOT_WRITTEN = ("n_kv_heads", "head_dim", "qkv_bias", "rope_scaling")  # but by hf's llama
 
 
 def _flag(field: str, value) -> str:
@@ -63,8 +64,11 @@ def _mismatches(config: ModelConfig, fields: dict) -> dict:
     return {k: v for k, v in fields.items() if getattr(config, k) != v}
 
 
-def _not_written(config: ModelConfig) -> dict:
-    """{field: the value the exporters write} for the options they do not write yet."""
+def _not_written(config: ModelConfig, arch: str, format: str) -> dict:
+    """{field: the value the exporter writes} for the options it does not write yet (all of
+    _NOT_WRITTEN but for hf's llama, which writes them all)."""
+    if (arch, format) == ("llama", "hf"):
+        return {}
     plain = dict(
         n_kv_heads=config.n_heads,
         head_dim=config.d_model // config.n_heads,
@@ -78,7 +82,7 @@ def _blockers(config: ModelConfig, format: str) -> tuple[str, dict]:
     """(the nearest architecture, {field: the value it needs} for the fields that differ)."""
     found = []
     for arch, (fields, _) in ARCHITECTURES.items():
-        wrong = {**_mismatches(config, fields), **_not_written(config)}
+        wrong = {**_mismatches(config, fields), **_not_written(config, arch, format)}
         if arch == "gpt2" and format == "gguf" and config.activation != "gelu_tanh":
             wrong["activation"] = "gelu_tanh"  # llama.cpp's GPT-2 GELU is the tanh one
         found.append((len(wrong), arch, wrong))

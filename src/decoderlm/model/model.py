@@ -309,7 +309,9 @@ class DecoderLM(nn.Module):
 
     Attributes:
         eos_token_id: the end-of-text token id of the model's vocabulary (int), or None
-            without one. `generate` stops a row there unless told otherwise. The model's
+            without one; eos_token_ids: all its end-of-text ids (a tuple, eos_token_id first;
+            a Hugging Face model may have several). `generate` stops a row at any of them
+            unless told otherwise. The model's
             weights do not record it: `set_end_of_text` sets it, called by the loaders with
             the tokenizer's id (`decoderlm.io.load` for every source, `from_pretrained` from
             the directory's tokenizer file, `decoderlm.io.hf_gpt2.load_gpt2` from
@@ -320,6 +322,7 @@ class DecoderLM(nn.Module):
         super().__init__()
         self.config = config
         self.eos_token_id: int | None = None
+        self.eos_token_ids: tuple[int, ...] = ()
         self.tok_emb = nn.Embedding(config.vocab_rows, config.d_model)
         self.pos_emb = None
         if config.pos_encoding == "learned":
@@ -559,18 +562,27 @@ class DecoderLM(nn.Module):
         model.set_end_of_text(read_end_of_text_id(directory))
         return model.to(map_location).eval()
 
-    def set_end_of_text(self, token_id: int | None) -> DecoderLM:
-        """Set `eos_token_id`, where `generate` stops a row: the end-of-text id of the
-        model's tokenizer (`Tokenizer.eot_token`), or None for a vocabulary without one.
-        Every loader sets it here. Returns the model.
+    def set_end_of_text(self, token_id) -> DecoderLM:
+        """Set `eos_token_ids` and `eos_token_id` (the first of them), where `generate` stops
+        a row: the end-of-text id of the model's tokenizer (`Tokenizer.eot_token`), or all
+        its ids (an iterable: a Hugging Face tokenizer's `eos_token_ids`), or None for a
+        vocabulary without one. Every loader sets them here. Returns the model.
 
         Raises:
-            UserError: token_id is not None or an integer (whether the tokenizer fits the
-                model's vocabulary is the loaders' check).
+            UserError: an id that is not an integer (whether the tokenizer fits the model's
+                vocabulary is the loaders' check).
         """
-        if token_id is not None and (isinstance(token_id, bool) or not isinstance(token_id, int)):
-            raise UserError(f"an end-of-text id is an integer token id, got {token_id!r}")
-        self.eos_token_id = token_id
+        if token_id is None:
+            ids = ()
+        elif hasattr(token_id, "__iter__"):
+            ids = tuple(dict.fromkeys(token_id))
+        else:
+            ids = (token_id,)
+        for i in ids:
+            if isinstance(i, bool) or not isinstance(i, int):
+                raise UserError(f"an end-of-text id is an integer token id, got {i!r}")
+        self.eos_token_ids = ids
+        self.eos_token_id = ids[0] if ids else None
         return self
 
 

@@ -253,7 +253,7 @@ class ServingCompletion:
                         delta, finish = delta + stream.rest(), "length"
                         break
                     completion_tokens += 1
-                    if item.id == seq.stop_id:  # end of text: not part of the text
+                    if item.id in seq.stop_ids:  # end of text: not part of the text
                         delta, finish = delta + stream.rest(), "stop"
                         break
                     delta += stream.push(item.id)
