@@ -31,8 +31,10 @@ covered text to decoderlm's ids. The file also carries decoderlm's tokenizer des
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -42,7 +44,12 @@ from ..config import ModelConfig
 from ..errors import MissingFileError, UserError
 from ..files import atomic_write
 from ..model.model import DecoderLM
-from ..model.positions import rope_half_to_interleaved, rope_interleaved_to_half
+from ..model.positions import (
+    rope_cos_sin,
+    rope_half_to_interleaved,
+    rope_interleaved_to_half,
+    rope_inv_freq,
+)
 from ..model.weights import VERIFY_HINT, load_state, unwrap_model
 from ..tokenizers import ByteTokenizer, CharTokenizer, GPT2Tokenizer, Tokenizer
 from ..tokenizers.gguf_vocab import gguf_tokenizer
@@ -54,7 +61,8 @@ from .targets import DTYPES, export_target
 __all__ = ["check_gguf_dtype", "gguf_vocab", "load_gguf", "load_gguf_tokenizer", "save_gguf"]
 
 TOKENIZER_KEY = "decoderlm.tokenizer"
-DIGEST_KEY = "decoderlm.tensor_data_sha256"
+DIGEST_KEY = "decoderlm.sha256"  # of the hyperparameters and tensor data
+ARCHS = ("gpt2", "llama", "qwen2")  # llama.cpp's architecture names read and written
 _FILE_TYPES = {"f32": 0, "f16": 1, "q8_0": 7, "bf16": 32}  # gguf.LlamaFileType
 _NORMAL, _CONTROL = 1, 3  # gguf.TokenType
 _UNUSED_MERGE = "ĀĀ Ā"  # a merge no text reaches: no symbol "ĀĀ" is ever formed
@@ -70,19 +78,29 @@ _BLOCK = {  # our module -> GGUF's, per block
 _TOP = {"tok_emb": "token_embd", "pos_emb": "position_embd", "ln_f": "output_norm"}
 
 
+def _split_qkv(c: ModelConfig, tensor: torch.Tensor, permute: bool) -> dict[str, torch.Tensor]:
+    """A fused qkv weight or bias (rows q n_heads head_dim, k n_kv_heads head_dim, v) as
+    GGUF's attn_q, attn_k, attn_v; with permute, q and k rows in llama.cpp's interleaved
+    rotary layout (its converter's `permute`: q by n_heads, k by n_kv_heads)."""
+    q_rows, kv_rows = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
+    q, k, v = tensor.split([q_rows, kv_rows, kv_rows], dim=0)
+    if permute:
+        q, k = rope_half_to_interleaved(q, c.n_heads), rope_half_to_interleaved(k, c.n_kv_heads)
+    return {"attn_q": q, "attn_k": k, "attn_v": v}
+
+
 def _gguf_tensors(model: DecoderLM, arch: str) -> dict[str, torch.Tensor]:
-    """The model's tensors under GGUF's names, float32 on the CPU, [out, in]."""
+    """The model's tensors under GGUF's names, float32 on the CPU, [out, in]; with Llama 3's
+    rope scaling, its per-frequency divisors as `rope_freqs.weight` (llama.cpp's form)."""
     c, out = model.config, {}
     for key, tensor in model.state_dict().items():
         tensor = tensor.detach().float().cpu()
         parts = key.split(".")
         if parts[0] == "blocks":
             name = f"blk.{parts[1]}.{_BLOCK['.'.join(parts[2:-1])]}"
-            if name.endswith("attn_qkv") and arch == "llama":
-                q, k, v = tensor.split(c.d_model, dim=0)
-                out[f"blk.{parts[1]}.attn_q.{parts[-1]}"] = rope_half_to_interleaved(q, c.n_heads)
-                out[f"blk.{parts[1]}.attn_k.{parts[-1]}"] = rope_half_to_interleaved(k, c.n_heads)
-                out[f"blk.{parts[1]}.attn_v.{parts[-1]}"] = v
+            if name.endswith("attn_qkv") and arch in ("llama", "qwen2"):
+                for part, rows in _split_qkv(c, tensor, arch == "llama").items():
+                    out[f"blk.{parts[1]}.{part}.{parts[-1]}"] = rows
                 continue
             out[f"{name}.{parts[-1]}"] = tensor
         elif key == "lm_head.weight":
@@ -91,6 +109,9 @@ def _gguf_tensors(model: DecoderLM, arch: str) -> dict[str, torch.Tensor]:
         else:
             rows = tensor[: c.vocab_size] if parts[0] == "tok_emb" else tensor
             out[f"{_TOP[parts[0]]}.{parts[-1]}"] = rows
+    if c.rope_scaling is not None:
+        plain = rope_inv_freq(dataclasses.replace(c, rope_scaling=None))
+        out["rope_freqs.weight"] = (plain / rope_inv_freq(c)).float()
     return out
 
 
@@ -193,6 +214,8 @@ def save_gguf(model: DecoderLM, tokenizer: Tokenizer, path: str | Path, dtype: s
     model = unwrap_model(model)
     c = model.config
     arch = export_target(c, "gguf")
+    if arch == "llama" and c.qkv_bias:
+        arch = "qwen2"  # llama.cpp's Llama with q/k/v biases, rotary unpermuted
     check_gguf_dtype(c, dtype)
     if tokenizer.vocab_size != c.vocab_size:
         raise UserError(
@@ -201,24 +224,18 @@ def save_gguf(model: DecoderLM, tokenizer: Tokenizer, path: str | Path, dtype: s
         )
     tokens, types, merges = gguf_vocab(tokenizer)
     encoded = {name: _encoded(name, t, dtype) for name, t in _gguf_tensors(model, arch).items()}
-    digest = _tensor_digest(np.ascontiguousarray(array) for array, _ in encoded.values())
+    hparams = _hparams(c, arch)
+    digest = _digest(
+        _canonical(arch, {k: v for k, (v, _) in hparams.items()}),
+        (np.ascontiguousarray(array) for array, _ in encoded.values()),
+    )
 
     def write(tmp: str) -> None:
         w = gguf.GGUFWriter(tmp, arch)
         w.add_name("decoderlm")
         w.add_file_type(_FILE_TYPES[dtype])
-        w.add_context_length(c.max_positions)
-        w.add_embedding_length(c.d_model)
-        w.add_feed_forward_length(c.d_ff)
-        w.add_block_count(c.n_layers)
-        w.add_head_count(c.n_heads)
-        if arch == "llama":
-            w.add_head_count_kv(c.n_heads)
-            w.add_layer_norm_rms_eps(c.norm_eps)
-            w.add_rope_dimension_count(c.head_dim)
-            w.add_rope_freq_base(c.rope_base)
-        else:
-            w.add_layer_norm_eps(c.norm_eps)
+        for key, (value, kind) in hparams.items():
+            w.add_key_value(key, value, kind)
         w.add_tokenizer_model("gpt2")
         w.add_tokenizer_pre("gpt-2")
         w.add_token_list(tokens)
@@ -241,29 +258,94 @@ def save_gguf(model: DecoderLM, tokenizer: Tokenizer, path: str | Path, dtype: s
     return arch
 
 
-def _tensor_digest(arrays) -> str:
-    """The sha256 hex digest of the arrays' bytes, one after the other."""
-    digest = hashlib.sha256()
+def _hparams(c: ModelConfig, arch: str) -> dict:
+    """{GGUF key: (value, GGUFValueType)} of the hyperparameters that decide the computation,
+    under llama.cpp's names for `arch`."""
+    gguf = _gguf_package()
+    u32, f32 = gguf.GGUFValueType.UINT32, gguf.GGUFValueType.FLOAT32
+    keys = dict(
+        context_length=(c.max_positions, u32),
+        embedding_length=(c.d_model, u32),
+        feed_forward_length=(c.d_ff, u32),
+        block_count=(c.n_layers, u32),
+        **{"attention.head_count": (c.n_heads, u32)},
+    )
+    if arch == "gpt2":
+        keys["attention.layer_norm_epsilon"] = (c.norm_eps, f32)
+    else:
+        keys.update({
+            "attention.head_count_kv": (c.n_kv_heads, u32),
+            "attention.key_length": (c.head_dim, u32),
+            "attention.value_length": (c.head_dim, u32),
+            "attention.layer_norm_rms_epsilon": (c.norm_eps, f32),
+            "rope.dimension_count": (c.head_dim, u32),
+            "rope.freq_base": (c.rope_base, f32),
+        })  # fmt: skip
+    return {f"{arch}.{key}": value for key, value in keys.items()}
+
+
+def _canonical(arch: str, values: dict) -> bytes:
+    """The architecture and its `{arch}.*` keys as sorted JSON, floats rounded to float32 (as
+    the file stores them), so writer and reader hash the same bytes."""
+    shown = {"general.architecture": arch}
+    for key, value in values.items():
+        if key.startswith(f"{arch}."):
+            is_float = isinstance(value, float)
+            shown[key] = float(np.float32(value)) if is_float else value
+    return json.dumps(shown, sort_keys=True).encode()
+
+
+def _digest(header: bytes, arrays) -> str:
+    """The sha256 hex digest of `header` and then the arrays' bytes, one after the other."""
+    digest = hashlib.sha256(header)
     for array in arrays:
         digest.update(array)
     return digest.hexdigest()
 
 
-def _verify(path: Path, recorded: str | None, reader) -> None:
-    """Check the tensor data of a file read by gguf.GGUFReader against the digest its
-    decoderlm key records (None: a file without one, e.g. llama.cpp's converter's: no check).
+def _verify(path: Path, meta: dict, reader) -> None:
+    """Check a file read by gguf.GGUFReader against the digest its decoderlm key records (a
+    file without one, e.g. llama.cpp's converter's, is not checked): the sha256 of its
+    architecture and `{arch}.*` hyperparameters (`_canonical`) and then its tensor data.
 
     Raises:
         UserError: the digests differ (both named, with the skip flag).
     """
+    recorded = meta.get(DIGEST_KEY)
     if recorded is None:
         return
-    actual = _tensor_digest(np.ascontiguousarray(t.data) for t in reader.tensors)
+    header = _canonical(meta.get("general.architecture"), meta)
+    actual = _digest(header, (np.ascontiguousarray(t.data) for t in reader.tensors))
     if actual != recorded:
         raise UserError(
-            f"{path}: its tensor data has sha256 {actual} but the file records {recorded} "
-            f"({DIGEST_KEY}; damaged or replaced); {VERIFY_HINT}"
+            f"{path}: its hyperparameters and tensor data have sha256 {actual} but the file "
+            f"records {recorded} ({DIGEST_KEY}; damaged, edited or replaced); {VERIFY_HINT}"
         )
+
+
+class _Truncated(Exception):
+    """A read past the end of a GGUF file."""
+
+
+def _gguf_reader(gguf, path: Path):
+    """gguf.GGUFReader of `path` that reads through a plain NumPy view of its memory map (a
+    memmap slice per field is what makes reading a 49k-token vocabulary slow) and whose reads
+    past the end of the file raise _Truncated (the reader itself would fail later, reshaping
+    a short array)."""
+
+    class Reader(gguf.GGUFReader):
+        def _get(self, offset, dtype, count=1, override_order=None):
+            if "_flat" not in self.__dict__:
+                self._flat = self.data.view(np.ndarray)
+            dtype, count = np.dtype(dtype), int(count)
+            end = int(offset) + dtype.itemsize * count
+            if end > self._flat.size:
+                raise _Truncated(f"it is {self._flat.size} bytes but its contents reach byte {end}")
+            array = self._flat[offset:end].view(dtype)
+            order = self.byte_order if override_order is None else override_order
+            return array.view(array.dtype.newbyteorder(order))
+
+    return Reader(path)
 
 
 def _reader(path: Path):
@@ -271,7 +353,7 @@ def _reader(path: Path):
 
     Raises:
         MissingFileError: no such file. UserError: the gguf package is missing, a
-            directory, or not a readable GGUF file.
+            directory, a truncated file, or not a readable GGUF file.
     """
     if path.is_dir():
         raise UserError(f"{path} is a directory; --gguf takes one GGUF file (a run: --run)")
@@ -279,7 +361,11 @@ def _reader(path: Path):
         raise MissingFileError(f"GGUF file {path} not found")
     gguf = _gguf_package()
     try:
-        reader = gguf.GGUFReader(path)
+        reader = _gguf_reader(gguf, path)
+    except _Truncated as e:
+        raise UserError(
+            f"{path} is truncated ({e}): an incomplete download or copy; fetch it again"
+        ) from None
     except Exception as e:  # gguf raises ValueError / struct errors for a damaged file
         raise UserError(f"{path} is not a readable GGUF file ({e})") from None
     metadata = {}
@@ -292,21 +378,76 @@ def _reader(path: Path):
 
 def _read(path: Path, verify: bool = True):
     """(metadata {key: value}, tensors {name: float32 torch tensor [out, in]}) of a file; with
-    verify, its tensor data is checked first against the digest the file records."""
+    verify, it is checked first against the digest the file records (`_verify`). Quantised
+    tensors are dequantised by gguf-py (`gguf.quants.dequantize`, vectorised over blocks)."""
     reader, metadata = _reader(path)
     gguf = _gguf_package()
     if verify:
-        _verify(path, metadata.get(DIGEST_KEY), reader)
+        _verify(path, metadata, reader)
     tensors = {}
     for t in reader.tensors:
-        values = gguf.quants.dequantize(np.asarray(t.data), t.tensor_type)
+        data = np.asarray(t.data)
+        if data.dtype == np.uint8:  # blocks: one row, dequantised in one vectorised call
+            data = data.reshape(1, -1)
+        values = gguf.quants.dequantize(data, t.tensor_type)
         shape = [int(n) for n in reversed(t.shape)]
         tensors[t.name] = torch.from_numpy(np.array(values, dtype=np.float32).reshape(shape))
     return metadata, tensors
 
 
+def _scaling_from_factors(factors: torch.Tensor, head_dim: int, base: float, source: Path):
+    """Llama 3's rope_scaling (ModelConfig) whose inverse frequencies are llama.cpp's
+    `rope_freqs` divisors: theta_i / factors[i], theta_i = base^(-2i / head_dim).
+
+    Llama 3 divides by `factor` (low frequencies), 1 (high) and, between, by 1 / ((1 - s) /
+    factor + s) with s = (L / w_i - low) / (high - low) linear in 1 / w_i (w_i = 2 pi /
+    theta_i); s at two in-between frequencies gives L / (high - low) and low / (high - low),
+    and with low_freq_factor 1 (Llama 3's) the three numbers. None: all divisors 1.
+
+    Raises:
+        UserError: divisors that are not Llama 3's scaling (checked by recomputing them).
+    """
+    f = factors.double()
+    if torch.allclose(f, torch.ones_like(f)):
+        return None
+    factor = float(f.max())
+    theta = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    mid = ((f > 1 + 1e-6) & (f < factor * (1 - 1e-6))).nonzero().flatten()
+    scaling = None
+    if factor > 1 and len(mid) >= 2:
+        s = (1 / f[mid] - 1 / factor) / (1 - 1 / factor)
+        inv_w = theta[mid] / (2 * math.pi)
+        i, j = 0, len(mid) - 1
+        a = float((s[j] - s[i]) / (inv_w[j] - inv_w[i]))  # L / (high - low)
+        b = float(s[i] - a * inv_w[i])  # -low / (high - low)
+        if a > 0 and b < 0:
+            scaling = dict(
+                rope_type="llama3",
+                factor=factor,
+                low_freq_factor=1.0,
+                high_freq_factor=1.0 - 1.0 / b,
+                original_max_position_embeddings=round(-a / b),
+            )
+    if scaling is not None:
+        config = ModelConfig(
+            vocab_size=1, d_model=head_dim, n_heads=1, pos_encoding="rope",
+            rope_base=base, rope_scaling=scaling,
+        )  # fmt: skip
+        if torch.allclose(rope_inv_freq(config), theta / f, rtol=1e-4, atol=0):
+            return scaling
+    raise UserError(
+        f"{source}: its rope_freqs tensor does not describe Llama 3's rope scaling, the one "
+        f"decoderlm computes; this file cannot be run"
+    )
+
+
 def _config(meta: dict, tensors: dict, arch: str, source: Path) -> ModelConfig:
-    """The ModelConfig a file's metadata and tensor shapes describe."""
+    """The ModelConfig a file's metadata describes, checked against its tensor shapes.
+
+    Raises:
+        UserError: a key or tensor every such file has is missing, or the metadata and the
+            tensors disagree (e.g. a head count that does not fit the q/k/v widths).
+    """
     get = lambda key, default=None: meta.get(f"{arch}.{key}", default)  # noqa: E731
 
     def need(name: str, kind: str = "tensor"):
@@ -318,37 +459,65 @@ def _config(meta: dict, tensors: dict, arch: str, source: Path) -> ModelConfig:
             )
         return found
 
+    def disagree(what: str) -> UserError:
+        return UserError(
+            f"{source}: its metadata disagrees with its tensors ({what}); the file was "
+            f"edited or damaged, and would compute something else"
+        )
+
+    need("token_embd.weight"), need("blk.0.ffn_up.weight")
     tied = "output.weight" not in tensors or torch.equal(
-        tensors["output.weight"], need("token_embd.weight")
+        tensors["output.weight"], tensors["token_embd.weight"]
     )
+    n_heads, d_model = int(need("attention.head_count", "key")), int(need("embedding_length", "key"))
+    n_kv_heads = int(get("attention.head_count_kv", n_heads))
+    if not n_heads or d_model % n_heads and get("attention.key_length") is None:
+        raise disagree(f"embedding_length {d_model} is not a multiple of head_count {n_heads}")
+    head_dim = int(get("attention.key_length", d_model // n_heads))
     fields = dict(
-        vocab_size=need("token_embd.weight").size(0),
-        n_layers=need("block_count", "key"),
-        n_heads=need("attention.head_count", "key"),
-        d_model=need("embedding_length", "key"),
-        d_ff=need("blk.0.ffn_up.weight").size(0),
+        vocab_size=tensors["token_embd.weight"].size(0),
+        n_layers=int(need("block_count", "key")),
+        n_heads=n_heads,
+        d_model=d_model,
+        d_ff=int(get("feed_forward_length", tensors["blk.0.ffn_up.weight"].size(0))),
         tie_embeddings=tied,
     )
     if arch == "gpt2":
         block_size = need("position_embd.weight").size(0)
         shape = dict(activation="gelu_tanh", norm_eps=get("attention.layer_norm_epsilon", 1e-5))
-    else:
-        heads_kv = get("attention.head_count_kv", fields["n_heads"])
-        if heads_kv != fields["n_heads"]:
-            raise UserError(
-                f"{source} uses grouped-query attention ({heads_kv} key/value heads for "
-                f"{fields['n_heads']} query heads), which decoderlm's attention does not have"
-            )
-        block_size = need("context_length", "key")
-        shape = dict(
-            pos_encoding="rope",
-            norm="rmsnorm",
-            mlp="swiglu",
-            bias=False,
-            rope_base=float(get("rope.freq_base", 10000.0)),
-            norm_eps=get("attention.layer_norm_rms_epsilon", 1e-5),
+        return ModelConfig(block_size=block_size, **fields, **shape)
+    q, k = need("blk.0.attn_q.weight").size(0), need("blk.0.attn_k.weight").size(0)
+    if (q, k) != (n_heads * head_dim, n_kv_heads * head_dim) or n_kv_heads < 1:
+        raise disagree(
+            f"head_count {n_heads}, head_count_kv {n_kv_heads} and head width {head_dim} give "
+            f"q/k widths {n_heads * head_dim}/{n_kv_heads * head_dim}, the tensors have {q}/{k}"
         )
-    return ModelConfig(block_size=block_size, **fields, **shape)
+    if get("attention.value_length", head_dim) != head_dim:
+        raise UserError(f"{source}: key and value heads of different widths are not supported")
+    if get("rope.dimension_count", head_dim) != head_dim:
+        raise UserError(
+            f"{source}: rotary positions on {get('rope.dimension_count')} of each head's "
+            f"{head_dim} features (partial rotary) are not supported"
+        )
+    rope_base = float(get("rope.freq_base", 10000.0))
+    factors = tensors.get("rope_freqs.weight")
+    scaling = None if factors is None else _scaling_from_factors(factors, head_dim, rope_base, source)
+    shape = dict(
+        pos_encoding="rope",
+        norm="rmsnorm",
+        mlp="swiglu",
+        bias=False,
+        n_kv_heads=n_kv_heads,
+        head_dim=head_dim,
+        qkv_bias="blk.0.attn_q.bias" in tensors,
+        rope_base=rope_base,
+        rope_scaling=scaling,
+        norm_eps=get("attention.layer_norm_rms_epsilon", 1e-5),
+    )
+    try:
+        return ModelConfig(block_size=int(need("context_length", "key")), **fields, **shape)
+    except UserError as e:
+        raise disagree(str(e)) from None
 
 
 def _tokenizer(meta: dict, source: Path) -> Tokenizer:
@@ -361,6 +530,24 @@ def _tokenizer(meta: dict, source: Path) -> Tokenizer:
     if tokens is not None and list(tokens) == sorted(gpt2, key=gpt2.get):
         return GPT2Tokenizer()
     return gguf_tokenizer(meta, str(source))
+
+
+def _unfilled(config: ModelConfig) -> DecoderLM:
+    """A DecoderLM of `config` whose parameters are allocated but not initialised (all of
+    them are loaded next; a random initialisation costs seconds at 10^8 parameters), its
+    fixed rotary tables built as DecoderLM builds them."""
+    with torch.device("meta"):
+        model = DecoderLM(config)
+    model.to_empty(device="cpu")
+    stored = model.state_dict()
+    tables = {name for name, _ in model.named_buffers() if name not in stored}
+    if tables - {"rope_cos", "rope_sin"}:  # a fixed table not built here
+        return DecoderLM(config)
+    if tables:
+        model.rope_cos, model.rope_sin = rope_cos_sin(
+            config.max_positions, config.head_dim, config.rope_base, config.rope_scaling
+        )
+    return model
 
 
 def load_gguf(
@@ -382,16 +569,19 @@ def load_gguf(
     path = Path(path)
     meta, tensors = _read(path, verify)
     arch = meta.get("general.architecture")
-    if arch not in ("gpt2", "llama"):
-        raise UserError(f"{path} holds a {arch!r} model; decoderlm reads 'gpt2' and 'llama'")
+    if arch not in ARCHS:
+        raise UserError(f"{path} holds a {arch!r} model; decoderlm reads {', '.join(ARCHS)}")
     config = _config(meta, tensors, arch, path)
+    tensors.pop("rope_freqs.weight", None)  # in config.rope_scaling
+    heads = {"attn_q": config.n_heads, "attn_k": config.n_kv_heads}
     back = {v: k for k, v in {**_BLOCK, **_TOP, "lm_head": "output"}.items()}
     state, file_keys, qkv = {}, {}, {}
     for name, tensor in tensors.items():
         parts = name.split(".")
         if parts[0] == "blk" and parts[2] in ("attn_q", "attn_k", "attn_v"):
-            if parts[2] != "attn_v":
-                tensor = rope_interleaved_to_half(tensor, config.n_heads)
+            n = heads.get(parts[2]) if arch == "llama" else None
+            if n and tensor.size(0) == n * config.head_dim:  # undo the converter's permutation
+                tensor = rope_interleaved_to_half(tensor, n)
             qkv.setdefault((parts[1], parts[-1]), {})[parts[2]] = tensor
             continue
         if parts[0] == "blk":
@@ -404,7 +594,7 @@ def load_gguf(
         state[key] = torch.cat(
             [parts.get(n, torch.empty(0)) for n in ("attn_q", "attn_k", "attn_v")]
         )
-    model = load_state(DecoderLM(config), state, path, file_keys, "its metadata")
+    model = load_state(_unfilled(config), state, path, file_keys, "its metadata")
     tokenizer = _tokenizer(meta, path)
     if tokenizer.vocab_size != config.vocab_size:
         raise UserError(

@@ -14,8 +14,9 @@ such a model is refused, with the options that block it and the flags that would
 llama.cpp's GPT-2 has the tanh GELU only, so a GPT-2-shaped model with the exact (erf) GELU
 exports to hf but not to gguf. Grouped-query attention (n_kv_heads < n_heads), a head_dim
 other than d_model / n_heads, q/k/v biases (as Qwen2ForCausalLM) and Llama 3's rope scaling
-export to hf as Llama; the GGUF exporter does not write them yet, so such a model is refused
-for gguf.
+export to hf as Llama, and to gguf as llama (llama.cpp "llama": rope scaling as its
+rope_freqs tensor) or, with q/k/v biases, as qwen2 (llama.cpp "qwen2", which has no rope
+scaling: a model with both is refused for gguf).
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ _NAMES = {  # what each blocking option is called in messages
     "qkv_bias": "q/k/v biases",
     "rope_scaling": "rope scaling",
 }
-_NOT_WRITTEN = ("n_kv_heads", "head_dim", "qkv_bias", "rope_scaling")  # but by hf's llama
+_NOT_WRITTEN = ("n_kv_heads", "head_dim", "qkv_bias", "rope_scaling")  # but by llama (see _not_written)
 
 
 def _flag(field: str, value) -> str:
@@ -66,9 +67,12 @@ def _mismatches(config: ModelConfig, fields: dict) -> dict:
 
 def _not_written(config: ModelConfig, arch: str, format: str) -> dict:
     """{field: the value the exporter writes} for the options it does not write yet (all of
-    _NOT_WRITTEN but for hf's llama, which writes them all)."""
-    if (arch, format) == ("llama", "hf"):
+    _NOT_WRITTEN but for llama, which writes them all; gguf's qwen2, for q/k/v biases, has
+    no rope scaling)."""
+    if arch == "llama" and (format == "hf" or not config.qkv_bias):
         return {}
+    if arch == "llama":  # gguf's qwen2: no rope scaling
+        return _mismatches(config, {"rope_scaling": None})
     plain = dict(
         n_kv_heads=config.n_heads,
         head_dim=config.d_model // config.n_heads,
