@@ -37,7 +37,7 @@ from .adapters import adapted_model, adapter_config, checked_adapter_dir, is_ada
 from .gguf import load_gguf, load_gguf_tokenizer
 from .hf import hf_tokenizer, load_hf
 from .hf_weights import HF_WEIGHT_FILES, hf_weight_files
-from .hub import hub_directory
+from .hub import hub_directory, is_hub_id
 
 __all__ = [
     "Source",
@@ -249,8 +249,8 @@ def check_flag_path(kind: str, path: Path) -> None:
 @dataclass
 class Source:
     """A model to start from: the DecoderLM (eval mode, adapters merged), its tokenizer, and
-    info = {"path": the resolved path (a Hub id as given), "kind": "decoderlm" | "hf" |
-    "gguf", "sha256": of its weights}."""
+    info = {"path": the resolved path (a Hub id's snapshot in the Hugging Face cache), "kind":
+    "decoderlm" | "hf" | "gguf", "sha256": of its weights, and "hub_id" for a Hub id}."""
 
     model: DecoderLM
     tokenizer: Tokenizer
@@ -326,7 +326,8 @@ def load_source(src: str | Path, map_location: str = "cpu", verify: bool = True)
             decoderlm directory), or the loader refuses it (an architecture or option
             decoderlm does not run: the message names it).
     """
-    path = Path(src)
+    hub_id = str(src) if is_hub_id(src) else None
+    path = src = Path(hub_directory(src))  # a Hub id: its snapshot in the Hugging Face cache
     kind = _checked_init_source(src)
     model, tokenizer = _load(kind, src, map_location, True, verify)
     if kind == "gguf":
@@ -338,6 +339,8 @@ def load_source(src: str | Path, map_location: str = "cpu", verify: bool = True)
         sha256 = checked["sha256"] if checked is not None else weights_sha256(path)
     else:
         sha256 = weights_sha256(path)
-    record_kind = {"run": "decoderlm"}.get(kind, kind)
-    where = str(path.resolve()) if path.exists() else str(src)
-    return Source(model, tokenizer, {"path": where, "kind": record_kind, "sha256": sha256})
+    info = {"path": str(path.resolve()), "kind": {"run": "decoderlm"}.get(kind, kind)}
+    info["sha256"] = sha256
+    if hub_id is not None:
+        info["hub_id"] = hub_id
+    return Source(model, tokenizer, info)
