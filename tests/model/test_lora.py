@@ -219,7 +219,8 @@ def test_the_same_q_v_update_as_peft_on_transformers_llama():
     hf_config = transformers.LlamaConfig(
         vocab_size=65, hidden_size=64, intermediate_size=ours.config.d_ff, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-        rms_norm_eps=ours.config.norm_eps, rope_theta=ours.config.rope_base, max_position_embeddings=16, tie_word_embeddings=False,
+        rms_norm_eps=ours.config.norm_eps, rope_theta=ours.config.rope_base,
+        max_position_embeddings=16, tie_word_embeddings=False,
     )  # fmt: skip
     hf = transformers.LlamaForCausalLM(hf_config).eval()
     hf.load_state_dict(_as_llama(ours.state_dict()), strict=True)
