@@ -133,7 +133,8 @@ def _check_rope_scaling(scaling, pos_encoding: str) -> None:
         isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
         for v in numbers.values()
     )
-    if not ok or numbers["factor"] < 1 or numbers["high_freq_factor"] <= numbers["low_freq_factor"]:
+    low, high = numbers["low_freq_factor"], numbers["high_freq_factor"]
+    if not ok or numbers["factor"] < 1 or high <= low:
         raise UserError(
             f"rope_scaling's numbers must be positive with factor >= 1 and high_freq_factor > "
             f"low_freq_factor, got {numbers}; e.g. {example}"

@@ -211,3 +211,15 @@ def test_export_loads_back_in_transformers_with_the_same_logits(tmp_path, name):
     assert fast.encode(TEXT, add_special_tokens=False) == tokenizer.encode(
         TEXT, allowed_special="all"
     )
+
+
+def test_hf_exports_what_the_gguf_exporter_does_not_write_yet():
+    from decoderlm.config import ModelConfig
+    from decoderlm.io.targets import export_target
+    from decoderlm.presets import PRESETS
+
+    fields = dict(n_kv_heads=2, head_dim=8, qkv_bias=True, rope_scaling=dict(LLAMA3))
+    config = ModelConfig(**{**PRESETS["llama-tiny"].model, **fields})
+    assert export_target(config, "hf") == "llama"
+    with pytest.raises(UserError, match="grouped-query attention .* not written by the"):
+        export_target(config, "gguf")

@@ -1,32 +1,38 @@
 """GGUF files (llama.cpp's format) in and out, with the `gguf` package (llama.cpp's gguf-py).
 
-`save_gguf` writes a GPT-2- or Llama-shaped `DecoderLM` and its tokenizer as one GGUF file in
-the layout llama.cpp's convert_hf_to_gguf.py writes; `load_gguf` reads such a file back (ours,
-or one that converter wrote for a GPT-2 or Llama model with GPT-2's BPE). Tensor names:
+`save_gguf` writes a GPT-2-, Llama- or Qwen2-shaped `DecoderLM` and its tokenizer as one GGUF
+file in the layout llama.cpp's convert_hf_to_gguf.py writes; `load_gguf` reads such a file
+back (ours, or one that converter wrote: architectures "gpt2", "llama", "qwen2"). Tensor names:
 
     tok_emb, pos_emb, ln_f, lm_head     -> token_embd, position_embd, output_norm, output
     blocks.i.ln_1, ln_2                 -> blk.i.attn_norm, blk.i.ffn_norm
     blocks.i.attn.qkv                   -> blk.i.attn_qkv (gpt2: fused q, k, v rows)
-                                           blk.i.attn_q, attn_k, attn_v (llama: split; q and
-                                           k rows permuted to llama.cpp's interleaved rotary
-                                           layout, `rope_half_to_interleaved`)
+                                           blk.i.attn_q, attn_k, attn_v (llama, qwen2:
+                                           split; for llama q rows permuted by n_heads and
+                                           k rows by n_kv_heads to llama.cpp's interleaved
+                                           rotary layout, `rope_half_to_interleaved`;
+                                           qwen2's q/k/v biases, unpermuted)
     blocks.i.attn.proj                  -> blk.i.attn_output
     blocks.i.mlp.fc, proj (, gate)      -> blk.i.ffn_up, ffn_down (, ffn_gate)
+    config.rope_scaling (Llama 3)       -> rope_freqs (per-frequency divisors of theta_i)
 
 A tied unembedding is stored once (token_embd; llama.cpp falls back to it when output is
 absent). Weights are [out, in] as in PyTorch (GGUF lists the dimensions the other way round).
 dtypes: f32; f16 and bf16 (the matrices; norms, biases and the position table stay f32, as
 llama.cpp's converter keeps them); q8_0 (blocks of 32 int8 values with one f16 scale, the
-matrices only: every row length must be a multiple of 32).
+matrices only: every row length must be a multiple of 32). Reading dequantises every type
+gguf-py has (Q4_0 ... Q8_0, Q2_K ... Q6_K, F16, BF16) to float32.
 
 The tokenizer is llama.cpp's "gpt2" byte-level BPE (tokenizer.ggml.model "gpt2", pre-tokenizer
 "gpt-2"): GPT-2's own vocabulary and merges; a byte vocabulary as the 256 byte symbols in id
 order; a char vocabulary as each character's byte symbols, with the merges that join the
 bytes of a multi-byte character (they never join two characters), so llama.cpp encodes
 covered text to decoderlm's ids. The file also carries decoderlm's tokenizer description
-(key "decoderlm.tokenizer", JSON), which `load_gguf` reads, and the sha256 of its tensor data
-(key "decoderlm.tensor_data_sha256": every tensor's stored bytes, in the file's order), which
-`load_gguf` checks, so a damaged or incompletely copied file is refused instead of sampling.
+(key "decoderlm.tokenizer", JSON), which `load_gguf` reads, and a sha256 (key
+"decoderlm.sha256") of the architecture, its `{arch}.*` hyperparameters (`_canonical`) and
+every tensor's stored bytes in the file's order, which `load_gguf` checks, so a damaged,
+edited or incompletely copied file is refused instead of sampling. Files from elsewhere are
+checked against their own tensor shapes (`_config`).
 """
 
 from __future__ import annotations
@@ -196,13 +202,13 @@ def save_gguf(model: DecoderLM, tokenizer: Tokenizer, path: str | Path, dtype: s
     """Write `model` (possibly wrapped) and `tokenizer` as one GGUF file, atomically.
 
     Args:
-        model: a GPT-2- or Llama-shaped DecoderLM (see `decoderlm.io.targets`).
+        model: a GPT-2-, Llama- or Qwen2-shaped DecoderLM (see `decoderlm.io.targets`).
         tokenizer: its tokenizer (char, byte or gpt2; vocab_size equal to the model's).
         path: the file to write (replaced if it exists).
         dtype: "f32" | "f16" | "bf16" | "q8_0" (see the module docstring).
 
     Returns:
-        the architecture written ("gpt2" | "llama").
+        the architecture written ("gpt2" | "llama" | "qwen2").
 
     Raises:
         UserError: the gguf package is missing, the model does not export to GGUF (the
@@ -465,13 +471,17 @@ def _config(meta: dict, tensors: dict, arch: str, source: Path) -> ModelConfig:
             f"edited or damaged, and would compute something else"
         )
 
-    need("token_embd.weight"), need("blk.0.ffn_up.weight")
+    for name in ("token_embd.weight", "blk.0.ffn_up.weight"):
+        need(name)
     tied = "output.weight" not in tensors or torch.equal(
         tensors["output.weight"], tensors["token_embd.weight"]
     )
-    n_heads, d_model = int(need("attention.head_count", "key")), int(need("embedding_length", "key"))
+    n_heads, d_model = (
+        int(need("attention.head_count", "key")),
+        int(need("embedding_length", "key")),
+    )
     n_kv_heads = int(get("attention.head_count_kv", n_heads))
-    if not n_heads or d_model % n_heads and get("attention.key_length") is None:
+    if not n_heads or (d_model % n_heads and get("attention.key_length") is None):
         raise disagree(f"embedding_length {d_model} is not a multiple of head_count {n_heads}")
     head_dim = int(get("attention.key_length", d_model // n_heads))
     fields = dict(
@@ -501,7 +511,9 @@ def _config(meta: dict, tensors: dict, arch: str, source: Path) -> ModelConfig:
         )
     rope_base = float(get("rope.freq_base", 10000.0))
     factors = tensors.get("rope_freqs.weight")
-    scaling = None if factors is None else _scaling_from_factors(factors, head_dim, rope_base, source)
+    scaling = (
+        None if factors is None else _scaling_from_factors(factors, head_dim, rope_base, source)
+    )
     shape = dict(
         pos_encoding="rope",
         norm="rmsnorm",
@@ -553,18 +565,20 @@ def _unfilled(config: ModelConfig) -> DecoderLM:
 def load_gguf(
     path: str | Path, map_location: str = "cpu", verify: bool = True
 ) -> tuple[DecoderLM, Tokenizer]:
-    """A GGUF file (architecture "gpt2" or "llama") as a DecoderLM (eval mode, float32) and
-    its tokenizer. Quantised tensors (f16, bf16, q8_0, ...) are dequantised to float32.
-    verify: check the tensor data against the sha256 a decoderlm export records in the file
-    (key "decoderlm.tensor_data_sha256"; files without it load unchecked).
+    """A GGUF file (architecture "gpt2", "llama" or "qwen2") as a DecoderLM (eval mode,
+    float32) and its tokenizer (with the file's chat template and end-of-text ids). Quantised
+    tensors are dequantised to float32; llama's permuted q/k rows are put back in decoderlm's
+    half-split rotary layout; a `rope_freqs` tensor becomes Llama 3's rope_scaling.
+    verify: check the hyperparameters and tensor data against the sha256 a decoderlm export
+    records in the file (key "decoderlm.sha256"; files without it load unchecked).
 
     Raises:
         MissingFileError: no such file.
-        UserError: the gguf package is missing, a directory, not a readable GGUF file,
-            tensor data that does not match
-            its recorded sha256 (verify), another architecture,
-            grouped-query attention, tensors that do not match the metadata, or a tokenizer
-            decoderlm cannot rebuild.
+        UserError: the gguf package is missing, a directory, a truncated or unreadable GGUF
+            file, hyperparameters and tensor data that do not match its recorded sha256
+            (verify), another architecture, metadata that disagrees with the tensors, a
+            rope_freqs tensor that is not Llama 3's scaling, or a tokenizer decoderlm cannot
+            rebuild.
     """
     path = Path(path)
     meta, tensors = _read(path, verify)

@@ -150,7 +150,7 @@ def load_model_and_tokenizer(
         map_location: the device to load onto.
         merge: an adapter directory's adapters folded into the weights (`load_run`).
         verify: check the weights against the digests their files record (config.json's
-            "checksums" entry; a GGUF file's "decoderlm.tensor_data_sha256" key); a source
+            "checksums" entry; a GGUF file's "decoderlm.sha256" key); a source
             that records none loads unchecked.
 
     Raises:

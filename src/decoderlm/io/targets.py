@@ -53,7 +53,7 @@ _NAMES = {  # what each blocking option is called in messages
     "qkv_bias": "q/k/v biases",
     "rope_scaling": "rope scaling",
 }
-_NOT_WRITTEN = ("n_kv_heads", "head_dim", "qkv_bias", "rope_scaling")  # but by llama (see _not_written)
+_NOT_WRITTEN = ("n_kv_heads", "head_dim", "qkv_bias", "rope_scaling")  # see _not_written
 
 
 def _flag(field: str, value) -> str:

@@ -150,9 +150,10 @@ def activation_bytes_per_token(
     d / n_heads): the two norms' inputs and outputs (4 d), q, k, v (q + 2 kv), the attention
     output and its log-sum-exp (q + n_heads), and the MLP hidden activations: pre- and
     post-GELU (2 d_ff) or, for SwiGLU, gate, up, SiLU and product (4 d_ff). Rotary positions
-    add the rotated q and k and their contiguous copies (2 q + 2 kv). With dropout > 0, attention runs the explicit path, which keeps scores,
-    probabilities, dropped probabilities (3 n_heads T elements) and a byte mask (n_heads T
-    bytes), plus two residual-dropout byte masks (2 d bytes): that part grows as T^2.
+    add the rotated q and k and their contiguous copies (2 q + 2 kv). With dropout > 0,
+    attention runs the explicit path, which keeps scores, probabilities, dropped
+    probabilities (3 n_heads T elements) and a byte mask (n_heads T bytes), plus two
+    residual-dropout byte masks (2 d bytes): that part grows as T^2.
     Outside the blocks: the embedding sum and the final norm's output (2 d elements) and the
     logits and their log-softmax (2 vocab_size float32 elements).
 
@@ -195,10 +196,11 @@ def memory_bytes(
     checkpointing only each block's input (d per token per layer) is kept, plus one block's
     activations while it is recomputed. kv_cache: 2 n_layers B T n_kv_heads head_dim x bytes
     (Pope et al. 2022; 2 n_layers B T d_model for multi-head attention with head_dim d_model /
-    n_heads), what inference keeps for T cached positions (a `KVCache`'s buffers). training_total = weights + gradients +
-    adamw + activations. training_peak adds loss_backward_transient: at the start of backward
-    the gradients of the log-probabilities and of the logits (2 B T vocab_size float32) live
-    beside all the activations; with a large vocabulary this is the step's high-water mark.
+    n_heads), what inference keeps for T cached positions (a `KVCache`'s buffers).
+    training_total = weights + gradients + adamw + activations. training_peak adds
+    loss_backward_transient: at the start of backward the gradients of the log-probabilities
+    and of the logits (2 B T vocab_size float32) live beside all the activations; with a
+    large vocabulary this is the step's high-water mark.
 
     Raises:
         UserError: unknown dtype, or seq_len outside 1..max_positions.

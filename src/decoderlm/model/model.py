@@ -101,7 +101,7 @@ def attention_pattern(q: Tensor, k: Tensor) -> Tensor:
     return scores.float().masked_fill(future, float("-inf")).softmax(dim=-1)
 
 
-ONE_QUERY_MIN_ELEMENTS = 2**15  # n_heads x keys x head_dim; below it the fused kernel wins
+ONE_QUERY_MIN_ELEMENTS = 2**15  # n_kv_heads x keys x head_dim; below it the fused kernel wins
 
 
 def _written_out_wins(q: Tensor, k: Tensor) -> bool:
@@ -197,7 +197,12 @@ class CausalSelfAttention(nn.Module):
         else:
             grouped = {"enable_gqa": True} if H_kv != H else {}
             z = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=mask is None and T > 1,
+                q,
+                k,
+                v,
+                attn_mask=mask,
+                dropout_p=dropout_p,
+                is_causal=mask is None and T > 1,
                 **grouped,
             )
         y = self.hook_z(z.transpose(1, 2)).reshape(B, T, H * D)  # z [B, T, n_heads, head_dim]

@@ -1,6 +1,7 @@
 """Position information: the sinusoidal table (Vaswani et al. 2017) and rotary embeddings
-(Su et al. 2021) with Llama 3's rescaled frequencies, and the permutations between the two rotary layouts of q and k weights
-(interleaved pairs, as Meta's Llama and llama.cpp; half-split, as decoderlm and Hugging Face)."""
+(Su et al. 2021) with Llama 3's rescaled frequencies, and the permutations between the two
+rotary layouts of q and k weights (interleaved pairs, as Meta's Llama and llama.cpp;
+half-split, as decoderlm and Hugging Face)."""
 
 from __future__ import annotations
 
