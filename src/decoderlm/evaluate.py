@@ -230,6 +230,7 @@ def evaluate_source(
     split: str | None = None,
     batch_size: int = 32,
     precision: Precision | None = None,
+    block_size: int | None = None,
 ) -> dict:
     """Loss of the model of `source` (a run directory, a Hugging Face directory or a GGUF
     file) on a whole split or text.
@@ -245,6 +246,8 @@ def evaluate_source(
         batch_size: windows per forward pass.
         precision: score the model as decoding runs it at that precision (see
             `generation.precision.prepare_for_decoding`; default float32 weights).
+        block_size: score in windows of this many tokens (the model's context cropped to it,
+            `DecoderLM.crop_block_size`); None: the model's block_size.
 
     Returns:
         A dict: run (the run directory, Hugging Face directory or GGUF file scored), data
@@ -253,13 +256,17 @@ def evaluate_source(
         token x tokens_scored / bytes_scored / ln 2, with bytes_scored the UTF-8 bytes of the
         scored tokens), perplexity
         (exp(nats_per_token)), tokens (in the split or text), tokens_scored, windows,
-        block_size, unknown_characters, unk_token (char tokenizer).
+        block_size, unknown_characters, unk_token (char tokenizer); for any other tokenizer
+        also bytes_scored (the UTF-8 bytes of the scored tokens, decoded) and bits_per_byte
+        (nats_per_token * tokens_scored / (ln 2 * bytes_scored), lm-evaluation-harness's
+        bits_per_byte), which compares models with different tokenizers.
 
     Raises:
         UserError / MissingFileError: missing or damaged files; a run without data_spec, or
             a Hugging Face directory or GGUF file, and no `data`; a text with unknown
             characters and a char vocabulary without an unknown token; ids shorter than
-            block_size + 1; as `generation.loading.load_for_decoding`.
+            block_size + 1; a block_size above the model's; as
+            `generation.loading.load_for_decoding`.
     """
     if split not in (None, "val", "train"):
         raise UserError(f"unknown split {split!r}; use 'val' or 'train'")
@@ -270,6 +277,8 @@ def evaluate_source(
             f"or a prepared token directory)"
         )
     model, tokenizer = load_for_decoding(source, precision)  # an adapter run: over its base
+    if block_size is not None:
+        model.crop_block_size(block_size)
     if data is None:
         split = split or "val"
         ids, n_unknown, where = _ids_of_data_spec(Path(source.run), tokenizer, split)
@@ -306,6 +315,10 @@ def evaluate_source(
         scored = [int(i) for i in ids[1 : n_windows * T + 1]]
         report["bytes_scored"] = len(tokenizer.encoding.decode_bytes(scored))
         report["bits_per_byte"] = nats * n_windows * T / report["bytes_scored"] / LN2
+    else:  # the UTF-8 bytes of the decoded scored tokens
+        scored = [int(i) for i in ids[1 : 1 + n_windows * T]]
+        report["bytes_scored"] = len(tokenizer.decode(scored).encode("utf-8"))
+        report["bits_per_byte"] = nats * n_windows * T / (LN2 * report["bytes_scored"])
     if isinstance(tokenizer, CharTokenizer):
         report["unk_token"] = tokenizer.unk_token
     return report
@@ -348,6 +361,7 @@ def print_report(
     json: bool = False,
     batch_size: PositiveInt = 32,
     precision: Annotated[Precision, Fields(Precision)] = Precision(),
+    block_size: PositiveInt | None = None,
 ) -> int:
     """Loss, bits per character and perplexity of a run.
 
@@ -365,6 +379,9 @@ def print_report(
         batch_size: windows per forward pass.
         precision: score the model as it decodes at that precision (`Precision`: --dtype,
             --quantize).
+        block_size: windows of this many tokens, at most the model's context (default: the
+            model's block_size; an open model's is thousands of tokens, so a short text needs
+            a smaller one).
 
     Returns:
         0, the exit status.
@@ -372,6 +389,6 @@ def print_report(
     Raises:
         UserError / MissingFileError: as `evaluate_source`.
     """
-    report = evaluate_source(source, data, split, batch_size, precision)
+    report = evaluate_source(source, data, split, batch_size, precision, block_size)
     print(json_text(report) if json else format_report(report))
     return 0

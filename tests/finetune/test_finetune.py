@@ -267,7 +267,7 @@ def test_init_from_a_transformers_gpt2_trains_from_its_loss(tmp_path, fmt, capsy
         logits = hf(x).logits
     expected = F.cross_entropy(logits.view(-1, logits.size(-1)), y.reshape(-1)).item()
     assert first_loss == pytest.approx(expected, rel=1e-5)
-    assert json.loads((out / "config.json").read_text())["init_from"]["kind"] == "gpt2"
+    assert json.loads((out / "config.json").read_text())["init_from"]["kind"] == "hf"
     assert (
         load_source(src).info["sha256"]
         == json.loads((out / "config.json").read_text())["init_from"]["sha256"]
@@ -295,7 +295,7 @@ def test_bad_input_is_one_line_and_writes_nothing(base, lora_run, new_text, tmp_
     cases = [
         (["--init-from", str(not_a_model)], "is not a model"),
         (["--init-from", str(new_text)], "is not a model"),
-        (["--init-from", str(llama)], "Hugging Face 'llama' model; only GPT-2"),
+        (["--init-from", str(llama)], "is not a model"),  # config.json without weights
         (["--init-from", str(base), "--n-layers", "3"], "--n-layers 3 (the source has n_layers 2)"),
         (["--init-from", str(base), "--block-size", "32"], "cannot crop the context to 32"),
         (["--init-from", str(base), "--lora-rank", "2", "--lora-targets", "nope"], "'nope'"),

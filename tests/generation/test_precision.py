@@ -44,8 +44,24 @@ def _markov_text(n: int, vocab: int, seed: int = 0) -> torch.Tensor:
 def trained():
     """The tiny test model (2 layers x 64, vocab 65, block 32) trained 150 steps on a Markov
     chain, and held-out ids of the same chain."""
+    return _trained(tiny_model(seed=0))
+
+
+# Llama-shaped with grouped-query attention (4 query heads reading 2 key/value heads, rope,
+# RMSNorm, SwiGLU, untied), as the open models decoderlm loads
+GQA = dict(n_heads=4, n_kv_heads=2, pos_encoding="rope", norm="rmsnorm", mlp="swiglu")
+GQA.update(bias=False, tie_embeddings=False)
+
+
+@pytest.fixture(scope="module")
+def trained_gqa():
+    """`trained`'s recipe on the GQA shape."""
+    return _trained(tiny_model(seed=0, **GQA))
+
+
+def _trained(model):
     torch.manual_seed(0)
-    model = tiny_model(seed=0).train()
+    model = model.train()
     data, held_out = _markov_text(20_000, 65, seed=0), _markov_text(2_000, 65, seed=0)[-1_000:]
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     for _ in range(150):
@@ -82,9 +98,10 @@ OPTIONS = {
 }
 
 
+@pytest.mark.parametrize("shape", ["trained", "trained_gqa"])
 @pytest.mark.parametrize("precision", list(OPTIONS))
-def test_logits_are_within_tolerance_of_float32(trained, precision):
-    model, held_out = trained
+def test_logits_are_within_tolerance_of_float32(request, shape, precision):
+    model, held_out = request.getfixturevalue(shape)
     options = OPTIONS[precision]
     low = _prepared(model, **options)
     assert activation_dtype(low) == torch.bfloat16  # so the KV cache is bfloat16 too
@@ -98,8 +115,9 @@ def test_logits_are_within_tolerance_of_float32(trained, precision):
     assert abs(loss_low - loss_exact) / loss_exact < 0.01
 
 
+@pytest.mark.parametrize("shape", ["trained", "trained_gqa"])
 @pytest.mark.parametrize("precision", list(OPTIONS))
-def test_greedy_tokens_equal_float32_where_its_choice_is_clear(trained, precision):
+def test_greedy_tokens_equal_float32_where_its_choice_is_clear(request, shape, precision):
     # What lower precision promises is a bound on each log-probability (LOGPROB_TOLERANCE),
     # not agreement on near-ties: a bound e moves the gap between the top two tokens by at most
     # 2e, so wherever float32's gap exceeds 2e the argmax cannot change. Along float32's greedy
@@ -108,7 +126,8 @@ def test_greedy_tokens_equal_float32_where_its_choice_is_clear(trained, precisio
     # every clear position, and the low-precision model's own greedy decoding (KV cache and
     # all) is float32's up to each continuation's first near-tie. How often a near-tie flips
     # depends on the CPU's rounding (bfloat16 products on AMX differ), so it is not asserted.
-    model, held_out = trained
+    # The GQA shape's KV cache holds its 2 key/value heads only.
+    model, held_out = request.getfixturevalue(shape)
     low = _prepared(model, **OPTIONS[precision])
     bound = LOGPROB_TOLERANCE[precision]
     prompts = held_out[:128].view(16, 8)
@@ -125,10 +144,11 @@ def test_greedy_tokens_equal_float32_where_its_choice_is_clear(trained, precisio
         assert torch.equal(approx[row, 8 : 8 + upto], exact[row, 8 : 8 + upto])
 
 
+@pytest.mark.parametrize("shape", ["trained", "trained_gqa"])
 @pytest.mark.parametrize("precision", list(OPTIONS))
-def test_cached_decoding_matches_the_full_forward_at_low_precision(trained, precision):
+def test_cached_decoding_matches_the_full_forward_at_low_precision(request, shape, precision):
     # the one-token step (KV cache in bfloat16) against the prepared model's own full forward
-    model, held_out = trained
+    model, held_out = request.getfixturevalue(shape)
     options = OPTIONS[precision]
     low = _prepared(model, **options)
     from decoderlm.model.kv_cache import KVCache

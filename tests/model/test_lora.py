@@ -135,3 +135,111 @@ def test_bad_settings_are_refused_before_changing_the_model(rank, targets, fragm
 def test_an_untied_head_may_be_adapted():
     _, model = adapted(targets="lm_head", tie_embeddings=False)
     assert [n for n, m in model.named_modules() if isinstance(m, LoRALinear)] == ["lm_head"]
+
+
+def _gqa_model(**overrides):
+    """A randomized tiny Llama-shaped model with grouped-query attention: 4 query heads, 2
+    key/value heads of 16 (q rows 0..63, k 64..95, v 96..127 of the fused qkv)."""
+    options = dict(n_heads=4, n_kv_heads=2, pos_encoding="rope", norm="rmsnorm", mlp="swiglu")
+    options.update(bias=False, tie_embeddings=False, **overrides)
+    return randomize(tiny_model(**options), seed=0)
+
+
+def test_q_and_v_adapt_their_rows_of_the_fused_qkv_only():
+    model = _gqa_model()
+    names = apply_lora(model, 2, 4.0, "q,v")
+    assert names == [f"blocks.{i}.attn.qkv.{p}" for i in range(2) for p in ("q", "v")]
+    layer = model.blocks[0].attn.qkv
+    assert layer.rows == {"q": (0, 64), "v": (96, 128)}
+    g = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        layer.lora_B.copy_(torch.randn(layer.lora_B.shape, generator=g))
+    A, B = layer.lora_A.detach().double(), layer.lora_B.detach().double()
+    expected = torch.zeros(128, 64, dtype=torch.float64)  # k's rows 64..95 are not touched
+    expected[0:64] = 2.0 * B[:64] @ A[:2]  # scale alpha / r = 2, Hu et al. eq. 3 per part
+    expected[96:128] = 2.0 * B[64:] @ A[2:]
+    assert torch.allclose(layer.delta_weight().double(), expected, atol=1e-6)
+    x = torch.randn(3, 64, generator=g)
+    W = layer.weight.detach().double()
+    assert torch.allclose(layer(x).double(), x.double() @ (W + expected).T, atol=1e-5)
+    assert torch.allclose(layer.merged()(x).double(), x.double() @ (W + expected).T, atol=1e-5)
+    # the recorded names rebuild the same adapters (how an adapter directory is read back)
+    again = _gqa_model()
+    assert apply_lora(again, 2, 4.0, names) == names
+    assert {k: v.shape for k, v in again.state_dict().items()} == {
+        k: v.shape for k, v in model.state_dict().items()
+    }
+
+
+def test_llama_names_and_peft_names_pick_the_same_layers():
+    ours = _gqa_model()
+    names = apply_lora(ours, 2, 4.0, "q,k,v,o,gate,up,down")
+    theirs = _gqa_model()
+    proj = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
+    assert apply_lora(theirs, 2, 4.0, proj) == names
+    per_block = {n.split(".", 2)[2] for n in names}
+    assert per_block == {
+        "attn.qkv.q", "attn.qkv.k", "attn.qkv.v", "attn.proj", "mlp.gate", "mlp.fc", "mlp.proj"
+    }  # fmt: skip
+
+
+def test_a_layer_named_whole_and_by_parts_is_refused():
+    with pytest.raises(ValueError, match="both whole and by its q/k/v parts"):
+        apply_lora(_gqa_model(), 2, 4.0, "qkv,q")
+
+
+_LLAMA_NAMES = {
+    "ln_1": "input_layernorm", "ln_2": "post_attention_layernorm", "attn.proj": "self_attn.o_proj",
+    "mlp.gate": "mlp.gate_proj", "mlp.fc": "mlp.up_proj", "mlp.proj": "mlp.down_proj",
+}  # fmt: skip
+
+
+def _as_llama(state: dict) -> dict:
+    """Our GQA model's state dict under transformers LlamaForCausalLM's names, written out here
+    (not the exporter's) so that this test checks the row layout on its own."""
+    out = {"model.embed_tokens.weight": state["tok_emb.weight"]}
+    out |= {"model.norm.weight": state["ln_f.weight"], "lm_head.weight": state["lm_head.weight"]}
+    for key, tensor in state.items():
+        if not key.startswith("blocks."):
+            continue
+        _, i, rest = key.split(".", 2)
+        prefix, module = f"model.layers.{i}.", rest.rsplit(".", 1)[0]
+        if module == "attn.qkv":
+            for name, part in zip("qkv", tensor.split([64, 32, 32]), strict=True):
+                out[f"{prefix}self_attn.{name}_proj.weight"] = part
+        else:
+            out[f"{prefix}{_LLAMA_NAMES[module]}.weight"] = tensor
+    return out
+
+
+def test_the_same_q_v_update_as_peft_on_transformers_llama():
+    peft = pytest.importorskip("peft")
+    transformers = pytest.importorskip("transformers")
+    ours = _gqa_model(block_size=16)
+    hf_config = transformers.LlamaConfig(
+        vocab_size=65, hidden_size=64, intermediate_size=ours.config.d_ff, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        rms_norm_eps=ours.config.norm_eps, rope_theta=ours.config.rope_base,
+        max_position_embeddings=16, tie_word_embeddings=False,
+    )  # fmt: skip
+    hf = transformers.LlamaForCausalLM(hf_config).eval()
+    hf.load_state_dict(_as_llama(ours.state_dict()), strict=True)
+    apply_lora(ours, 2, 4.0, "q,v")
+    theirs = peft.get_peft_model(
+        hf, peft.LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj", "v_proj"])
+    )
+    g = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for i, block in enumerate(ours.blocks):
+            layer, attn = block.attn.qkv, theirs.base_model.model.model.layers[i].self_attn
+            layer.lora_B.copy_(torch.randn(layer.lora_B.shape, generator=g))
+            for j, (name, B) in enumerate(
+                zip(("q", "v"), layer.lora_B.split([64, 32]), strict=True)
+            ):
+                peft_layer = getattr(attn, f"{name}_proj")
+                peft_layer.lora_A["default"].weight.copy_(layer.lora_A[2 * j : 2 * j + 2])
+                peft_layer.lora_B["default"].weight.copy_(B)
+    idx = torch.randint(0, 65, (2, 12), generator=g)
+    with torch.no_grad():
+        expected = theirs(idx).logits
+    assert (ours.eval()(idx)[0] - expected).abs().max() < 1e-4

@@ -11,7 +11,7 @@ import torch.nn as nn
 
 from ..config import FinetuneConfig
 from ..errors import UserError
-from ..model.lora import LoRALinear, apply_lora, is_lora_key, parse_targets
+from ..model.lora import LoRALinear, adapted_names, apply_lora, is_lora_key, parse_targets
 from ..model.model import DecoderLM, RMSNorm
 
 FREEZE_GROUPS = ("embeddings", "head", "norms", "blocks", "blocks:I", "blocks:I-J")
@@ -85,7 +85,7 @@ def prepare_trainable(model: DecoderLM, ft: FinetuneConfig) -> list[str]:
         UserError: bad targets or freeze items (see `decoderlm.model.lora.apply_lora`,
             `freeze`), or nothing left to train.
     """
-    adapted = [n for n, m in model.named_modules() if isinstance(m, LoRALinear)]
+    adapted = adapted_names(model)
     if ft.lora_rank is not None and not adapted:
         alpha = ft.lora_alpha if ft.lora_alpha is not None else float(ft.lora_rank)
         adapted = apply_lora(
@@ -110,7 +110,7 @@ def lora_entry(model: nn.Module, ft: FinetuneConfig) -> dict | None:
         "alpha": first.alpha,
         "dropout": ft.lora_dropout,
         "targets": ft.lora_targets,
-        "modules": [n for n, _ in layers],
+        "modules": adapted_names(model),
     }
 
 

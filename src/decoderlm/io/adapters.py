@@ -104,16 +104,16 @@ def _base_location(directory: Path, base_info: dict, base: str | Path | None) ->
             and --base).
     """
     if base is not None:
-        if not Path(base).is_dir():
+        if not Path(base).exists():
             raise MissingBaseError(
-                f"--base {base} is not a directory; give the directory of {directory}'s base "
-                f"model (its weights' sha256 is {base_info['sha256']})"
+                f"--base {base} does not exist; give the directory (or GGUF file) of "
+                f"{directory}'s base model (its weights' sha256 is {base_info['sha256']})"
             )
         return Path(base)
     relative = base_info.get("relative_path")
     candidates = [_run_root(directory) / relative] if isinstance(relative, str) else []
     for candidate in [*candidates, Path(base_info["path"])]:
-        if candidate.is_dir():
+        if candidate.exists():
             return candidate
     stored = f" (recorded as {relative} from the run)" if isinstance(relative, str) else ""
     raise MissingBaseError(

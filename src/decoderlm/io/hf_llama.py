@@ -81,6 +81,8 @@ _IGNORED = ("rotary_emb.inv_freq",)  # buffers older checkpoints hold, rebuilt f
 
 def _qkv_rows(c: ModelConfig) -> tuple[int, int, int]:
     return (c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim, c.n_kv_heads * c.head_dim)
+
+
 # the config.json entries that decide what the model computes, recorded in an export's
 # model.safetensors (`weights_metadata`) and checked when it is read
 COMPUTATION_KEYS = (

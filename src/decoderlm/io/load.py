@@ -17,9 +17,8 @@ kind, as the commands' --run / --hf / --gguf do. Every model they give has `eos_
 to its tokenizer's end-of-text id (`DecoderLM.set_end_of_text`: with the tokenizer loaded
 beside it, checked to fit its vocabulary; for a run read alone, from its saved tokenizer file,
 as `DecoderLM.from_pretrained` does).
-`load_source` is what `decoderlm train --init-from SRC` starts from: a run or a GPT-2
-directory, with a record of it (path, kind, sha256 of its weights) for the new run's
-config.json.
+`load_source` is what `decoderlm train --init-from SRC` starts from: any of those sources,
+with a record of it (path, kind, sha256 of its weights) for the new run's config.json.
 """
 
 from __future__ import annotations
@@ -44,7 +43,7 @@ from .adapters import (
 from .gguf import load_gguf, load_gguf_tokenizer
 from .hf import hf_tokenizer, load_hf
 from .hf_weights import HF_WEIGHT_FILES, hf_weight_files
-from .hub import hub_directory
+from .hub import hub_directory, is_hub_id
 
 __all__ = [
     "Source",
@@ -61,8 +60,8 @@ __all__ = [
 
 _NOT_A_MODEL = (
     "expected a decoderlm run directory (config.json with a 'model' entry and "
-    "model.safetensors) or a Hugging Face GPT-2 directory (config.json and "
-    "model.safetensors or pytorch_model.bin)"
+    "model.safetensors), a Hugging Face directory (config.json and model.safetensors, its "
+    "index and shards, or pytorch_model.bin) or a GGUF file"
 )
 
 
@@ -288,7 +287,8 @@ def check_flag_path(kind: str, path: Path) -> None:
 @dataclass
 class Source:
     """A model to start from: the DecoderLM (eval mode, adapters merged), its tokenizer, and
-    info = {"path": resolved path, "kind": "decoderlm" | "gpt2", "sha256": of its weights}."""
+    info = {"path": the resolved path (a Hub id's snapshot in the Hugging Face cache), "kind":
+    "decoderlm" | "hf" | "gguf", "sha256": of its weights, and "hub_id" for a Hub id}."""
 
     model: DecoderLM
     tokenizer: Tokenizer
@@ -322,41 +322,66 @@ def weights_sha256(directory: str | Path) -> str:
     return _sha256_of(hf_weight_files(directory))
 
 
-def load_source(
-    src: str | Path, map_location: str = "cpu", verify: bool = True, base: str | Path | None = None
-) -> Source:
-    """The model, tokenizer and source record of SRC for `decoderlm train --init-from SRC`: a
-    decoderlm run or model directory (an adapter directory: merged over its base) or a
-    Hugging Face GPT-2 directory (its tokenizer as `decoderlm.io.hf.hf_tokenizer` reads it).
-    verify: check the weight files against the digests config.json records (`load_run`).
-    base: an adapter directory's base model in a new place (`load_run`).
+def _checked_init_source(src: str | Path) -> str:
+    """The kind (`source_kind`) of --init-from SRC once it is a model the loader takes.
 
     Raises:
-        MissingFileError / UserError: SRC is not such a directory (the message says what one
-            holds), its files are damaged or do not belong together, or it has no
-            tokenizer.json (a decoderlm directory).
+        UserError: a directory or file that holds no model (the message says what one holds);
+            a run directory without its tokenizer.json.
     """
     path = Path(src)
+    kind = source_kind(path)
+    if path.is_file() and path.suffix != ".gguf":
+        with open(path, "rb") as f:
+            if f.read(4) != b"GGUF":  # the magic every GGUF file starts with
+                raise UserError(f"--init-from {src} is not a model: {_NOT_A_MODEL}")
+    if kind == "gguf" or not path.exists():
+        return kind  # a GGUF file, or a path the loader names as missing
     config = read_json(path / CONFIG_NAME) if (path / CONFIG_NAME).is_file() else None
     if not path.is_dir() or not isinstance(config, dict):
         raise UserError(f"--init-from {src} is not a model: {_NOT_A_MODEL}")
-    kind = source_kind(path)
-    if kind == "hf" and config["model_type"] != "gpt2":
-        raise UserError(
-            f"--init-from {src} is a Hugging Face {config['model_type']!r} model; only GPT-2 "
-            f"checkpoints (model_type 'gpt2') and decoderlm runs can be fine-tuned"
-        )
     if kind == "hf" and not any((path / name).is_file() for name in HF_WEIGHT_FILES):
         raise UserError(f"--init-from {src} is not a model: {_NOT_A_MODEL}")
     if kind == "run" and "model" not in config:
         raise UserError(f"--init-from {src} is not a model: {_NOT_A_MODEL}")
     if kind == "run" and not (path / "tokenizer.json").is_file():
         raise UserError(f"{src} has no tokenizer.json; a run directory saves its tokenizer")
-    model, tokenizer = _load(kind, path, map_location, True, verify, base)
-    # a digest the load has just checked is the file's: no second pass over a large file
-    checked = recorded_digest(config, WEIGHTS_NAME, path / CONFIG_NAME) if verify else None
-    use_recorded = checked is not None and kind == "run" and (path / WEIGHTS_NAME).is_file()
-    sha256 = checked["sha256"] if use_recorded else weights_sha256(path)
-    record_kind = "gpt2" if kind == "hf" else "decoderlm"
-    info = {"path": str(path.resolve()), "kind": record_kind, "sha256": sha256}
+    return kind
+
+
+def load_source(
+    src: str | Path, map_location: str = "cpu", verify: bool = True, base: str | Path | None = None
+) -> Source:
+    """The model, tokenizer and source record of SRC for `decoderlm train --init-from SRC`:
+    any source the loader takes (`load_model_and_tokenizer`): a decoderlm run or model
+    directory (an adapter directory: merged over its base), a Hugging Face directory of an
+    architecture decoderlm runs (GPT-2, Llama, Qwen2, Mistral; its tokenizer as
+    `decoderlm.io.hf.hf_tokenizer` reads it) or a GGUF file (dequantized to float32, its own
+    vocabulary as the tokenizer). verify: check the weight files against the digests they
+    record (`load_model_and_tokenizer`). base: an adapter directory's base model in a new
+    place (`load_run`).
+
+    Raises:
+        MissingFileError / UserError: SRC is not a model (the message says what one holds),
+            its files are damaged or do not belong together, it has no tokenizer.json (a
+            decoderlm directory), or the loader refuses it (an architecture or option
+            decoderlm does not run: the message names it).
+    """
+    hub_id = str(src) if is_hub_id(src) else None
+    path = src = Path(hub_directory(src))  # a Hub id: its snapshot in the Hugging Face cache
+    kind = _checked_init_source(src)
+    model, tokenizer = _load(kind, src, map_location, True, verify, base)
+    if kind == "gguf":
+        sha256 = _sha256_of([path])
+    elif kind == "run" and verify and (path / WEIGHTS_NAME).is_file():
+        # a digest the load has just checked is the file's: no second pass over a large file
+        config = read_json(path / CONFIG_NAME)
+        checked = recorded_digest(config, WEIGHTS_NAME, path / CONFIG_NAME)
+        sha256 = checked["sha256"] if checked is not None else weights_sha256(path)
+    else:
+        sha256 = weights_sha256(path)
+    info = {"path": str(path.resolve()), "kind": {"run": "decoderlm"}.get(kind, kind)}
+    info["sha256"] = sha256
+    if hub_id is not None:
+        info["hub_id"] = hub_id
     return Source(model, tokenizer, info)
