@@ -55,6 +55,7 @@ METAVARS = {  # the flags shown with a word of what they take, not their name in
     "data": "PATH",
     "dataset": "NAME",
     "prompt_file": "FILE",
+    "chat_template": "FILE",
     "model_config": "FILE",
     "text_file": "FILE",
     "stop": "TEXT",
