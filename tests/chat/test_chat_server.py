@@ -129,12 +129,17 @@ def test_logprobs_are_the_models_log_softmax(server):
     ).json()
     content = out["choices"][0]["logprobs"]["content"]
     ids = hf_tok.apply_chat_template(HELLO, add_generation_prompt=True, return_dict=False)
-    reply = hf_tok.encode(out["choices"][0]["message"]["content"], add_special_tokens=False)
+    reply = hf_model.generate(
+        torch.tensor([ids]), max_new_tokens=4, do_sample=False, pad_token_id=0, eos_token_id=None
+    )[0, len(ids) :].tolist()
+    assert [e["token"] for e in content] == [hf_tok.decode([i]) for i in reply]
     with torch.no_grad():
         logits = hf_model(torch.tensor([ids + reply])).logits[0].double().log_softmax(-1)
-    for j, entry in enumerate(content[: len(reply)]):
+    for j, entry in enumerate(content):
         assert entry["logprob"] == pytest.approx(float(logits[len(ids) - 1 + j, reply[j]]), abs=1e-4)
-        assert len(entry["top_logprobs"]) <= 2 and entry["bytes"] == list(entry["token"].encode())
+        top = logits[len(ids) - 1 + j].topk(2)
+        assert [t["logprob"] for t in entry["top_logprobs"]] == pytest.approx(top.values.tolist(), abs=1e-4)
+        assert entry["bytes"] == list(entry["token"].encode())
 
 
 @pytest.mark.parametrize(

@@ -11,7 +11,7 @@ option is never silently dropped. Needs pydantic (installed with the [serve] ext
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
 
 from ..generation.params import SamplingParams
 
@@ -185,6 +185,9 @@ class CompletionLogprobs(BaseModel):
         "indices): for a token that starts inside a multi-byte UTF-8 character, where that "
         "character starts (tiktoken's decode_with_offsets)"
     )
+    # per token (text, logprob, UTF-8 bytes) of it and of its most likely tokens, most likely
+    # first, tokens of equal text kept apart: what chat's logprobs are made of (not sent here)
+    _ranked: list = PrivateAttr(default_factory=list)
 
 
 class CompletionChoice(BaseModel):

@@ -176,23 +176,18 @@ def _top_logprobs(job: CheckedCompletion) -> int | None:
 
 def _chat_logprobs(lp: CompletionLogprobs | None, top: int) -> ChatLogprobs:
     """Chat's logprobs of a completion's: per token its text, log-probability, UTF-8 bytes
-    and its `top` most likely tokens (from the completion's top entries, which join tokens
-    of equal text under one key)."""
-    if lp is None:
-        return ChatLogprobs(content=[])
+    and its `top` most likely tokens (each with its own bytes: a token holding part of a
+    character has the text U+FFFD)."""
     content = []
-    for text, logprob, alternatives in zip(
-        lp.tokens, lp.token_logprobs, lp.top_logprobs, strict=True
-    ):
-        ranked = sorted((alternatives or {}).items(), key=lambda kv: -kv[1])[:top]
+    for (text, logprob, raw), alternatives in lp._ranked if lp is not None else ():
         content.append(
             ChatLogprob(
                 token=text,
                 logprob=logprob,
-                bytes=list(text.encode("utf-8")),
+                bytes=list(raw),
                 top_logprobs=[
-                    ChatTopLogprob(token=t, logprob=v, bytes=list(t.encode("utf-8")))
-                    for t, v in ranked
+                    ChatTopLogprob(token=t, logprob=v, bytes=list(b))
+                    for t, v, b in alternatives[:top]
                 ],
             )
         )
