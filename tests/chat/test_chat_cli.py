@@ -6,11 +6,12 @@ import sys
 from pathlib import Path
 
 import pytest
+import tiny_chat
 import torch
 
-from tiny_chat import chat_dir  # noqa: F401  (a fixture)
-
 transformers = pytest.importorskip("transformers")
+
+chat_dir = tiny_chat.chat_dir  # the fixture
 SRC = Path(__file__).resolve().parents[2] / "src"
 
 
@@ -36,7 +37,8 @@ def _greedy(hf_model, hf_tok, messages, max_new_tokens: int) -> str:
 def test_piped_messages_get_the_greedy_replies_with_history_reset_and_system(chat_dir):
     directory, hf_model = chat_dir
     hf_tok = transformers.AutoTokenizer.from_pretrained(directory)
-    stdin = "Hello, how are you?\nWhat is two plus two?\n/reset\n/system Answer briefly.\nThe capital?\n/exit\nignored\n"
+    lines = ["Hello, how are you?", "What is two plus two?", "/reset", "/system Answer briefly."]
+    stdin = "\n".join([*lines, "The capital?", "/exit", "ignored", ""])
     done = _chat(directory, stdin, "--temperature", "0", "--max-new-tokens", "8")
     assert done.returncode == 0, done.stderr
     history, expected = [], []
@@ -45,7 +47,9 @@ def test_piped_messages_get_the_greedy_replies_with_history_reset_and_system(cha
         expected.append(_greedy(hf_model, hf_tok, history, 8))
         history.append({"role": "assistant", "content": expected[-1]})
     system = [{"role": "system", "content": "Answer briefly."}]
-    expected.append(_greedy(hf_model, hf_tok, system + [{"role": "user", "content": "The capital?"}], 8))
+    expected.append(
+        _greedy(hf_model, hf_tok, system + [{"role": "user", "content": "The capital?"}], 8)
+    )
     assert done.stdout == "".join(f"{reply}\n" for reply in expected)
 
 

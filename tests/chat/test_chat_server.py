@@ -8,22 +8,30 @@ import subprocess
 import sys
 
 import pytest
+import tiny_chat
 import torch
 
 from decoderlm.io.hf import load_hf
 
 from conftest import running
-from tiny_chat import chat_dir  # noqa: F401  (a fixture)
 
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 transformers = pytest.importorskip("transformers")
 
+chat_dir = tiny_chat.chat_dir  # the fixture
+
 HELLO = [{"role": "user", "content": "Hello, how are you?"}]
 SYSTEM = [
     {"role": "system", "content": "Answer briefly."},
-    {"role": "user", "content": [{"type": "text", "text": "The capital "}, {"type": "text", "text": "of France?"}]},
+    {
+        "role": "user",
+        "content": [
+            {"type": "text", "text": "The capital "},
+            {"type": "text", "text": "of France?"},
+        ],
+    },
 ]
 
 
@@ -41,11 +49,22 @@ def server(chat_dir):
 
 def _expected(hf_model, hf_tok, messages, max_new_tokens: int) -> tuple[str, str, int]:
     """(text, finish_reason, completion tokens) of transformers' greedy reply."""
-    text = [{"role": m["role"], "content": m["content"] if isinstance(m["content"], str) else "".join(p["text"] for p in m["content"])} for m in messages]
+    text = [
+        {
+            "role": m["role"],
+            "content": m["content"]
+            if isinstance(m["content"], str)
+            else "".join(p["text"] for p in m["content"]),
+        }
+        for m in messages
+    ]
     ids = hf_tok.apply_chat_template(text, add_generation_prompt=True, return_dict=False)
     end = [hf_tok.convert_tokens_to_ids("<|im_end|>"), hf_tok.eos_token_id]
     out = hf_model.generate(
-        torch.tensor([ids]), max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=end,
+        torch.tensor([ids]),
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        eos_token_id=end,
         pad_token_id=0,
     )[0, len(ids) :].tolist()
     finish = "stop" if out and out[-1] in end else "length"
@@ -111,9 +130,13 @@ def test_streamed_deltas_join_to_the_plain_reply_in_vllms_chunk_order(server):
     chunks = [json.loads(line.removeprefix("data: ")) for line in lines[:-1]]
     assert {c["object"] for c in chunks} == {"chat.completion.chunk"}
     assert len({c["id"] for c in chunks}) == 1
-    assert [c["choices"][0]["delta"] for c in chunks[:2]] == [{"role": "assistant", "content": ""}] * 2
+    assert [c["choices"][0]["delta"] for c in chunks[:2]] == [
+        {"role": "assistant", "content": ""}
+    ] * 2
     for index in range(2):
-        mine = [c["choices"][0] for c in chunks if c["choices"] and c["choices"][0]["index"] == index]
+        mine = [
+            c["choices"][0] for c in chunks if c["choices"] and c["choices"][0]["index"] == index
+        ]
         text = "".join(ch["delta"].get("content") or "" for ch in mine)
         assert text == plain["choices"][index]["message"]["content"]
         assert mine[-1]["finish_reason"] == plain["choices"][index]["finish_reason"]
@@ -136,9 +159,13 @@ def test_logprobs_are_the_models_log_softmax(server):
     with torch.no_grad():
         logits = hf_model(torch.tensor([ids + reply])).logits[0].double().log_softmax(-1)
     for j, entry in enumerate(content):
-        assert entry["logprob"] == pytest.approx(float(logits[len(ids) - 1 + j, reply[j]]), abs=1e-4)
+        assert entry["logprob"] == pytest.approx(
+            float(logits[len(ids) - 1 + j, reply[j]]), abs=1e-4
+        )
         top = logits[len(ids) - 1 + j].topk(2)
-        assert [t["logprob"] for t in entry["top_logprobs"]] == pytest.approx(top.values.tolist(), abs=1e-4)
+        assert [t["logprob"] for t in entry["top_logprobs"]] == pytest.approx(
+            top.values.tolist(), abs=1e-4
+        )
         assert entry["bytes"] == list(entry["token"].encode())
 
 
@@ -147,8 +174,16 @@ def test_logprobs_are_the_models_log_softmax(server):
     [
         ({"messages": []}, "messages", "at least 1"),
         ({"messages": [{"role": "robot", "content": "hi"}]}, "messages", "role"),
-        ({"messages": HELLO, "response_format": {"type": "json_object"}}, "response_format", "not supported"),
-        ({"messages": HELLO, "max_completion_tokens": 1000}, "max_completion_tokens", "limit of 64"),
+        (
+            {"messages": HELLO, "response_format": {"type": "json_object"}},
+            "response_format",
+            "not supported",
+        ),
+        (
+            {"messages": HELLO, "max_completion_tokens": 1000},
+            "max_completion_tokens",
+            "limit of 64",
+        ),
         ({"messages": HELLO, "top_logprobs": 2}, "top_logprobs", "needs logprobs"),
         ({"messages": HELLO, "logprobs": True, "top_logprobs": 9}, "top_logprobs", "limit of 5"),
         ({"messages": HELLO, "tools": [{"type": "function"}]}, "tools", "not supported"),
@@ -190,7 +225,11 @@ def test_openai_sdk_chat_plain_and_streamed(server):
     )
     assert out.choices[0].message.content == _expected(hf_model, hf_tok, HELLO, 20)[0]
     stream = client.chat.completions.create(
-        model="tiny-chat", messages=HELLO, max_tokens=20, temperature=0, stream=True,
+        model="tiny-chat",
+        messages=HELLO,
+        max_tokens=20,
+        temperature=0,
+        stream=True,
         stream_options={"include_usage": True},
     )
     chunks = list(stream)
@@ -211,10 +250,29 @@ def test_llm_chats_with_the_server(server, tmp_path):
         f"- model_id: tiny-chat\n  model_name: tiny-chat\n  api_base: {url}/v1\n"
     )
     # LLM_LOAD_PLUGINS empty: llm's own OpenAI models only (no plugin installed here runs)
-    env = {**os.environ, "LLM_USER_PATH": str(tmp_path), "OPENAI_API_KEY": "none", "LLM_LOAD_PLUGINS": ""}
+    env = {
+        **os.environ,
+        "LLM_USER_PATH": str(tmp_path),
+        "OPENAI_API_KEY": "none",
+        "LLM_LOAD_PLUGINS": "",
+    }
     for stream in ([], ["--no-stream"]):
-        cmd = [sys.executable, "-m", "llm", "-m", "tiny-chat", "--no-log", *stream,
-               "-o", "temperature", "0", "-o", "max_tokens", "20", HELLO[0]["content"]]
+        cmd = [
+            sys.executable,
+            "-m",
+            "llm",
+            "-m",
+            "tiny-chat",
+            "--no-log",
+            *stream,
+            "-o",
+            "temperature",
+            "0",
+            "-o",
+            "max_tokens",
+            "20",
+            HELLO[0]["content"],
+        ]
         done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, done.stderr
         assert done.stdout.rstrip("\n") == _expected(hf_model, hf_tok, HELLO, 20)[0].rstrip("\n")

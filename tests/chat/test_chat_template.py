@@ -1,15 +1,16 @@
 """Chat templates render to the ids transformers' apply_chat_template gives."""
 
 import pytest
+import tiny_chat
 
 from decoderlm.io.hf import hf_tokenizer
 from decoderlm.tokenizers.chat_template import ChatTemplate, ChatTemplateError, chat_template_of
 
-from tiny_chat import chat_dir  # noqa: F401  (a fixture)
-
 from conftest import SMOLLM2_GGUF, needs_smollm2
 
 transformers = pytest.importorskip("transformers")
+
+chat_dir = tiny_chat.chat_dir  # the fixture
 
 CONVERSATIONS = [
     [{"role": "user", "content": "What is two plus two?"}],

@@ -18,7 +18,7 @@ SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CORPUS = [
     "The capital of France is Paris. Hello, how are you today? I am fine, thank you.",
     "system user assistant: answer the question briefly. What is two plus two? Four.",
-    "Ünïcödé & <html> \"quotes\" are text too; numbers 0123456789 and tabs\tand lines\n",
+    'Ünïcödé & <html> "quotes" are text too; numbers 0123456789 and tabs\tand lines\n',
 ]
 
 

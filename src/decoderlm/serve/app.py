@@ -302,7 +302,6 @@ def serve(
     except ImportError as e:
         raise _missing_extra(e) from None
     from ..generation.loading import load_for_decoding
-
     from ..tokenizers.chat_template import chat_template_of
 
     model, tokenizer = load_for_decoding(source, decoding)

@@ -92,8 +92,9 @@ class ServingChat:
             return self.completion.check_completion(job_req, self.template.end_ids, "chatcmpl")
         except ApiError as e:
             if e.param == "max_tokens" and req.max_completion_tokens is not None:
-                e.param, e.message = "max_completion_tokens", e.message.replace(
-                    "max_tokens", "max_completion_tokens"
+                e.param, e.message = (
+                    "max_completion_tokens",
+                    e.message.replace("max_tokens", "max_completion_tokens"),
                 )
             elif e.param == "prompt":
                 e.param, e.message = "messages", f"the rendered conversation: {e.message}"

@@ -355,7 +355,11 @@ class ServingCompletion:
 
         def event(choices: list[CompletionChoice], totals: Usage | None = None) -> str:
             chunk = CompletionStreamResponse(
-                id=job.id, created=job.created, model=self.models.name, choices=choices, usage=totals
+                id=job.id,
+                created=job.created,
+                model=self.models.name,
+                choices=choices,
+                usage=totals,
             )
             data = chunk.model_dump(exclude=None if include_usage else {"usage"})
             return f"data: {json.dumps(data)}\n\n"

@@ -46,7 +46,11 @@ def _compiled(source: str):
 
     def tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
         return json.dumps(
-            value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+            value,
+            ensure_ascii=ensure_ascii,
+            indent=indent,
+            separators=separators,
+            sort_keys=sort_keys,
         )
 
     env = ImmutableSandboxedEnvironment(
@@ -58,7 +62,8 @@ def _compiled(source: str):
     try:
         return env.from_string(source)
     except jinja2.exceptions.TemplateSyntaxError as e:
-        raise ChatTemplateError(f"the chat template does not compile: {e} (line {e.lineno})")
+        message = f"the chat template does not compile: {e} (line {e.lineno})"
+        raise ChatTemplateError(message) from None
 
 
 class ChatTemplate:
@@ -84,7 +89,9 @@ class ChatTemplate:
             "eos_token": tokenizer.decode([eos[0]]) if eos else "",
         }
         turn = self._end_of_turn_id()
-        self.end_ids: tuple[int, ...] = tuple(dict.fromkeys((*eos, *(() if turn is None else (turn,)))))
+        self.end_ids: tuple[int, ...] = tuple(
+            dict.fromkeys((*eos, *(() if turn is None else (turn,))))
+        )
 
     def render(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
         """The text of a conversation: `messages` ({"role", "content"} dicts) as the template
@@ -137,5 +144,7 @@ def chat_template_of(tokenizer: Tokenizer, path: str | None = None) -> ChatTempl
         MissingFileError / UserError: `path` is missing or not UTF-8.
         ChatTemplateError: the template does not compile.
     """
-    source = read_text(path, "--chat-template") if path else getattr(tokenizer, "chat_template", None)
+    source = (
+        read_text(path, "--chat-template") if path else getattr(tokenizer, "chat_template", None)
+    )
     return ChatTemplate(source, tokenizer) if source else None
