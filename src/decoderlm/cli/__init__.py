@@ -1,5 +1,5 @@
-"""The `decoderlm` command: train | prepare | eval | sample | serve | presets | params | inspect |
-merge | export.
+"""The `decoderlm` command: train | prepare | eval | sample | chat | serve | presets | params |
+inspect | merge | export.
 
 Each command is a function of the subsystem that does the work (`COMMANDS`, imported only
 when its command runs); its signature and docstring are the command's flags and --help (see
@@ -37,6 +37,7 @@ COMMANDS = {
     "prepare": "decoderlm.data.prepare:prepare",
     "eval": "decoderlm.evaluate:print_report",
     "sample": "decoderlm.generation.sample:sample",
+    "chat": "decoderlm.generation.chat:chat",
     "serve": "decoderlm.serve.app:serve",
     "presets": "decoderlm.counts:list_presets",
     "params": "decoderlm.counts:params",
@@ -55,6 +56,7 @@ METAVARS = {  # the flags shown with a word of what they take, not their name in
     "data": "PATH",
     "dataset": "NAME",
     "prompt_file": "FILE",
+    "chat_template": "FILE",
     "model_config": "FILE",
     "text_file": "FILE",
     "stop": "TEXT",

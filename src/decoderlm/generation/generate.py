@@ -350,13 +350,16 @@ class TextStream:
         return delta
 
 
-def stream_text(model, tokenizer, prompt_ids: list[int], params: SamplingParams):
+def stream_text(
+    model, tokenizer, prompt_ids: list[int], params: SamplingParams, end_ids: tuple[int, ...] = ()
+):
     """Sample one continuation and yield its text as it grows, as (delta, finish_reason).
 
     Text is released as `TextStream` releases it. The continuation ends before the first of
     params.stop (which is not yielded) or at the end-of-text token (params.eos_token_id, else
-    the model's `eos_token_id`; its text is not yielded; params.ignore_eos runs on past it)
-    with finish_reason "stop", or after params.max_new_tokens tokens with "length". It
+    the model's `eos_token_id`; its text is not yielded; params.ignore_eos runs on past it) or
+    one of `end_ids` (a chat template's end-of-turn token, say; not yielded either) with
+    finish_reason "stop", or after params.max_new_tokens tokens with "length". It
     decodes one row and ends at that row's end-of-text token, so generate's pad_token_id never
     reaches the text (tokenizers refuse ids outside the vocabulary, -1 included).
 
@@ -367,7 +370,7 @@ def stream_text(model, tokenizer, prompt_ids: list[int], params: SamplingParams)
     text = TextStream(tokenizer, list(params.stop))
     eos = end_of_text_ids(model, params.eos_token_id, params.ignore_eos)
     for token in stream_generate(model, idx, params):
-        if int(token[0]) in eos:
+        if int(token[0]) in eos or int(token[0]) in end_ids:
             yield text.rest(), "stop", len(text.ids) + 1
             return
         delta = text.push(int(token[0]))

@@ -15,7 +15,7 @@ sliding at one step in one forward pass). The scheduler does not change the mode
 as `precision.prepare_for_decoding` left it, compiled when its `DecodingSetup` says so.
 
 Tokens go back through each sequence's `emit` callback as `Token`s, then None at the end (or
-the exception that ended it); a sequence ends after emitting its end-of-text token (`stop_id`:
+the exception that ended it); a sequence ends after emitting its end-of-text token (`stop_ids`:
 params.eos_token_id, else the model's `eos_token_id`; none with params.ignore_eos). Stop texts
 are the caller's business: it calls `cancel` and the sequence leaves the batch before the next
 step.
@@ -59,7 +59,7 @@ class Sequence:
         params: the sampling settings: max_new_tokens (at least one token is generated),
             temperature, top_k, top_p, seed (this sequence's own torch.Generator; None: the
             global RNG), logprobs (None, or k >= 0: each token's log-probability and its top
-            k), eos_token_id / ignore_eos (see `stop_id`). Its stop texts and stop_token_ids
+            k), eos_token_id / ignore_eos (see `stop_ids`). Its stop texts and stop_token_ids
             are the caller's business.
         emit: called from the scheduler's thread with each `Token`, then None once done, or
             an Exception that ended the sequence.

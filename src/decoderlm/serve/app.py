@@ -31,7 +31,14 @@ def _missing_extra(e: ImportError) -> UserError:
     )
 
 
-def create_app(model, tokenizer, model_name: str, limits: ServeLimits | None = None, api_keys=()):
+def create_app(
+    model,
+    tokenizer,
+    model_name: str,
+    limits: ServeLimits | None = None,
+    api_keys=(),
+    chat_template=None,
+):
     """Build the FastAPI app serving `model` with `tokenizer` under the id `model_name`.
 
     The app's `state.serving_models` is its `serving_models.ServingModels` (models, health,
@@ -46,9 +53,12 @@ def create_app(model, tokenizer, model_name: str, limits: ServeLimits | None = N
         limits: the server's limits (None: `limits.ServeLimits`' defaults).
         api_keys: the keys a client may send as `Authorization: Bearer KEY` (empty: none
             needed); every path but /health needs one.
+        chat_template: the `ChatTemplate` of /v1/chat/completions (`state.serving_chat`;
+            None: the tokenizer's own, `chat_template_of(tokenizer)`, if it has one).
 
     Raises:
         UserError: FastAPI is not installed.
+        ChatTemplateError: the tokenizer's template does not compile.
     """
     try:
         from fastapi import FastAPI
@@ -58,16 +68,21 @@ def create_app(model, tokenizer, model_name: str, limits: ServeLimits | None = N
         from .errors import ApiError
         from .guard import Guard
         from .routes import router
+        from .serving_chat import ServingChat
         from .serving_completion import ServingCompletion
         from .serving_models import ServingModels
     except ImportError as e:
         raise _missing_extra(e) from None
+    from ..tokenizers.chat_template import chat_template_of
+
+    chat_template = chat_template or chat_template_of(tokenizer)
     limits = limits or ServeLimits()
     models = ServingModels(model, tokenizer, model_name)
     completion = ServingCompletion(models, limits)
     app = FastAPI(title="decoderlm", version="0.1.0", lifespan=_lifespan)
     app.add_middleware(Guard, api_keys=tuple(api_keys), max_body_bytes=limits.max_body_bytes)
     app.state.serving_models, app.state.serving_completion = models, completion
+    app.state.serving_chat = ServingChat(completion, chat_template)
     app.state.scheduler = completion.scheduler
     app.add_exception_handler(ApiError, _api_error)
     app.add_exception_handler(RequestValidationError, _invalid_request)
@@ -86,11 +101,11 @@ async def _lifespan(app):
 
 def _complete_schema(app) -> None:
     """Make the app's OpenAPI schema (built here once; FastAPI keeps it as app.openapi_schema)
-    say what the app answers: the streamed completion chunk's model among the components
-    (the text/event-stream answer of /v1/completions refers to it), and no 422 answers (a
-    body that does not fit its model is a 400 with OpenAI's error body)."""
-    from .protocol import CompletionStreamResponse
-    from .routes import STREAM_CHUNK
+    say what the app answers: the streamed chunks' models among the components (the
+    text/event-stream answers of /v1/completions and /v1/chat/completions refer to them), and
+    no 422 answers (a body that does not fit its model is a 400 with OpenAI's error body)."""
+    from .protocol import ChatCompletionStreamResponse, CompletionStreamResponse
+    from .routes import CHAT_STREAM_CHUNK, STREAM_CHUNK
 
     schema = app.openapi()
     for operations in schema["paths"].values():
@@ -99,12 +114,16 @@ def _complete_schema(app) -> None:
     components = schema.setdefault("components", {}).setdefault("schemas", {})
     for unused in ("HTTPValidationError", "ValidationError"):
         components.pop(unused, None)
-    chunk = CompletionStreamResponse.model_json_schema(
-        mode="serialization", ref_template="#/components/schemas/{model}"
-    )
-    for name, sub in chunk.pop("$defs", {}).items():
-        components.setdefault(name, sub)
-    components[STREAM_CHUNK] = chunk
+    for name, model in [
+        (STREAM_CHUNK, CompletionStreamResponse),
+        (CHAT_STREAM_CHUNK, ChatCompletionStreamResponse),
+    ]:
+        chunk = model.model_json_schema(
+            mode="serialization", ref_template="#/components/schemas/{model}"
+        )
+        for sub_name, sub in chunk.pop("$defs", {}).items():
+            components.setdefault(sub_name, sub)
+        components[name] = chunk
 
 
 def _answer(error):
@@ -173,8 +192,10 @@ def run_server(
     port: int = 8000,
     limits: ServeLimits | None = None,
     api_keys=(),
+    chat_template=None,
 ) -> None:
-    """Serve the API of `create_app(model, tokenizer, name, limits, api_keys)` with uvicorn on
+    """Serve the API of `create_app(model, tokenizer, name, limits, api_keys, chat_template)`
+    with uvicorn on
     host:port until interrupted; a model prepared with compile=True (`prepare_for_decoding`)
     has its decoding step compiled before the server listens. Without api_keys on a host that
     is not loopback, one warning line goes to stderr.
@@ -195,14 +216,15 @@ def run_server(
             "model (give --api-key KEY or set DECODERLM_API_KEY)",
             file=sys.stderr,
         )
-    app = create_app(model, tokenizer, name, limits, api_keys)
+    app = create_app(model, tokenizer, name, limits, api_keys, chat_template)
     from ..generation.precision import decoding_setup
 
     setup = decoding_setup(model)
     if setup is not None and setup.compile:
         print("compiling the decoding step (once; 10-30 s)...", flush=True)
         app.state.serving_completion.warm_up()
-    print(f"serving {name} on http://{host}:{port} (POST /v1/completions)")
+    chat = ", /v1/chat/completions" if app.state.serving_chat.template is not None else ""
+    print(f"serving {name} on http://{host}:{port} (POST /v1/completions{chat})")
     uvicorn.run(app, host=host, port=port, log_level="info")
 
 
@@ -234,11 +256,13 @@ def serve(
     served_model_name: str | None = None,
     limits: Annotated[dict | None, Fields(ServeLimits, "limits")] = None,
     api_key: list[str] | None = None,
+    chat_template: str | None = None,
     decoding: Annotated[Decoding, Fields(Decoding)] = Decoding(),
 ) -> int:
     """An OpenAI-style HTTP API for a model.
 
-    Serve POST /v1/completions (with echo and logprobs), GET /v1/models, the tokenizer
+    Serve POST /v1/completions (with echo and logprobs), POST /v1/chat/completions (for a
+    model with a chat template), GET /v1/models, the tokenizer
     endpoints POST /tokenize, POST /detokenize, GET /tokenizer_info (vLLM's shapes, which
     lm-evaluation-harness reads) and GET /health; concurrent requests are decoded in one batch
     (needs the [serve] extra: FastAPI and uvicorn). A prompt's <|endoftext|> is the
@@ -255,6 +279,8 @@ def serve(
         api_key: a key clients must send as "Authorization: Bearer KEY" on every path but
             /health; repeat for several (default: the DECODERLM_API_KEY environment
             variable; neither: no key needed).
+        chat_template: a Jinja chat template file for /v1/chat/completions (default: the
+            model's own, from its tokenizer_config.json, chat_template.jinja or GGUF file).
         decoding: how the model decodes (`Decoding`: --dtype, --quantize, --compile; a
             compiled step is compiled once, at start).
 
@@ -276,8 +302,10 @@ def serve(
     except ImportError as e:
         raise _missing_extra(e) from None
     from ..generation.loading import load_for_decoding
+    from ..tokenizers.chat_template import chat_template_of
 
     model, tokenizer = load_for_decoding(source, decoding)
+    template = chat_template_of(tokenizer, chat_template)
     name = served_model_name or Path(source.path).resolve().name
-    run_server(model, tokenizer, name, host, port, server_limits, api_keys)
+    run_server(model, tokenizer, name, host, port, server_limits, api_keys, template)
     return 0

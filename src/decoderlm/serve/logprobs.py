@@ -50,6 +50,7 @@ class LogprobsBuilder:
     def __init__(self, tokenizer, offset: int = 0):
         self.tokenizer, self.offset = tokenizer, offset
         self.tokens, self.token_logprobs, self.top_logprobs, self.text_offset = [], [], [], []
+        self.ranked = []
 
     def add(self, token_id: int, logprob: float | None, top) -> None:
         """One token; top: (id, logprob) pairs, or None (no entry: the first prompt token)."""
@@ -62,10 +63,16 @@ class LogprobsBuilder:
         self.token_logprobs.append(logprob)
         if top is None:
             self.top_logprobs.append(None)
+            self.ranked.append(None)
         else:
+            top = list(top)
             entry = {self.tokenizer.decode([i]): v for i, v in top}
             entry.setdefault(text, logprob)
             self.top_logprobs.append(entry)
+            alternatives = [
+                (self.tokenizer.decode([i]), v, token_bytes(self.tokenizer, i)) for i, v in top
+            ]
+            self.ranked.append(((text, logprob, raw), alternatives))
 
     def take(self) -> CompletionLogprobs:
         """The entries added since the last take."""
@@ -75,7 +82,9 @@ class LogprobsBuilder:
             top_logprobs=self.top_logprobs,
             text_offset=self.text_offset,
         )
+        out._ranked = self.ranked
         self.tokens, self.token_logprobs, self.top_logprobs, self.text_offset = [], [], [], []
+        self.ranked = []
         return out
 
 
@@ -92,6 +101,6 @@ def score_prompt(model, ids: list[int], k: int, out: LogprobsBuilder) -> None:
 def joined_logprobs(parts: list[CompletionLogprobs]) -> CompletionLogprobs:
     """One logprobs object of the parts' entries, in order (empty lists for no parts)."""
     fields = CompletionLogprobs.model_fields
-    return CompletionLogprobs(
-        **{k: [x for part in parts for x in getattr(part, k)] for k in fields}
-    )
+    out = CompletionLogprobs(**{k: [x for part in parts for x in getattr(part, k)] for k in fields})
+    out._ranked = [x for part in parts for x in part._ranked]
+    return out

@@ -11,7 +11,7 @@ option is never silently dropped. Needs pydantic (installed with the [serve] ext
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
 
 from ..generation.params import SamplingParams
 
@@ -24,6 +24,15 @@ __all__ = [
     "Usage",
     "CompletionResponse",
     "CompletionStreamResponse",
+    "ChatMessage",
+    "ChatCompletionRequest",
+    "ChatLogprob",
+    "ChatLogprobs",
+    "ChatChoice",
+    "ChatCompletionResponse",
+    "ChatDelta",
+    "ChatStreamChoice",
+    "ChatCompletionStreamResponse",
     "ModelCard",
     "ModelList",
     "TokenizeRequest",
@@ -176,6 +185,9 @@ class CompletionLogprobs(BaseModel):
         "indices): for a token that starts inside a multi-byte UTF-8 character, where that "
         "character starts (tiktoken's decode_with_offsets)"
     )
+    # per token (text, logprob, UTF-8 bytes) of it and of its most likely tokens, most likely
+    # first, tokens of equal text kept apart: what chat's logprobs are made of (not sent here)
+    _ranked: list = PrivateAttr(default_factory=list)
 
 
 class CompletionChoice(BaseModel):
@@ -227,6 +239,187 @@ class CompletionStreamResponse(BaseModel):
         description="present only with stream_options.include_usage: null but on the last "
         "chunk, which holds the totals",
     )
+
+
+class TextPart(BaseModel):
+    """A text part of a message's content (OpenAI's {"type": "text", "text": ...})."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    type: Literal["text"] = Field(description='"text" (the only kind of part served)')
+    text: str = Field(description="the text")
+
+
+class ChatMessage(BaseModel):
+    """One message of a conversation."""
+
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+    role: Literal["system", "developer", "user", "assistant"] = Field(
+        description="who wrote it (developer: as system)"
+    )
+    content: str | list[TextPart] = Field(
+        description="its text, or a list of text parts (joined with no separator)"
+    )
+    name: str | None = Field(None, description="accepted and ignored")
+
+    def text(self) -> str:
+        """The content as one string."""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text for part in self.content)
+
+
+class ChatCompletionRequest(StrictRequest):
+    """POST /v1/chat/completions: OpenAI's chat completions request.
+
+    The conversation is rendered with the model's chat template (`ChatTemplate`) and
+    continued as a completion of those ids; the reply ends at the template's end-of-turn
+    token or the end-of-text token. OpenAI fields with no effect here are accepted at the
+    values that ask for nothing, as for completions; response_format only as "text".
+    """
+
+    model: str | None = Field(None, description="the served model's id (null: the one served)")
+    messages: list[ChatMessage] = Field(min_length=1, description="the conversation so far")
+    max_tokens: int | None = Field(
+        None, ge=1, description="the most tokens generated per choice (deprecated by OpenAI)"
+    )
+    max_completion_tokens: int | None = Field(
+        None, ge=1, description="the most tokens per choice (null: max_tokens, else the limit)"
+    )
+    temperature: float = Field(
+        1.0, ge=0.0, le=2.0, allow_inf_nan=False, description="sampling temperature; 0: greedy"
+    )
+    top_p: float = Field(
+        1.0, ge=0.0, le=1.0, allow_inf_nan=False, description="nucleus sampling (1: off)"
+    )
+    top_k: int | None = Field(
+        None, ge=-1, description="sample among the k most likely tokens (-1, 0 or null: off)"
+    )
+    n: int = Field(1, ge=1, description="replies to generate")
+    stop: str | list[str] | None = Field(None, description="text(s) that end a reply")
+    stream: bool = Field(False, description="answer with Server-Sent Events of chunks")
+    stream_options: StreamOptions | None = Field(
+        None, description="options of a streamed answer (only with stream: true)"
+    )
+    seed: int | None = Field(
+        None, ge=0, lt=2**63, description="seeds the sampling; choice i uses seed + i"
+    )
+    logprobs: bool = Field(False, description="return each generated token's log-probability")
+    top_logprobs: int | None = Field(
+        None, ge=0, le=20, description="with logprobs: this many most likely tokens per token"
+    )
+    response_format: dict | None = Field(
+        None, description='only {"type": "text"} (structured output is not served)'
+    )
+    user: str | None = Field(None, description="accepted and ignored")
+
+    def conversation(self) -> list[dict]:
+        """The messages as the template takes them: [{"role", "content": str}]."""
+        return [{"role": m.role, "content": m.text()} for m in self.messages]
+
+    def completion_request(self, prompt: list[int], max_tokens: int) -> CompletionRequest:
+        """The completion of the rendered conversation's ids with this request's settings
+        (`max_tokens`: the reply's limit when the request sets none)."""
+        limit = self.max_completion_tokens or self.max_tokens or max_tokens
+        return CompletionRequest(
+            model=self.model,
+            prompt=prompt,
+            max_tokens=limit,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            n=self.n,
+            stop=self.stop,
+            stream=self.stream,
+            stream_options=self.stream_options,
+            seed=self.seed,
+            logprobs=(self.top_logprobs or 0) if self.logprobs else None,
+        )
+
+
+class ChatTopLogprob(BaseModel):
+    """One of the most likely tokens at a position."""
+
+    token: str = Field(description="the token's text")
+    logprob: float = Field(description="its log-probability (nats)")
+    bytes: list[int] | None = Field(description="the UTF-8 bytes of its text")
+
+
+class ChatLogprob(ChatTopLogprob):
+    """A generated token's log-probability and the most likely tokens at its position."""
+
+    top_logprobs: list[ChatTopLogprob] = Field(description="top_logprobs most likely, first first")
+
+
+class ChatLogprobs(BaseModel):
+    """The log-probabilities of a reply's tokens."""
+
+    content: list[ChatLogprob] | None = Field(description="one per token of the reply")
+
+
+class ChatReply(BaseModel):
+    """The assistant's message."""
+
+    role: Literal["assistant"] = Field("assistant", description="always assistant")
+    content: str = Field(description="the reply's text")
+
+
+class ChatChoice(BaseModel):
+    """One reply."""
+
+    index: int = Field(description="the choice's number")
+    message: ChatReply = Field(description="the reply")
+    logprobs: ChatLogprobs | None = Field(description="null unless the request asked")
+    finish_reason: Literal["stop", "length"] | None = Field(
+        description="stop: the end-of-turn or end-of-text token or a stop text; length: "
+        "max_completion_tokens or the server's time limit"
+    )
+
+
+class ChatCompletionResponse(BaseModel):
+    """The answer to a chat request that is not streamed."""
+
+    id: str = Field(description='"chatcmpl-" and a random hexadecimal string')
+    object: Literal["chat.completion"] = Field("chat.completion", description="the kind of body")
+    created: int = Field(description="when the request was answered (Unix time, seconds)")
+    model: str = Field(description="the served model's id")
+    choices: list[ChatChoice] = Field(description="the replies, in index order")
+    usage: Usage = Field(description="token counts (prompt_tokens: the rendered conversation)")
+
+
+class ChatDelta(BaseModel):
+    """A streamed piece of a reply: the role first, then its text."""
+
+    role: Literal["assistant"] | None = Field(None, description="in a choice's first chunk")
+    content: str | None = Field(None, description="the new text")
+
+
+class ChatStreamChoice(BaseModel):
+    """One choice's piece in a streamed chunk."""
+
+    index: int = Field(description="the choice's number")
+    delta: ChatDelta = Field(description="the new piece")
+    logprobs: ChatLogprobs | None = Field(None, description="the new tokens' (when asked)")
+    finish_reason: Literal["stop", "length"] | None = Field(
+        None, description="set on the choice's last chunk"
+    )
+
+
+class ChatCompletionStreamResponse(BaseModel):
+    """One Server-Sent Event of a streamed chat reply ("data: {chunk}"; the stream ends with
+    "data: [DONE]"): per choice a chunk with the role, chunks of text, a chunk with the
+    finish_reason; with stream_options.include_usage a last chunk with no choices and the
+    usage."""
+
+    id: str = Field(description="the completion's id, the same in every chunk")
+    object: Literal["chat.completion.chunk"] = Field(
+        "chat.completion.chunk", description="the kind of body"
+    )
+    created: int = Field(description="when the request was answered (Unix time, seconds)")
+    model: str = Field(description="the served model's id")
+    choices: list[ChatStreamChoice] = Field(description="one choice's piece, or none (usage)")
+    usage: Usage | None = Field(None, description="only on the last chunk, when asked")
 
 
 class ModelCard(BaseModel):
@@ -296,7 +489,7 @@ class TokenizerInfo(BaseModel):
     pad_token: None = Field(description="no padding token is used")
     unk_token: str | None = Field(description="the tokenizer's unknown token, if it has one")
     model_max_length: int = Field(description="the model's context length, in tokens")
-    chat_template: None = Field(description="no chat template")
+    chat_template: str | None = Field(description="the chat template served, or null")
 
 
 class HealthResponse(BaseModel):

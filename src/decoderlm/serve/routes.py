@@ -6,6 +6,9 @@ response model (`protocol`). Needs FastAPI.
     POST /v1/completions     OpenAI's legacy completions -> CompletionResponse, or (stream:
                              true) Server-Sent Events: "data: {CompletionStreamResponse}"
                              lines, then "data: [DONE]"
+    POST /v1/chat/completions OpenAI's chat completions -> ChatCompletionResponse, or
+                             streamed: "data: {ChatCompletionStreamResponse}" lines, then
+                             "data: [DONE]" (`serving_chat`; app.state.serving_chat)
     GET  /v1/models          the one model served; GET /v1/models/{id}
     POST /tokenize           {"prompt": text} -> {"count", "max_model_len", "tokens", ...}
     POST /detokenize         {"tokens": [ids]} -> {"prompt": text}
@@ -21,6 +24,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from .protocol import (
+    ChatCompletionRequest,
+    ChatCompletionResponse,
     CompletionRequest,
     CompletionResponse,
     DetokenizeRequest,
@@ -33,10 +38,11 @@ from .protocol import (
     TokenizeResponse,
     TokenizerInfo,
 )
+from .serving_chat import ServingChat
 from .serving_completion import ServingCompletion
 from .serving_models import ServingModels
 
-__all__ = ["router", "STREAM_CHUNK"]
+__all__ = ["router", "STREAM_CHUNK", "CHAT_STREAM_CHUNK"]
 
 router = APIRouter()
 
@@ -54,10 +60,14 @@ _ERRORS = {
 _BUSY = {503: {"model": ErrorResponse, "description": "the queue is full (see Retry-After)"}}
 # the schema component of a streamed completion's chunks (added to the schema by the app)
 STREAM_CHUNK = "CompletionStreamResponse"
-_STREAMED = {
-    "description": "the completion; with stream: true, Server-Sent Events of chunks",
-    "content": {"text/event-stream": {"schema": {"$ref": f"#/components/schemas/{STREAM_CHUNK}"}}},
-}
+CHAT_STREAM_CHUNK = "ChatCompletionStreamResponse"
+
+
+def _streamed(chunk: str) -> dict:
+    return {
+        "description": "the answer; with stream: true, Server-Sent Events of chunks",
+        "content": {"text/event-stream": {"schema": {"$ref": f"#/components/schemas/{chunk}"}}},
+    }
 
 
 def _models(request: Request) -> ServingModels:
@@ -107,7 +117,7 @@ def detokenize(req: DetokenizeRequest, request: Request):
 @router.post(
     "/v1/completions",
     response_model=CompletionResponse,
-    responses={200: _STREAMED, **_ERRORS, **_BUSY},
+    responses={200: _streamed(STREAM_CHUNK), **_ERRORS, **_BUSY},
 )
 async def completions(req: CompletionRequest, request: Request):
     """Complete prompts (OpenAI's legacy completions), whole or streamed."""
@@ -116,4 +126,19 @@ async def completions(req: CompletionRequest, request: Request):
     if req.stream:
         return StreamingResponse(completion.stream(job), media_type="text/event-stream")
     out = await completion.complete(job, request.is_disconnected)
+    return out if out is not None else JSONResponse({}, status_code=499)  # the client has gone
+
+
+@router.post(
+    "/v1/chat/completions",
+    response_model=ChatCompletionResponse,
+    responses={200: _streamed(CHAT_STREAM_CHUNK), **_ERRORS, **_BUSY},
+)
+async def chat_completions(req: ChatCompletionRequest, request: Request):
+    """Reply to a conversation (OpenAI's chat completions), whole or streamed."""
+    chat: ServingChat = request.app.state.serving_chat
+    job = chat.check_chat(req)
+    if req.stream:
+        return StreamingResponse(chat.stream(job), media_type="text/event-stream")
+    out = await chat.complete(job, request.is_disconnected)
     return out if out is not None else JSONResponse({}, status_code=499)  # the client has gone

@@ -17,6 +17,7 @@ The logprobs and their text offsets: see `logprobs`.
 """
 
 import asyncio
+import contextlib
 import json
 import math
 import threading
@@ -44,7 +45,7 @@ from .protocol import (
 from .serving_models import ServingModels
 from .tokens import prompt_token_ids
 
-__all__ = ["NO_OP_FIELDS", "CheckedCompletion", "Piece", "ServingCompletion"]
+__all__ = ["NO_OP_FIELDS", "CheckedCompletion", "Piece", "ServingCompletion", "usage"]
 
 # OpenAI completion fields not implemented here, with the values that ask for nothing from them
 NO_OP_FIELDS = {
@@ -72,6 +73,8 @@ class CheckedCompletion:
         deadline: when its unfinished choices end (time.monotonic(); inf: never).
         release: releases its choices from the server's `Admission` (also called once it is
             freed).
+        end_ids: more token ids that end a choice as the end-of-text token does (a chat
+            template's end-of-turn token, the model's other end-of-text ids).
     """
 
     request: CompletionRequest
@@ -81,6 +84,7 @@ class CheckedCompletion:
     created: int
     deadline: float = math.inf
     release: Callable[[], None] = lambda: None
+    end_ids: tuple[int, ...] = ()
 
     @property
     def prompt_tokens(self) -> int:
@@ -168,9 +172,17 @@ class ServingCompletion:
         done.acquire()
         done.acquire()
 
-    def check_completion(self, req: CompletionRequest) -> CheckedCompletion:
+    def check_completion(
+        self, req: CompletionRequest, end_ids: tuple[int, ...] = (), id_prefix: str = "cmpl"
+    ) -> CheckedCompletion:
         """The request with its prompts tokenized and its stop texts, admitted; ApiError 400
-        (404 for another model, 503 when busy) for one that cannot be answered now."""
+        (404 for another model, 503 when busy) for one that cannot be answered now.
+
+        Args:
+            req: the request.
+            end_ids: token ids that end a choice as the end-of-text token does
+                (`CheckedCompletion.end_ids`).
+            id_prefix: the completion id's start ("cmpl"; chat: "chatcmpl")."""
         refuse_extra_fields(req, NO_OP_FIELDS)
         self.models.check_model(req.model)
         lim = self.limits
@@ -202,7 +214,14 @@ class ServingCompletion:
         deadline = time.monotonic() + timeout if timeout else math.inf
         release = self.admission.admit(len(prompts) * req.n)
         job = CheckedCompletion(
-            req, prompts, stops, f"cmpl-{uuid.uuid4().hex}", int(time.time()), deadline, release
+            req,
+            prompts,
+            stops,
+            f"{id_prefix}-{uuid.uuid4().hex}",
+            int(time.time()),
+            deadline,
+            release,
+            tuple(end_ids),
         )
         weakref.finalize(job, release)  # a response never sent still releases its choices
         return job
@@ -253,7 +272,8 @@ class ServingCompletion:
                         delta, finish = delta + stream.rest(), "length"
                         break
                     completion_tokens += 1
-                    if item.id in seq.stop_ids:  # end of text: not part of the text
+                    if item.id in seq.stop_ids or item.id in job.end_ids:  # end of text: not
+                        # part of the text
                         delta, finish = delta + stream.rest(), "stop"
                         break
                     delta += stream.push(item.id)
@@ -286,6 +306,22 @@ class ServingCompletion:
     ) -> CompletionResponse | None:
         """The whole completion (every choice generating at once), or None once the client
         has gone (`disconnected()` is true)."""
+        results = await self.generate_choices(job, disconnected)
+        if results is None:
+            return None
+        return CompletionResponse(
+            id=job.id,
+            created=job.created,
+            model=self.models.name,
+            choices=[c for c, _ in results],
+            usage=usage(job.prompt_tokens, sum(tokens for _, tokens in results)),
+        )
+
+    async def generate_choices(
+        self, job: CheckedCompletion, disconnected: Disconnected
+    ) -> list[tuple[CompletionChoice, int]] | None:
+        """Every choice, whole, with its completion tokens (generating at once), in index
+        order; None once the client has gone (`disconnected()` is true)."""
         want_logprobs = job.request.logprobs is not None
 
         async def collect(index, pieces) -> tuple[CompletionChoice, int]:
@@ -308,15 +344,7 @@ class ServingCompletion:
             for task in tasks:
                 task.cancel()
             job.release()
-        if await disconnected():
-            return None
-        return CompletionResponse(
-            id=job.id,
-            created=job.created,
-            model=self.models.name,
-            choices=[c for c, _ in results],
-            usage=_usage(job.prompt_tokens, sum(tokens for _, tokens in results)),
-        )
+        return None if await disconnected() else list(results)
 
     async def stream(self, job: CheckedCompletion) -> AsyncIterator[str]:
         """Server-Sent Events of a streamed completion: one chunk per piece of text (an error
@@ -325,41 +353,54 @@ class ServingCompletion:
         options = job.request.stream_options
         include_usage = options is not None and options.include_usage
 
-        def event(choices: list[CompletionChoice], usage: Usage | None = None) -> str:
+        def event(choices: list[CompletionChoice], totals: Usage | None = None) -> str:
             chunk = CompletionStreamResponse(
-                id=job.id, created=job.created, model=self.models.name, choices=choices, usage=usage
+                id=job.id,
+                created=job.created,
+                model=self.models.name,
+                choices=choices,
+                usage=totals,
             )
             data = chunk.model_dump(exclude=None if include_usage else {"usage"})
             return f"data: {json.dumps(data)}\n\n"
 
+        tokens: dict[int, int] = {}  # each choice's completion tokens so far
+        async with contextlib.aclosing(self.stream_pieces(job)) as pieces:
+            async for index, piece in pieces:
+                if isinstance(piece, ApiError):
+                    yield f"data: {json.dumps(piece.body())}\n\n"
+                    continue
+                tokens[index] = piece.completion_tokens
+                choice = CompletionChoice(
+                    text=piece.text,
+                    index=index,
+                    logprobs=piece.logprobs,
+                    finish_reason=piece.finish_reason,
+                )
+                yield event([choice])
+        if include_usage:
+            yield event([], usage(job.prompt_tokens, sum(tokens.values())))
+        yield "data: [DONE]\n\n"
+
+    async def stream_pieces(
+        self, job: CheckedCompletion
+    ) -> AsyncIterator[tuple[int, Piece | ApiError]]:
+        """(index, piece) of every choice as they become final, the choices generating at
+        once and coming in index order; an ApiError in place of a failed choice's rest. A
+        finished choice's last piece has its finish_reason and completion tokens."""
         queues = [(index, _pumped(pieces)) for index, pieces in self._choices(job, None)]
-        completion_tokens = 0
         try:
             for index, (queue, _) in queues:
-                choice_tokens = 0
                 while (piece := await queue.get()) is not None:
-                    if isinstance(piece, ApiError):
-                        yield f"data: {json.dumps(piece.body())}\n\n"
-                        continue
-                    choice_tokens = piece.completion_tokens
-                    choice = CompletionChoice(
-                        text=piece.text,
-                        index=index,
-                        logprobs=piece.logprobs,
-                        finish_reason=piece.finish_reason,
-                    )
-                    yield event([choice])
-                completion_tokens += choice_tokens
-            if include_usage:
-                yield event([], _usage(job.prompt_tokens, completion_tokens))
-            yield "data: [DONE]\n\n"
+                    yield index, piece
         finally:
             for _, (_, task) in queues:
                 task.cancel()
             job.release()
 
 
-def _usage(prompt_tokens: int, completion_tokens: int) -> Usage:
+def usage(prompt_tokens: int, completion_tokens: int) -> Usage:
+    """The Usage of a completion's token counts."""
     return Usage(
         prompt_tokens=prompt_tokens,
         completion_tokens=completion_tokens,

@@ -81,7 +81,7 @@ class ServingModels:
             pad_token=None,
             unk_token=getattr(tok, "unk_token", None),
             model_max_length=self.max_model_len,
-            chat_template=None,
+            chat_template=getattr(tok, "chat_template", None),
         )
 
     def tokenize(self, req: TokenizeRequest) -> TokenizeResponse:

@@ -1,0 +1,176 @@
+"""`decoderlm chat`: a conversation with a model in the terminal, rendered with its chat
+template (`decoderlm.tokenizers.chat_template`)."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import replace
+from typing import Annotated
+
+from ..arguments import Fields, NonNegativeInt, PositiveInt
+from ..errors import UserError
+from ..options import Decoding, ModelSource
+from ..tokenizers.chat_template import ChatTemplate, chat_template_of
+from .generate import stream_text
+from .loading import load_for_decoding
+from .params import SamplingParams
+
+__all__ = ["chat", "Conversation"]
+
+HELP = "/reset: start again; /system TEXT: set the system message; /exit or Ctrl-D: end"
+
+
+class Conversation:
+    """The messages of a chat, kept within the model's context.
+
+    Args:
+        template: the model's chat template.
+        context: the most tokens of a prompt plus its reply (the model's positions).
+        reply_tokens: the tokens kept free for the reply.
+        system: the system message, or None.
+    """
+
+    def __init__(self, template: ChatTemplate, context: int, reply_tokens: int, system=None):
+        self.template, self.context, self.reply_tokens = template, context, reply_tokens
+        self.system, self.turns = system, []
+
+    def messages(self) -> list[dict]:
+        """The system message (if any) and the turns, as the template takes them."""
+        head = [{"role": "system", "content": self.system}] if self.system else []
+        return head + self.turns
+
+    def prompt(self, user_text: str) -> list[int]:
+        """The ids of the conversation with the user's new message, its oldest turns dropped
+        until prompt + reply_tokens fit the context (the new message is added to the turns).
+
+        Raises:
+            UserError: the new message alone does not fit.
+            ChatTemplateError: the template fails on the conversation.
+        """
+        self.turns.append({"role": "user", "content": user_text})
+        while True:
+            ids = self.template.encode(self.messages())
+            if len(ids) + self.reply_tokens <= self.context or len(self.turns) == 1:
+                break
+            del self.turns[: 2 if len(self.turns) > 2 else 1]  # the oldest exchange
+        if len(ids) + self.reply_tokens > self.context:
+            self.turns.clear()
+            raise UserError(
+                f"the message is {len(ids)} tokens with the template; with {self.reply_tokens} "
+                f"for the reply that is over the context of {self.context}: send a shorter one "
+                f"(or a smaller --max-new-tokens)"
+            )
+        return ids
+
+
+def chat(
+    source: Annotated[ModelSource, Fields(ModelSource)] = ModelSource(),
+    chat_template: str | None = None,
+    system: str | None = None,
+    max_new_tokens: PositiveInt = 512,
+    temperature: float = 1.0,
+    top_k: PositiveInt | None = None,
+    top_p: float | None = None,
+    seed: NonNegativeInt | None = None,
+    decoding: Annotated[Decoding, Fields(Decoding)] = Decoding(),
+) -> int:
+    """Talk with a model in the terminal.
+
+    Each message is rendered with the model's chat template together with the conversation
+    so far (the oldest turns dropped when it would not fit the context) and the reply is
+    streamed until the template's end-of-turn token or the end-of-text token. In the
+    conversation: /reset starts again, /system TEXT sets the system message, Ctrl-C stops a
+    reply (not the program), /exit or Ctrl-D ends. With standard input not a terminal it reads
+    one message per line and prints each reply on its own line(s), so it can be scripted.
+
+    Args:
+        source: the model (`ModelSource`: --run, --hf or --gguf; --device, --no-verify).
+        chat_template: a Jinja chat template file (default: the model's own).
+        system: the system message to start with.
+        max_new_tokens: the most tokens of a reply.
+        temperature: 0 is greedy.
+        top_k: sample among the K likeliest tokens.
+        top_p: sample among the likeliest tokens whose probabilities sum to P.
+        seed: the same seed gives the same conversation (reply i uses seed + i).
+        decoding: how the model decodes (`Decoding`: --dtype, --quantize, --compile).
+
+    Returns:
+        0, the exit status.
+
+    Raises:
+        UserError / MissingFileError: as `decoderlm sample`; a model without a chat template
+            (and no --chat-template); a template that fails on the conversation.
+    """
+    params = SamplingParams(max_new_tokens, temperature, top_k, top_p, seed)
+    model, tokenizer = load_for_decoding(source, decoding)
+    template = chat_template_of(tokenizer, chat_template)
+    if template is None:
+        raise UserError(
+            "this model has no chat template; give one with --chat-template FILE (a Jinja "
+            "template), or use decoderlm sample"
+        )
+    context = model.config.max_positions or model.config.block_size
+    conversation = Conversation(template, context, max_new_tokens, system)
+    interactive = sys.stdin.isatty()
+    if interactive:
+        print(HELP)
+    for n, message in enumerate(_messages(interactive)):
+        if _command(message, conversation):
+            continue
+        ids = conversation.prompt(message)
+        turn_params = params if seed is None else replace(params, seed=seed + n)
+        reply = _reply(model, tokenizer, ids, turn_params, template.end_ids)
+        conversation.turns.append({"role": "assistant", "content": reply})
+    return 0
+
+
+def _messages(interactive: bool):
+    """The user's messages: prompted lines on a terminal (until /exit or Ctrl-D), else the
+    non-empty lines of standard input."""
+    if not interactive:
+        for line in sys.stdin:
+            if line.strip() == "/exit":
+                return
+            if line.strip():
+                yield line.rstrip("\n")
+        return
+    while True:
+        try:
+            line = input("> ")
+        except EOFError:
+            print()
+            return
+        except KeyboardInterrupt:  # Ctrl-C at the prompt: a fresh prompt
+            print()
+            continue
+        if line.strip() == "/exit":
+            return
+        if line.strip():
+            yield line
+
+
+def _command(message: str, conversation: Conversation) -> bool:
+    """Carry out /reset or /system TEXT; whether `message` was one."""
+    if message.strip() == "/reset":
+        conversation.turns.clear()
+        return True
+    if message.startswith("/system"):
+        conversation.system = message[len("/system") :].strip() or None
+        conversation.turns.clear()
+        return True
+    return False
+
+
+def _reply(model, tokenizer, ids, params, end_ids) -> str:
+    """Stream a reply to stdout and return its text (what was written when Ctrl-C stops it)."""
+    text = ""
+    try:
+        for delta, *_ in stream_text(model, tokenizer, ids, params, end_ids):
+            text += delta
+            sys.stdout.write(delta)
+            sys.stdout.flush()
+    except KeyboardInterrupt:
+        sys.stdout.write(" [interrupted]")
+    sys.stdout.write("\n")
+    sys.stdout.flush()
+    return text

@@ -1,0 +1,73 @@
+"""`decoderlm chat` with piped standard input: one message per line, each reply printed, the
+history kept; replies equal transformers' greedy generate on the rendered conversation."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import tiny_chat
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+chat_dir = tiny_chat.chat_dir  # the fixture
+SRC = Path(__file__).resolve().parents[2] / "src"
+
+
+def _chat(directory, stdin: str, *flags: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "decoderlm", "chat", "--hf", str(directory), *flags]
+    env = {"PYTHONPATH": str(SRC), "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"}
+    return subprocess.run(cmd, input=stdin, capture_output=True, text=True, timeout=300, env=env)
+
+
+def _greedy(hf_model, hf_tok, messages, max_new_tokens: int) -> str:
+    ids = hf_tok.apply_chat_template(messages, add_generation_prompt=True, return_dict=False)
+    end = [hf_tok.convert_tokens_to_ids("<|im_end|>"), hf_tok.eos_token_id]
+    out = hf_model.generate(
+        torch.tensor([ids]),
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        eos_token_id=end,
+        pad_token_id=0,
+    )[0, len(ids) :].tolist()
+    return hf_tok.decode(out[:-1] if out[-1] in end else out)
+
+
+def test_piped_messages_get_the_greedy_replies_with_history_reset_and_system(chat_dir):
+    directory, hf_model = chat_dir
+    hf_tok = transformers.AutoTokenizer.from_pretrained(directory)
+    lines = ["Hello, how are you?", "What is two plus two?", "/reset", "/system Answer briefly."]
+    stdin = "\n".join([*lines, "The capital?", "/exit", "ignored", ""])
+    done = _chat(directory, stdin, "--temperature", "0", "--max-new-tokens", "8")
+    assert done.returncode == 0, done.stderr
+    history, expected = [], []
+    for message in ["Hello, how are you?", "What is two plus two?"]:
+        history.append({"role": "user", "content": message})
+        expected.append(_greedy(hf_model, hf_tok, history, 8))
+        history.append({"role": "assistant", "content": expected[-1]})
+    system = [{"role": "system", "content": "Answer briefly."}]
+    expected.append(
+        _greedy(hf_model, hf_tok, system + [{"role": "user", "content": "The capital?"}], 8)
+    )
+    assert done.stdout == "".join(f"{reply}\n" for reply in expected)
+
+
+def test_a_model_without_a_template_is_refused_in_one_line(chat_dir, tmp_path):
+    import shutil
+
+    directory, _ = chat_dir
+    bare = tmp_path / "bare"
+    shutil.copytree(directory, bare)
+    config = bare / "tokenizer_config.json"
+    config.write_text(config.read_text().replace('"chat_template"', '"unused_template"'))
+    done = _chat(bare, "hi\n")
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        "decoderlm: error: this model has no chat template; give one with --chat-template FILE "
+        "(a Jinja template), or use decoderlm sample"
+    ]
+    template = tmp_path / "t.jinja"
+    template.write_text("{% for m in messages %}{{ m['content'] }}\n{% endfor %}")
+    done = _chat(bare, "hi\n", "--chat-template", str(template), "--max-new-tokens", "3")
+    assert done.returncode == 0, done.stderr

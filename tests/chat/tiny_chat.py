@@ -1,0 +1,64 @@
+"""A tiny Hugging Face GPT-2 directory with its own BPE tokenizer (trained here, offline) and
+a ChatML chat template, saved by transformers: the chat tests' model."""
+
+import json
+
+import pytest
+import torch
+
+CHATML = (
+    "{% for message in messages %}"
+    "{% if loop.first and message['role'] != 'system' %}"
+    "{{ '<|im_start|>system\\nYou are helpful.<|im_end|>\\n' }}{% endif %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+CORPUS = [
+    "The capital of France is Paris. Hello, how are you today? I am fine, thank you.",
+    "system user assistant: answer the question briefly. What is two plus two? Four.",
+    'Ünïcödé & <html> "quotes" are text too; numbers 0123456789 and tabs\tand lines\n',
+]
+
+
+@pytest.fixture(scope="session")
+def chat_dir(tmp_path_factory):
+    """(directory, transformers model) of a tiny GPT-2 with a 300-token BPE vocabulary whose
+    end-of-text token is <|endoftext|> and whose template is ChatML."""
+    tokenizers = pytest.importorskip("tokenizers")
+    transformers = pytest.importorskip("transformers")
+    bpe = tokenizers.Tokenizer(tokenizers.models.BPE())
+    bpe.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = tokenizers.decoders.ByteLevel()
+    trainer = tokenizers.trainers.BpeTrainer(
+        vocab_size=300,
+        special_tokens=SPECIAL,
+        initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet(),
+    )
+    bpe.train_from_iterator(CORPUS * 4, trainer)
+    directory = tmp_path_factory.mktemp("tiny-chat")
+    fast = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=bpe, eos_token="<|endoftext|>", bos_token="<|endoftext|>"
+    )
+    fast.chat_template = CHATML
+    fast.save_pretrained(directory)
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(
+        vocab_size=bpe.get_vocab_size(),
+        n_positions=128,
+        n_embd=32,
+        n_layer=2,
+        n_head=4,
+        initializer_range=0.3,  # logits far from uniform: greedy replies that vary
+        eos_token_id=0,
+        bos_token_id=0,
+    )
+    model = transformers.GPT2LMHeadModel(config).eval()
+    model.save_pretrained(directory)
+    config_file = directory / "tokenizer_config.json"
+    data = json.loads(config_file.read_text())
+    data["chat_template"] = CHATML  # in the config, whichever file transformers wrote it to
+    config_file.write_text(json.dumps(data))
+    (directory / "chat_template.jinja").unlink(missing_ok=True)
+    return directory, model
