@@ -43,6 +43,22 @@ SMALL = {"n_layers": 1, "n_heads": 2, "d_model": 16, "block_size": 32, "dropout"
 SMALL_TRAIN = {"max_steps": 4, "batch_size": 8, "eval_interval": 4}
 
 
+def byte_level_bpe(corpus: list[str], special: list[str], vocab_size: int = 300):
+    """A Hugging Face `tokenizers` byte-level BPE of `vocab_size` tokens, trained here on
+    `corpus` (offline), whose first ids are the `special` tokens."""
+    tokenizers = pytest.importorskip("tokenizers")
+    bpe = tokenizers.Tokenizer(tokenizers.models.BPE())
+    bpe.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = tokenizers.decoders.ByteLevel()
+    trainer = tokenizers.trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=special,
+        initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet(),
+    )
+    bpe.train_from_iterator(corpus * 4, trainer)
+    return bpe
+
+
 def tiny_config(**overrides) -> ModelConfig:
     """The tiny test model: vocab 65, block 32, 2 layers, 4 heads, d_model 64."""
     base = dict(

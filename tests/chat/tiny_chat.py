@@ -6,6 +6,8 @@ import json
 import pytest
 import torch
 
+from conftest import byte_level_bpe
+
 CHATML = (
     "{% for message in messages %}"
     "{% if loop.first and message['role'] != 'system' %}"
@@ -26,17 +28,8 @@ CORPUS = [
 def chat_dir(tmp_path_factory):
     """(directory, transformers model) of a tiny GPT-2 with a 300-token BPE vocabulary whose
     end-of-text token is <|endoftext|> and whose template is ChatML."""
-    tokenizers = pytest.importorskip("tokenizers")
     transformers = pytest.importorskip("transformers")
-    bpe = tokenizers.Tokenizer(tokenizers.models.BPE())
-    bpe.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
-    bpe.decoder = tokenizers.decoders.ByteLevel()
-    trainer = tokenizers.trainers.BpeTrainer(
-        vocab_size=300,
-        special_tokens=SPECIAL,
-        initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet(),
-    )
-    bpe.train_from_iterator(CORPUS * 4, trainer)
+    bpe = byte_level_bpe(CORPUS, SPECIAL)
     directory = tmp_path_factory.mktemp("tiny-chat")
     fast = transformers.PreTrainedTokenizerFast(
         tokenizer_object=bpe, eos_token="<|endoftext|>", bos_token="<|endoftext|>"

@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import byte_level_bpe
+
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CORPUS = [
     "The capital of France is Paris. Hello, how are you today? I am fine, thank you.",
@@ -30,17 +32,7 @@ BASE = dict(
 
 def bpe_tokenizer():
     """A byte-level BPE of 300 tokens whose first three are SPECIAL."""
-    tokenizers = pytest.importorskip("tokenizers")
-    bpe = tokenizers.Tokenizer(tokenizers.models.BPE())
-    bpe.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
-    bpe.decoder = tokenizers.decoders.ByteLevel()
-    trainer = tokenizers.trainers.BpeTrainer(
-        vocab_size=300,
-        special_tokens=SPECIAL,
-        initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet(),
-    )
-    bpe.train_from_iterator(CORPUS * 4, trainer)
-    return bpe
+    return byte_level_bpe(CORPUS, SPECIAL)
 
 
 def save_family(
