@@ -20,9 +20,11 @@ from decoderlm.generation.precision import (
     PackedLinear,
     W8A8Linear,
     activation_dtype,
+    activation_levels,
     packing_available,
     prepare_for_decoding,
     quantize_int8,
+    w8a8_available,
 )
 
 # a char run: d_model 32, d_ff 128, vocab 61
@@ -206,12 +208,29 @@ def test_w8a8_linear_is_the_dequantized_product_of_quantized_inputs(rows):
     exact = F.linear(x, dequantized, linear.bias.detach())
     y = layer(x)
     assert y.dtype == x.dtype and y.shape == (rows, 50)
-    # inputs rounded to 1/255 of their range: each output moves by at most about
-    # sum_i |w_i| * step / 2 (a worst case; rounding errors mostly cancel)
-    step = (x.max().clamp(min=0) - x.min().clamp(max=0)) / 255
+    # inputs rounded to 1/levels of their range (255 steps, or 127 where the CPU's int8
+    # product would saturate): each output moves by at most about sum_i |w_i| * step / 2
+    # (a worst case; rounding errors mostly cancel)
+    step = (x.max().clamp(min=0) - x.min().clamp(max=0)) / activation_levels()
     bound = dequantized.abs().sum(1) * step / 2
     assert ((y - exact).abs() <= bound + 1e-4).all()
     assert (y - exact).abs().max() < 0.05 * exact.abs().max()
+
+
+@pytest.mark.skipif(not w8a8_available(), reason="no oneDNN int8 products in this torch")
+def test_w8a8_activation_range_is_one_the_cpus_product_sums_exactly():
+    """Inputs at the top of the range chosen for this CPU, times weights of +-127: the int8
+    product equals the integer sum (a CPU that sums pairs in int16 would saturate at 255)."""
+    levels = activation_levels()
+    assert levels in (127, 255)
+    weight = torch.tensor([[127] * 64, [-127] * 64, [127, -127] * 32], dtype=torch.int8)
+    packed = torch.ops.onednn.qlinear_prepack(weight, [1, 64])
+    xq = torch.full((1, 64), levels, dtype=torch.uint8)
+    zeros = torch.zeros(3, dtype=torch.long)
+    y = torch.ops.onednn.qlinear_pointwise(
+        xq, 1.0, 0, packed, torch.ones(3), zeros, None, 1.0, 0, torch.float32, "none", [], ""
+    )
+    assert y.flatten().tolist() == [levels * 127 * 64, -levels * 127 * 64, 0]
 
 
 @pytest.mark.skipif(not packing_available(), reason="no oneDNN bfloat16 products on this CPU")

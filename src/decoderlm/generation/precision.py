@@ -33,6 +33,7 @@ model prepared with a lower precision decodes (`generate`, the server) and evalu
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -50,6 +51,7 @@ __all__ = [
     "Int8Linear",
     "PackedLinear",
     "W8A8Linear",
+    "activation_levels",
     "w8a8_available",
     "packing_available",
     "prepare_for_decoding",
@@ -120,7 +122,8 @@ class W8A8Linear(nn.Module):
     out_features] in x's dtype.
 
     Up to 8 rows (decoding), x is quantised on the fly to uint8 with one scale and zero point
-    for all its rows (asymmetric, over their min and max) and multiplied by oneDNN's int8
+    for all its rows (asymmetric, over their min and max; `activation_levels` steps: 255, or
+    127 on a CPU whose int8 product would saturate) and multiplied by oneDNN's int8
     product (`torch.ops.onednn.qlinear_pointwise`, VNNI instructions, int32 accumulation):
     as in llama.cpp's q8_0 products, the dot products run on 8-bit integers, so no weight is
     converted to a float. With more rows (a prompt, an evaluation) the same rounding runs
@@ -147,11 +150,12 @@ class W8A8Linear(nn.Module):
         if flat.size(0) <= INT8_GEMV_MAX_ROWS:
             y = _w8a8_product(flat, self.packed, self.scales, self._zero_points, x.dtype)
         else:
+            levels = activation_levels()
             lo = flat.amin(1, keepdim=True).clamp(max=0)
             hi = flat.amax(1, keepdim=True).clamp(min=0)
-            scale = ((hi - lo) / 255).clamp(min=1e-12)
+            scale = ((hi - lo) / levels).clamp(min=1e-12)
             zero = (-lo / scale).round()
-            fake = ((flat / scale + zero).round().clamp(0, 255) - zero) * scale
+            fake = ((flat / scale + zero).round().clamp(0, levels) - zero) * scale
             weight = self.weight.to(torch.bfloat16) * self.scales.bfloat16()[:, None]
             y = F.linear(fake.bfloat16(), weight).to(x.dtype)
         y = y.view(*x.shape[:-1], self.out_features)
@@ -164,14 +168,34 @@ class W8A8Linear(nn.Module):
 @torch.compiler.disable  # oneDNN's packed int8 weight is opaque to torch.compile
 def _w8a8_product(flat, packed, scales, zero_points, dtype):
     """oneDNN's int8 product of flat [rows, in] float32, quantised here with one scale."""
+    levels = activation_levels()
     lo, hi = (float(v) for v in torch.aminmax(flat))
     lo, hi = min(lo, 0.0), max(hi, 0.0)
-    scale = (hi - lo) / 255 or 1.0
-    zero = min(255, max(0, round(-lo / scale)))
-    xq = flat.div(scale).add_(zero).round_().clamp_(0, 255).to(torch.uint8)
+    scale = (hi - lo) / levels or 1.0
+    zero = min(levels, max(0, round(-lo / scale)))
+    xq = flat.div(scale).add_(zero).round_().clamp_(0, levels).to(torch.uint8)
+    return _onednn_product(xq, scale, zero, packed, scales, zero_points, dtype)
+
+
+def _onednn_product(xq, scale, zero, packed, scales, zero_points, dtype):
     return torch.ops.onednn.qlinear_pointwise(
         xq, scale, zero, packed, scales, zero_points, None, 1.0, 0, dtype, "none", [], ""
     )
+
+
+@functools.cache
+def activation_levels() -> int:
+    """The largest uint8 activation W8A8Linear quantises to on this CPU: 255 where oneDNN's
+    uint8 x int8 product accumulates exactly (VNNI or AMX: int32 sums), 127 where it adds
+    pairs of products in int16 first (AVX2 or AVX-512 without VNNI: 255 * 127 * 2 overflows
+    32,767 and saturates), as FBGEMM's reduce_range does. Found once by the product of 64
+    inputs of 255 with 64 weights of 127, whose sum is known."""
+    weight = torch.full((1, 64), 127, dtype=torch.int8)
+    packed = torch.ops.onednn.qlinear_prepack(weight, [1, 64])
+    xq = torch.full((1, 64), 255, dtype=torch.uint8)
+    zeros = torch.zeros(1, dtype=torch.long)
+    y = _onednn_product(xq, 1.0, 0, packed, torch.ones(1), zeros, torch.float32)
+    return 255 if float(y) == 255 * 127 * 64 else 127
 
 
 def w8a8_available() -> bool:
