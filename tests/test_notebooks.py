@@ -14,7 +14,9 @@ nbclient = pytest.importorskip("nbclient")
 pytest.importorskip("ipykernel")
 
 NOTEBOOKS = sorted((Path(__file__).parents[1] / "notebooks").glob("*.ipynb"))
-CELL_TIMEOUT_S = 300  # the slowest cell trains a small model: seconds on an idle CPU core
+# the slowest cell trains a small model: seconds on an idle CPU core, minutes on a busy one
+# (a timeout is a hang guard, not a speed check)
+CELL_TIMEOUT_S = 900
 
 
 def test_there_are_notebooks():
