@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 import tiny_chat
-import torch
 
 transformers = pytest.importorskip("transformers")
 
@@ -22,16 +21,7 @@ def _chat(directory, stdin: str, *flags: str) -> subprocess.CompletedProcess:
 
 
 def _greedy(hf_model, hf_tok, messages, max_new_tokens: int) -> str:
-    ids = hf_tok.apply_chat_template(messages, add_generation_prompt=True, return_dict=False)
-    end = [hf_tok.convert_tokens_to_ids("<|im_end|>"), hf_tok.eos_token_id]
-    out = hf_model.generate(
-        torch.tensor([ids]),
-        max_new_tokens=max_new_tokens,
-        do_sample=False,
-        eos_token_id=end,
-        pad_token_id=0,
-    )[0, len(ids) :].tolist()
-    return hf_tok.decode(out[:-1] if out[-1] in end else out)
+    return tiny_chat.hf_greedy_reply(hf_model, hf_tok, messages, max_new_tokens)[0]
 
 
 def test_piped_messages_get_the_greedy_replies_with_history_reset_and_system(chat_dir):

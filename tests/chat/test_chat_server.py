@@ -58,18 +58,7 @@ def _expected(hf_model, hf_tok, messages, max_new_tokens: int) -> tuple[str, str
         }
         for m in messages
     ]
-    ids = hf_tok.apply_chat_template(text, add_generation_prompt=True, return_dict=False)
-    end = [hf_tok.convert_tokens_to_ids("<|im_end|>"), hf_tok.eos_token_id]
-    out = hf_model.generate(
-        torch.tensor([ids]),
-        max_new_tokens=max_new_tokens,
-        do_sample=False,
-        eos_token_id=end,
-        pad_token_id=0,
-    )[0, len(ids) :].tolist()
-    finish = "stop" if out and out[-1] in end else "length"
-    reply = out[:-1] if finish == "stop" else out
-    return hf_tok.decode(reply), finish, len(out)
+    return tiny_chat.hf_greedy_reply(hf_model, hf_tok, text, max_new_tokens)
 
 
 def _post(url, body):

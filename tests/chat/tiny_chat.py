@@ -55,3 +55,21 @@ def chat_dir(tmp_path_factory):
     config_file.write_text(json.dumps(data))
     (directory / "chat_template.jinja").unlink(missing_ok=True)
     return directory, model
+
+
+def hf_greedy_reply(hf_model, hf_tok, messages: list[dict], max_new_tokens: int):
+    """(reply text, finish_reason, tokens generated) of transformers' greedy `generate` on the
+    chat-formatted `messages` (string contents), stopping at <|im_end|> or end-of-text, which
+    the text leaves out."""
+    ids = hf_tok.apply_chat_template(messages, add_generation_prompt=True, return_dict=False)
+    end = [hf_tok.convert_tokens_to_ids("<|im_end|>"), hf_tok.eos_token_id]
+    out = hf_model.generate(
+        torch.tensor([ids]),
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        eos_token_id=end,
+        pad_token_id=0,
+    )[0, len(ids) :].tolist()
+    finish = "stop" if out and out[-1] in end else "length"
+    reply = out[:-1] if finish == "stop" else out
+    return hf_tok.decode(reply), finish, len(out)

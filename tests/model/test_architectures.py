@@ -50,12 +50,11 @@ def llama_config(**overrides) -> ModelConfig:
     return ModelConfig(**{**base, **overrides})
 
 
-def hf_model(kind: str, config: ModelConfig):
-    """transformers' LlamaForCausalLM or Qwen2ForCausalLM of `config`'s shape, float32, eager
-    attention, every parameter drawn at random (std 0.2, so biases and gains matter)."""
+def hf_config_of(kind: str, config: ModelConfig):
+    """transformers' LlamaConfig or Qwen2Config of `config`'s shape (eager attention)."""
     hf_cls = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config}[kind]
     rope = {"rope_theta": config.rope_base, **(config.rope_scaling or {"rope_type": "default"})}
-    hf_config = hf_cls(
+    return hf_cls(
         vocab_size=config.vocab_size,
         hidden_size=config.d_model,
         intermediate_size=config.d_ff,
@@ -69,7 +68,13 @@ def hf_model(kind: str, config: ModelConfig):
         tie_word_embeddings=config.tie_embeddings,
         attn_implementation="eager",
     )
+
+
+def hf_model(kind: str, config: ModelConfig):
+    """transformers' LlamaForCausalLM or Qwen2ForCausalLM of `config`'s shape, float32, eager
+    attention, every parameter drawn at random (std 0.2, so biases and gains matter)."""
     torch.manual_seed(0)
+    hf_config = hf_config_of(kind, config)
     model = transformers.AutoModelForCausalLM.from_config(hf_config).float().eval()
     with torch.no_grad():
         for p in model.parameters():
@@ -219,19 +224,8 @@ HF_PRESETS = {"smollm2-135m": "llama", "qwen2.5-0.5b": "qwen2", "llama-3.2-1b": 
 def test_presets_count_the_parameters_of_transformers_models(name):
     config = ModelConfig(**PRESETS[name].model)
     kind = HF_PRESETS[name]  # Qwen2ForCausalLM has q/k/v biases and no output bias, always
-    hf_cls = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config}[kind]
-    hf_config = hf_cls(
-        vocab_size=config.vocab_size,
-        hidden_size=config.d_model,
-        intermediate_size=config.d_ff,
-        num_hidden_layers=config.n_layers,
-        num_attention_heads=config.n_heads,
-        num_key_value_heads=config.n_kv_heads,
-        max_position_embeddings=config.block_size,
-        tie_word_embeddings=True,
-    )
     with torch.device("meta"):
-        hf = transformers.AutoModelForCausalLM.from_config(hf_config)
+        hf = transformers.AutoModelForCausalLM.from_config(hf_config_of(kind, config))
         ours = DecoderLM(config).num_parameters()
     total = sum(p.numel() for p in hf.parameters())  # a tied matrix is one parameter
     assert count_parameters(config)["total"] == ours == total
