@@ -62,7 +62,6 @@ _ANY_VALUE = {  # names of the options blocking at any value they take
     "qkv_bias": "q/k/v biases",
     "rope_scaling": "rope scaling",
 }
-_NOT_WRITTEN = ("n_kv_heads", "head_dim", "qkv_bias", "rope_scaling")  # see _not_written
 
 
 def _flag(field: str, value) -> str:
@@ -79,9 +78,10 @@ def _mismatches(config: ModelConfig, fields: dict) -> dict:
 
 
 def _not_written(config: ModelConfig, arch: str, format: str) -> dict:
-    """{field: the value the exporter writes} for the options it does not write yet (all of
-    _NOT_WRITTEN but for llama, which writes them all; gguf's qwen2, for q/k/v biases, has
-    no rope scaling)."""
+    """{field: the value the exporter writes} for the grouped-query options (n_kv_heads,
+    head_dim, qkv_bias, rope_scaling) it does not write as `arch` in `format`: none for llama,
+    which writes them all, but rope scaling for gguf's qwen2 (llama with q/k/v biases); all of
+    them for gpt2."""
     if arch == "llama" and (format == "hf" or not config.qkv_bias):
         return {}
     if arch == "llama":  # gguf's qwen2: no rope scaling
