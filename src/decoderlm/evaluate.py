@@ -19,7 +19,15 @@ import numpy as np
 import torch
 
 from .arguments import Fields, NotEmptyStr, PositiveInt, Quantize
-from .data.corpus import check_split, is_token_dir, load_corpus, load_token_dir, windows
+from .data.conversations import is_conversation_file
+from .data.corpus import (
+    check_split,
+    is_token_dir,
+    load_corpus,
+    load_token_dir,
+    scored_windows,
+    windows,
+)
 from .data.prepare import encode_source, source_files
 from .errors import UserError
 from .files import json_text, read_json
@@ -55,11 +63,13 @@ def evaluate(
 
     Deterministic: the windows start at 0, T, 2T, ... (all of them, or max_windows of them
     spread evenly over the split). The model runs in eval mode (no dropout) and its previous
-    mode is restored afterwards.
+    mode is restored afterwards. `Conversations` are scored one window per conversation, on
+    their replies' tokens only (the mean over those tokens).
 
     Args:
         model: the DecoderLM.
-        data: [N] int64 token ids (or a NumPy array / np.memmap), N > block_size.
+        data: [N] int64 token ids (or a NumPy array / np.memmap), N > block_size; or
+            `decoderlm.data.conversations.Conversations`.
         max_windows: evaluate at most this many windows (None: every window).
         batch_size: windows per forward pass.
         autocast: a context-manager factory, e.g. bfloat16 autocast.
@@ -69,8 +79,8 @@ def evaluate(
     """
     T = model.config.block_size
     check_split("evaluation", data, T)
-    n_windows = (len(data) - 1) // T
-    starts = torch.arange(n_windows) * T
+    starts = scored_windows(data, T)
+    n_windows = len(starts)
     if max_windows is not None and n_windows > max_windows:
         starts = starts[torch.linspace(0, n_windows - 1, max_windows).long()]
     was_training = model.training
@@ -82,8 +92,9 @@ def evaluate(
             x, y = windows(data, chunk, T)
             with autocast():
                 _, loss = model(x.to(device), y.to(device))
-            total += float(loss) * y.numel()
-            count += y.numel()
+            scored = int((y != -1).sum())  # every target, but a conversation's replies' only
+            total += float(loss) * scored
+            count += scored
     finally:
         model.train(was_training)
     return total / count
@@ -173,6 +184,12 @@ def _ids_of_data_spec(run: Path, tokenizer: Tokenizer, split: str) -> tuple[np.n
         )
     if spec.get("token_dir"):
         return _ids_of_token_dir(Path(spec["token_dir"]), tokenizer, split)
+    if is_conversation_file(spec.get("path")):
+        raise UserError(
+            f"{run} trained on the conversations of {spec['path']}, which `decoderlm eval` "
+            f"does not score (the loss on the held-out replies is each record's val_loss in "
+            f"{run / 'metrics.jsonl'}); pass --data PATH to evaluate on a text file"
+        )
     _, train_ids, val_ids, source, _ = load_corpus(spec, tokenizer)
     ids = val_ids if split == "val" else train_ids
     unk = getattr(tokenizer, "unk_id", None)  # a fine-tuning run maps unknown characters

@@ -8,7 +8,9 @@ Text becomes token ids, the ids are split into train (first 90%) and validation 
 Token ids are either a torch tensor or a NumPy array; a prepared token directory
 (`decoderlm prepare`, see prepare.py) is read with `load_token_dir` as read-only np.memmap
 arrays, so a corpus larger than memory trains: `get_batch` and `windows` copy only the windows
-they return.
+they return. A conversations file (*.jsonl, `decoderlm.data.conversations`) becomes
+`Conversations` split by conversation, whose windows are whole conversations trained on their
+replies only; `window_count`, `windows`, `scored_windows` and `check_split` take either.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ import torch
 from ..errors import MissingFileError, UserError
 from ..files import read_json
 from ..tokenizers import DEFAULT_UNK_TOKEN, CharTokenizer, tokenizer_from_dict
+from ..tokenizers.chat_template import chat_template_of
+from .conversations import Conversations, is_conversation_file, read_conversations
 
 __all__ = [
     "EMBEDDED_CORPUS",
@@ -37,6 +41,9 @@ __all__ = [
     "split_ids",
     "get_batch",
     "windows",
+    "window_count",
+    "token_stream",
+    "scored_windows",
     "check_split",
     "SEED_CROP_CHARS",
     "iter_text_chunks",
@@ -205,9 +212,13 @@ def split_ids(ids: torch.Tensor, val_fraction: float) -> tuple[torch.Tensor, tor
     return ids[:n_train], ids[n_train:]
 
 
-def check_split(name: str, data: torch.Tensor | np.ndarray, block_size: int) -> None:
+def check_split(name: str, data, block_size: int) -> None:
     """Raise UserError unless split `name` (a [N] tensor or array of token ids) holds at
-    least block_size + 1 tokens (one window)."""
+    least block_size + 1 tokens (one window); for `Conversations`, unless it holds one
+    conversation and each has a reply token within its window (`Conversations.check_fits`)."""
+    if isinstance(data, Conversations):
+        data.check_fits(name, block_size)
+        return
     if len(data) <= block_size:
         raise UserError(
             f"the {name} split has {len(data)} tokens but one training window "
@@ -243,13 +254,38 @@ def get_batch(
     return windows(data, starts, block_size)
 
 
-def windows(
-    data: torch.Tensor | np.ndarray, starts: torch.Tensor, block_size: int
-) -> tuple[torch.Tensor, torch.Tensor]:
+def window_count(data, block_size: int) -> int:
+    """How many windows training draws from (uniformly, `windows`' starts 0..count-1): the
+    N - block_size window starts of a [N] token stream, or the C conversations of
+    `Conversations`."""
+    if isinstance(data, Conversations):
+        return data.count
+    return len(data) - block_size
+
+
+def scored_windows(data, block_size: int) -> torch.Tensor:
+    """The starts of the windows an evaluation scores, in order: the non-overlapping windows
+    0, T, 2T, ... of a token stream ((N - 1) // T of them), or every conversation."""
+    if isinstance(data, Conversations):
+        return torch.arange(data.count)
+    return torch.arange((len(data) - 1) // block_size) * block_size
+
+
+def token_stream(data):
+    """The [N] token ids of a split: the ids themselves, or `Conversations`' ids one
+    conversation after the other."""
+    return data.tokens() if isinstance(data, Conversations) else data
+
+
+def windows(data, starts: torch.Tensor, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(x, y) [len(starts), block_size] int64: the windows data[s : s + block_size + 1] split
     into inputs and next-token targets. `data` is a [N] tensor or a NumPy array / np.memmap,
     from which only these windows are gathered (fancy indexing) and converted to int64.
-    x and y are contiguous: torch.compile's CPU graph for strided inputs is slower."""
+    x and y are contiguous: torch.compile's CPU graph for strided inputs is slower. For
+    `Conversations`, `starts` are conversation indices and the windows are theirs
+    (`Conversations.windows`: [len(starts), W], the targets outside replies -1)."""
+    if isinstance(data, Conversations):
+        return data.windows(starts, block_size)
     if isinstance(data, np.ndarray):
         index = starts.numpy()[:, None] + np.arange(block_size + 1)
         window = torch.from_numpy(data[index].astype(np.int64))
@@ -372,7 +408,8 @@ def load_corpus(spec: dict, tokenizer=None):
     """The corpus of a data_spec (see `data_spec`): (tokenizer, train ids, validation ids,
     description, fingerprint).
 
-    A prepared token directory (`decoderlm prepare`) is memory-mapped and brings its own
+    A conversations file (*.jsonl) gives `Conversations` (`_load_conversations`). A prepared
+    token directory (`decoderlm prepare`) is memory-mapped and brings its own
     tokenizer and split; text is encoded with `tokenizer` (a new CharTokenizer of the text,
     with an unknown-character id, when None) and split by spec["val_fraction"] (the last part
     is validation); spec["unknown"] = "unk" (fine-tuning runs) maps characters outside a char
@@ -401,6 +438,8 @@ def load_corpus(spec: dict, tokenizer=None):
             f"{spec['token_dir']} (prepared {type(tokens.tokenizer).__name__} tokens)",
             fingerprint.hexdigest(),
         )
+    if is_conversation_file(spec["path"]):
+        return _load_conversations(spec, tokenizer)
     text, source = load_text(spec["path"], spec["max_chars"], spec["dataset"])
     if tokenizer is None:
         tokenizer = CharTokenizer.from_text(text, unk_token=DEFAULT_UNK_TOKEN)
@@ -421,3 +460,24 @@ def load_corpus(spec: dict, tokenizer=None):
         f"{source}: {len(text):,} characters{unknown_note}",
         hashlib.sha256(text.encode("utf-8")).hexdigest(),
     )
+
+
+def _load_conversations(spec: dict, tokenizer):
+    """load_corpus of a conversations file: rendered with `tokenizer`'s chat template and
+    split by conversation (the last val_fraction of them is validation)."""
+    path = spec["path"]
+    template = chat_template_of(tokenizer) if tokenizer is not None else None
+    if template is None:
+        raise UserError(
+            f"{path} holds conversations, which are rendered with a model's chat template; "
+            f"fine-tune a chat model on them: --init-from MODEL (a Hugging Face directory, "
+            f"Hub id or GGUF file with a chat template)"
+        )
+    conversations = Conversations.encode(read_conversations(path), template, path)
+    train, val = conversations.split(spec["val_fraction"])
+    description = (
+        f"{path}: {conversations.count:,} conversations, {len(conversations):,} tokens, "
+        f"{conversations.trained_tokens:,} of them in replies (the loss covers those)"
+    )
+    fingerprint = hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    return tokenizer, train, val, description, fingerprint

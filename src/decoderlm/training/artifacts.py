@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from ..config import ArtifactsConfig
+from ..data.corpus import token_stream
 from ..generation.generate import generate
 from ..lens.plots import Plotter
 from ..lens.report import build_report, write_report
@@ -53,6 +54,7 @@ def write_artifacts(
     Raises:
         OSError: a file could not be read or written.
     """
+    val_ids = token_stream(val_ids)
     metrics = [
         json.loads(line)
         for line in (out_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines()

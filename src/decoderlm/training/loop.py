@@ -34,7 +34,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..config import TrainConfig
-from ..data.corpus import check_split, windows
+from ..data.corpus import check_split, scored_windows, window_count, windows
 from ..errors import UserError
 from ..evaluate import LN2, evaluate
 from ..lens.lens import default_probe, probe_metrics
@@ -99,7 +99,9 @@ def micro_batches(
     batch_size = cfg.data.batch_size
     for _ in range(cfg.data.grad_accum_steps):
         starts = torch.randint(
-            len(train_ids) - block_size, (batch_size * info.world_size,), generator=generator
+            window_count(train_ids, block_size),
+            (batch_size * info.world_size,),
+            generator=generator,
         )
         mine = starts[info.rank * batch_size : (info.rank + 1) * batch_size]
         yield windows(train_ids, mine, block_size)
@@ -294,12 +296,12 @@ def _checkpoint_due(step: int, cfg: TrainConfig, run_dir: Path | None) -> bool:
     )
 
 
-def _whole_split_loss(records: list[dict], step: int, eval_windows: int, n_ids: int, T: int):
+def _whole_split_loss(records: list[dict], step: int, eval_windows: int, n_windows: int):
     """The last record's val_loss when it was logged after `step` and its estimate covered
-    every validation window (eval_windows at least the split's (n_ids - 1) // T windows: the
-    very computation of the final whole-split evaluation), else None."""
+    every validation window (eval_windows at least the split's n_windows, `scored_windows`:
+    the very computation of the final whole-split evaluation), else None."""
     last = records[-1] if records else {}
-    if last.get("step") == step and "val_loss" in last and eval_windows >= (n_ids - 1) // T:
+    if last.get("step") == step and "val_loss" in last and eval_windows >= n_windows:
         return last["val_loss"]
     return None
 
@@ -400,7 +402,8 @@ def train(
         log(f"stopped by signal after step {state.step}{saved}")
     val_loss = None
     if not interrupted:  # the whole split, evaluated once
-        val_loss = _whole_split_loss(metrics.records, state.step, eval_windows, len(val_ids), T)
+        n_windows = len(scored_windows(val_ids, T))
+        val_loss = _whole_split_loss(metrics.records, state.step, eval_windows, n_windows)
         if val_loss is None:
             val_loss = evaluate(model, val_ids, None, batch_size, autocast)
     elapsed = state.elapsed()

@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from ..config import ModelConfig, TrainConfig
+from ..data.conversations import Conversations
 from ..errors import UserError
 from ..evaluate import LN2
 from ..files import atomic_write
@@ -116,8 +117,9 @@ def peak_flops(device: torch.device, dtype: str, given_tflops: float | None = No
 
 
 def bytes_per_token(tokenizer, ids) -> float | None:
-    """UTF-8 bytes of the decoded ids per token, or None without a tokenizer or ids."""
-    if tokenizer is None or len(ids) == 0:
+    """UTF-8 bytes of the decoded ids per token, or None without a tokenizer or ids, or for
+    `Conversations` (their loss covers the replies only, not every token)."""
+    if tokenizer is None or len(ids) == 0 or isinstance(ids, Conversations):
         return None
     n_bytes = sum(
         len(tokenizer.decode(np.asarray(ids[i : i + 65536]).tolist()).encode("utf-8"))

@@ -22,6 +22,7 @@ import torch
 
 from ..arguments import Fields, NonNegativeInt, NotEmptyPath, PositiveInt
 from ..config import ModelConfig, TrainConfig
+from ..data.conversations import Conversations
 from ..errors import UserError, checked_device
 from ..evaluate import LN2
 from ..finetune.merge import merge_run
@@ -269,11 +270,18 @@ def _set_threads(threads, model: DecoderLM, plan: RunPlan, device, log) -> Threa
     return tuner
 
 
+def _size(data) -> str:
+    """A split's size in words: its tokens, and its conversations when it has them."""
+    if isinstance(data, Conversations):
+        return f"{data.count:,} conversations ({len(data):,} tokens)"
+    return f"{len(data):,} tokens"
+
+
 def _log_start(plan: RunPlan, model: DecoderLM, info: DistInfo, device: torch.device, log) -> None:
     cfg, train_cfg = plan.model_cfg, plan.train_cfg
     log(
         f"data: {plan.corpus}, vocabulary {plan.tokenizer.vocab_size}, train "
-        f"{len(plan.train_ids):,} / validation {len(plan.val_ids):,} tokens"
+        f"{_size(plan.train_ids)} / validation {_size(plan.val_ids)}"
     )
     log(
         f"model: {model.num_parameters():,} parameters (n_layers {cfg.n_layers}, "

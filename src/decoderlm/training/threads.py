@@ -21,7 +21,7 @@ from collections.abc import Callable
 import torch
 
 from ..config import TrainConfig
-from ..data.corpus import windows
+from ..data.corpus import window_count, windows
 from ..model.model import DecoderLM
 from ..options import parse_threads
 
@@ -74,7 +74,8 @@ def set_threads(
     if model.device.type != "cpu":
         return torch.get_num_threads()
     T, rng = model.config.block_size, torch.get_rng_state()
-    x, y = windows(train_ids, torch.arange(cfg.data.batch_size) % (len(train_ids) - T), T)
+    starts = torch.arange(cfg.data.batch_size) % window_count(train_ids, T)
+    x, y = windows(train_ids, starts, T)
     was_training, timings = model.training, {}
     model.train()
     for n in thread_candidates():
