@@ -1,11 +1,13 @@
 """POST /v1/chat/completions against a real server: the tiny HF chat model's greedy replies
 equal transformers' generate on the rendered prompt, streamed deltas join to the plain reply,
-bad requests get OpenAI-shaped 400s; the openai SDK and llm as clients."""
+bad requests get OpenAI-shaped 400s; the openai SDK, llm and lm-evaluation-harness's
+`local-chat-completions` as clients."""
 
 import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import tiny_chat
@@ -265,3 +267,50 @@ def test_llm_chats_with_the_server(server, tmp_path):
         done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, done.stderr
         assert done.stdout.rstrip("\n") == _expected(hf_model, hf_tok, HELLO, 20)[0].rstrip("\n")
+
+
+def test_lm_eval_local_chat_completions_answers_are_our_greedy_replies(server, monkeypatch):
+    """lm-eval's local-chat-completions runs tests/lm_eval_tasks/chat_generate.yaml (six
+    questions, each one user message; greedy, 10 tokens, stop strings "W" and "M") against
+    /v1/chat/completions: each logged answer is transformers' greedy reply to that message cut
+    before the first stop string, and exact_match is the fraction of those equal to the file's
+    answers. Among the replies some are cut by a stop string, one ends at an end token, one runs
+    to 10 tokens, and two are empty, one of which the file answers "": the fraction is 1/6."""
+    pytest.importorskip("lm_eval")
+    from lm_eval import simple_evaluate
+    from lm_eval.tasks import TaskManager
+
+    repo = Path(__file__).resolve().parents[2]
+    tasks = repo / "tests" / "lm_eval_tasks"
+    monkeypatch.chdir(repo)  # the task file names its data relative to the repository
+    for var in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE"):
+        monkeypatch.setenv(var, "1")
+    monkeypatch.setenv("OPENAI_API_KEY", "none")
+    url, hf_model, hf_tok = server
+    task = "decoderlm_chat_generate"
+    out = simple_evaluate(
+        model="local-chat-completions",
+        model_args=f"model=tiny-chat,base_url={url}/v1/chat/completions,"
+        "tokenizer_backend=None,num_concurrent=1,max_retries=1",
+        tasks=[task],
+        task_manager=TaskManager(include_path=str(tasks), include_defaults=False),
+        apply_chat_template=True,
+        log_samples=True,
+    )
+    docs = [json.loads(line) for line in (tasks / "chat_questions.jsonl").read_text().splitlines()]
+    samples = {s["doc"]["question"]: s for s in out["samples"][task]}
+    assert sorted(samples) == sorted(d["question"] for d in docs)
+    expected, finishes = [], set()
+    for doc in docs:
+        messages = [{"role": "user", "content": doc["question"]}]
+        prompt, gen_kwargs = samples[doc["question"]]["arguments"][0]
+        assert json.loads(prompt[0]) == messages and gen_kwargs["until"] == ["W", "M"]
+        text, finish, _ = tiny_chat.hf_greedy_reply(hf_model, hf_tok, messages, 10)
+        cut = min([text.find(s) for s in ("W", "M") if s in text], default=len(text))
+        finishes.add("cut" if cut < len(text) else finish)
+        expected.append(text[:cut])
+        assert samples[doc["question"]]["filtered_resps"] == [text[:cut]], doc["question"]
+    assert finishes == {"cut", "stop", "length"} and "" in expected and any(expected)
+    hits = [e == d["answer"] for e, d in zip(expected, docs, strict=True)]
+    assert sum(hits) == 1
+    assert out["results"][task]["exact_match,none"] == pytest.approx(sum(hits) / len(docs))
