@@ -47,7 +47,7 @@ CONVERSATIONS = [
         {"role": "user", "content": "Hello, how are you?"},
         {"role": "assistant", "content": "I am fine, thank you."},
         {"role": "user", "content": "The capital of France?"},
-        {"role": "assistant", "content": "Paris. <html> & \"quotes\""},
+        {"role": "assistant", "content": 'Paris. <html> & "quotes"'},
     ],
 ]
 
@@ -102,7 +102,12 @@ def test_alpaca_prompt_completion_and_sharegpt_lines_are_user_and_assistant_turn
         {"instruction": "Say hi.", "output": "Hi."},
         {"prompt": "Capital of France?", "completion": "Paris."},
         {"conversations": [{"from": "human", "value": "Yo"}, {"from": "gpt", "value": "Hey"}]},
-        {"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}, {"role": "assistant", "content": "c"}]},  # fmt: skip
+        {
+            "messages": [
+                {"role": "user", "content": [{"type": "text", "text": t} for t in "ab"]},
+                {"role": "assistant", "content": "c"},
+            ]
+        },  # fmt: skip
     ]
     path.write_text("\n".join(map(json.dumps, lines)) + "\n\n", encoding="utf-8")
 
@@ -129,13 +134,16 @@ def test_alpaca_prompt_completion_and_sharegpt_lines_are_user_and_assistant_turn
         ("[1, 2]", "line 2: not a JSON object"),
     ],
 )
-def test_a_bad_line_is_refused_in_one_line_naming_its_number(chat_dir, tmp_path, capsys, line, says):
+def test_a_bad_line_is_refused_in_one_line_naming_its_number(
+    chat_dir, tmp_path, capsys, line, says
+):
     """`decoderlm train` exits 2 with one line naming the file's bad line and what is wrong."""
     directory, _ = chat_dir
     path = tmp_path / "chats.jsonl"
     good = json.dumps({"messages": CONVERSATIONS[0]})
     path.write_text(f"{good}\n{line}\n{good}\n", encoding="utf-8")
-    code = main(["train", "--init-from", str(directory), "--data", str(path), "--out", str(tmp_path / "r")])  # fmt: skip
+    out = str(tmp_path / "r")
+    code = main(["train", "--init-from", str(directory), "--data", str(path), "--out", out])
     err = capsys.readouterr().err.strip()
     assert code == 2
     assert says in err and len(err.splitlines()) == 1, err
@@ -181,9 +189,7 @@ def _chat(directory, stdin: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
-def test_a_fine_tuned_chat_model_gives_the_taught_reply_in_decoderlm_chat(
-    chat_dir, tmp_path, lora
-):
+def test_a_fine_tuned_chat_model_gives_the_taught_reply_in_decoderlm_chat(chat_dir, tmp_path, lora):
     """Trained on conversations that answer one question one way, the model gives that
     answer in `decoderlm chat` (fully trained or with LoRA adapters merged); the held-out
     reply loss falls."""

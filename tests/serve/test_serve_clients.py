@@ -156,7 +156,7 @@ def lm_eval_api():
     from lm_eval import simple_evaluate
     from lm_eval.tasks import TaskManager
 
-    return simple_evaluate, TaskManager(include_path=str(TASKS))
+    return simple_evaluate, TaskManager(include_path=str(TASKS), include_defaults=False)
 
 
 def _run_lm_eval(lm_eval_api, url: str, name: str, block_size: int, task: str, monkeypatch):

@@ -235,7 +235,9 @@ def test_lm_eval_sends_openai_api_key_and_its_tokenizer_sends_auth_token(keyed_s
         model="local-completions",
         model_args=args,
         tasks=["decoderlm_generate"],
-        task_manager=TaskManager(include_path=str(REPO / "tests" / "lm_eval_tasks")),
+        task_manager=TaskManager(
+            include_path=str(REPO / "tests" / "lm_eval_tasks"), include_defaults=False
+        ),
         log_samples=True,
     )
     samples = out["samples"]["decoderlm_generate"]
