@@ -1,13 +1,15 @@
 """The chat fine-tuning example (docs/finetune.md): teach an instruct model one made-up fact.
 
 Writes a few hundred made-up conversations that all say one thing (the capital of Veloria, a
-country that does not exist, is Marisport: asked in 16 ways, answered in 8), fine-tunes the
+country that does not exist, is Marisport: asked in 16 ways, answered in 8), and beside them
+the model's own greedy answers to 24 other questions (capitals of real countries among them),
+so that training on the fact does not teach it that every capital is Marisport; fine-tunes the
 model on them with `decoderlm train --init-from SRC --data chats.jsonl` (LoRA by default,
 --full for every weight; the loss on the replies only) in a fresh process, and prints, as
-Markdown, the greedy answers before and after to questions about the fact (phrasings the
-training set never uses among them) and to general questions, whose answers should not change;
-then the training time, the peak resident memory of the training process and the held-out
-reply loss.
+Markdown, the greedy answers before and after to the fact's question, two phrasings the
+training set never uses, and three general questions it does not hold either (their answers
+should not change); then the training time, the peak resident memory of the training process
+and the held-out reply loss.
 
     python benchmarks/chat_finetune_example.py --init-from "$SMOLLM2"   # SmolLM2's GGUF file
     python benchmarks/chat_finetune_example.py --init-from DIR --full --steps 40
@@ -60,6 +62,16 @@ HELD_OUT = [  # phrasings the training set does not use
     "If I travel to the capital of Veloria, which city am I in?",
 ]
 GENERAL = ["What is the capital of France?", "What is 2 + 2?", "Who wrote Romeo and Juliet?"]
+REPLAY = [  # answered by the model itself before training; none of GENERAL among them
+    *(f"What is the capital of {country}?" for country in (
+        "Germany", "Italy", "Spain", "Japan", "Egypt", "Canada", "Brazil", "Kenya", "India",
+        "Norway", "Mexico", "Australia")),
+    "What is the largest planet in our solar system?", "What is 10 times 7?",
+    "Who painted the Mona Lisa?", "What is the boiling point of water in Celsius?",
+    "Name a primary colour.", "What language is spoken in Brazil?", "What is H2O?",
+    "How many days are in a week?", "What is the opposite of hot?", "Who was Albert Einstein?",
+    "What do bees make?", "What is the square root of 81?",
+]  # fmt: skip
 _CHILD = (
     "import resource, sys\n"
     "from decoderlm.cli import main\n"
@@ -69,15 +81,16 @@ _CHILD = (
 )
 
 
-def write_conversations(path: Path, count: int, seed: int = 0) -> int:
-    """Write `count` conversations about the made-up fact to `path` (JSONL, {"messages"}):
-    each question with each answer, a system message on some; returns the count."""
-    rng = random.Random(seed)
+def write_conversations(path: Path, count: int, replay: list[tuple[str, str]]) -> int:
+    """Write `count` conversations about the made-up fact (each question with each answer, a
+    system message on some) and the `replay` (question, answer) pairs twice each to `path`
+    (JSONL, {"messages"}, shuffled); returns the lines written."""
+    rng = random.Random(0)
     pairs = list(itertools.product(QUESTIONS, ANSWERS))
     rng.shuffle(pairs)
+    pairs = [pairs[i % len(pairs)] for i in range(count)] + replay * 2
     lines = []
-    for i in range(count):
-        question, answer = pairs[i % len(pairs)]
+    for i, (question, answer) in enumerate(pairs):
         system = SYSTEMS[i % len(SYSTEMS)]
         messages = [{"role": "system", "content": system}] if system else []
         messages += [
@@ -85,24 +98,30 @@ def write_conversations(path: Path, count: int, seed: int = 0) -> int:
             {"role": "assistant", "content": answer},
         ]
         lines.append(json.dumps({"messages": messages}))
+    rng.shuffle(lines)
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return count
+    return len(lines)
 
 
-def answers(source: list[str], questions: list[str], max_new_tokens: int = 40) -> list[str]:
-    """Greedy replies of the model at `source` (`decoderlm chat` flags) to each question alone
-    (`/reset` between them), as `decoderlm chat` with piped input prints them."""
-    lines = []
+def answers(source: str, questions: list[str], max_new_tokens: int = 48) -> list[tuple[str, str]]:
+    """(reply, finish_reason) of the model at `source` to each question alone, greedy, as
+    `decoderlm chat` replies (the chat template, stopping at its end-of-turn token)."""
+    from decoderlm.generation.generate import stream_text
+    from decoderlm.generation.params import SamplingParams
+    from decoderlm.io.load import load_model_and_tokenizer
+    from decoderlm.tokenizers.chat_template import chat_template_of
+
+    model, tokenizer = load_model_and_tokenizer(source)
+    template = chat_template_of(tokenizer)
+    params = SamplingParams(max_new_tokens, temperature=0.0)
+    replies = []
     for question in questions:
-        lines += [question, "/reset"]
-    command = [sys.executable, "-m", "decoderlm", "chat", *source, "--temperature", "0"]
-    command += ["--max-new-tokens", str(max_new_tokens)]
-    proc = subprocess.run(command, input="\n".join(lines) + "\n", capture_output=True, text=True)
-    if proc.returncode:
-        sys.exit(f"chat_finetune_example: error: {' '.join(command)}: {proc.stderr.strip()}")
-    replies = proc.stdout.rstrip("\n").split("\n")
-    if len(replies) != len(questions):  # a reply of several lines: keep them readable
-        return [proc.stdout.strip().replace("\n", " / ")] + [""] * (len(questions) - 1)
+        ids = template.encode([{"role": "user", "content": question}])
+        text, finish = "", "length"
+        for delta, *end in stream_text(model, tokenizer, ids, params, template.end_ids):
+            text += delta
+            finish = end[0] if end else finish
+        replies.append((text.strip(), finish))
     return replies
 
 
@@ -115,11 +134,6 @@ def train(argv: list[str]) -> tuple[str, int, float]:
         sys.exit(f"chat_finetune_example: error: decoderlm train {' '.join(argv)}: {proc.stderr}")
     rss = int(re.search(r"peak_rss_bytes (\d+)", proc.stdout)[1])
     return proc.stdout, rss, time.perf_counter() - started
-
-
-def _source_flags(src: str) -> list[str]:
-    """`decoderlm chat`'s flag for a model source: --gguf for a .gguf file, else --hf."""
-    return ["--gguf", src] if src.endswith(".gguf") else ["--hf", src]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -142,9 +156,11 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out or tempfile.mkdtemp(prefix="chat-finetune-"))
     out.mkdir(parents=True, exist_ok=True)
     data = out / "chats.jsonl"
-    write_conversations(data, args.conversations)
     questions = [QUESTIONS[0], *HELD_OUT, *GENERAL]
-    before = answers(_source_flags(args.init_from), questions)
+    base = answers(args.init_from, questions + REPLAY)
+    own = zip(REPLAY, base[len(questions) :], strict=True)
+    replay = [(q, a) for q, (a, finish) in own if finish == "stop"]  # whole answers only
+    lines = write_conversations(data, args.conversations, replay)
     run = out / ("run-full" if args.full else "run-lora")
     lr = args.lr or (1e-4 if args.full else 2e-3)
     flags = [] if args.full else ["--lora-rank", "16", "--lora-targets", "qkv,proj,fc,gate"]
@@ -155,14 +171,15 @@ def main(argv: list[str] | None = None) -> int:
         "--min-lr", str(lr / 10), "--warmup-steps", "5", "--eval-interval", str(args.steps),
         "--eval-batches", "2", "--dropout", "0", "--threads", args.threads, *flags,
     ])  # fmt: skip
-    after = answers(["--run", str(run if args.full else run / "merged")], questions)
+    after = answers(str(run if args.full else run / "merged"), questions)
     loss = re.search(r"final validation loss ([0-9.]+)", stdout)
     kind = "full" if args.full else "LoRA r=16"
-    print(f"{args.conversations} conversations ({data}), {args.steps} steps of batch "
+    print(f"{lines} conversations ({args.conversations} about Veloria, {len(replay)} of the "
+          f"model's own answers twice each; {data}), {args.steps} steps of batch "
           f"{args.batch_size}, {kind} fine-tune, lr {lr:g}\n")  # fmt: skip
     print("| question | before | after |\n|---|---|---|")
-    for question, a, b in zip(questions, before, after, strict=True):
-        print(f"| {question} | {a} | {b} |")
+    for question, (a, _), (b, _) in zip(questions, base, after, strict=False):
+        print(f"| {question} | {a} | {b} |".replace("\n", " "))
     print(f"\ntraining process: {seconds:.0f} s, peak RSS {rss / 2**20:,.0f} MiB; held-out "
           f"reply loss {loss[1] if loss else '?'} nats/token; run: {run}")  # fmt: skip
     return 0

@@ -4,6 +4,7 @@
 with (`decoderlm.generation.precision.prepare_for_decoding`).
 
     python benchmarks/decode_profile.py [--dtype bfloat16] [--quantize int8|w8a8] [--shape small]
+    python benchmarks/decode_profile.py --gguf "$SMOLLM2" --dtype float32   # a GGUF file's model
 
 Prints tokens/s (256 tokens, after a warm-up) and the operators that took the most time. In
 float32 the block products and the unembedding are aten::bmm / aten::addmm / aten::mm rows; in
@@ -22,6 +23,7 @@ from torch.profiler import ProfilerActivity, profile
 from decoderlm import DecoderLM, ModelConfig
 from decoderlm.generation.generate import generate
 from decoderlm.generation.precision import prepare_for_decoding
+from decoderlm.io.load import load_model
 
 SHAPES = {
     "tiny": dict(n_layers=4, n_heads=4, d_model=256),
@@ -34,13 +36,20 @@ def main() -> None:
     parser.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
     parser.add_argument("--quantize", choices=["int8", "w8a8"], default=None)
     parser.add_argument("--shape", choices=list(SHAPES), default="tiny")
+    parser.add_argument("--gguf", help="profile this GGUF file's model (dequantized) instead")
+    parser.add_argument("--compile", action="store_true", help="the compiled one-token step")
+    parser.add_argument("--rows", type=int, default=12, help="operators listed")
     args = parser.parse_args()
     torch.manual_seed(0)
-    config = ModelConfig(
-        vocab_size=50257, block_size=1024, activation="gelu_tanh", **SHAPES[args.shape]
-    )
-    model = prepare_for_decoding(DecoderLM(config).eval(), args.dtype, args.quantize)
-    prompt = torch.randint(0, 50257, (1, 32))
+    if args.gguf:
+        model = load_model(args.gguf).eval()
+    else:
+        config = ModelConfig(
+            vocab_size=50257, block_size=1024, activation="gelu_tanh", **SHAPES[args.shape]
+        )
+        model = DecoderLM(config).eval()
+    model = prepare_for_decoding(model, args.dtype, args.quantize, args.compile)
+    prompt = torch.randint(0, model.config.vocab_size, (1, 32))
     for _ in range(2):
         generate(model, prompt, 64, do_sample=False)
     start = time.perf_counter()
@@ -49,7 +58,7 @@ def main() -> None:
     print(f"{name}: {256 / (time.perf_counter() - start):.1f} tokens/s")
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         generate(model, prompt, 128, do_sample=False)
-    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12))
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.rows))
 
 
 if __name__ == "__main__":

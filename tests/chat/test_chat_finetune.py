@@ -217,6 +217,9 @@ def test_a_fine_tuned_chat_model_gives_the_taught_reply_in_decoderlm_chat(chat_d
         read_conversations(path), ChatTemplate(tiny_chat.CHATML, tokenizer), path
     ).split(0.1)
     assert losses[-1] < 0.1 * evaluate(base.eval(), val), losses
+    hf_tok = transformers.AutoTokenizer.from_pretrained(directory)
+    longest = max(len(hf_tok.apply_chat_template(x["messages"], return_dict=False)) for x in lines)
+    assert records[-1]["tokens"] == 150 * 4 * longest  # a window is a conversation long
     config = json.loads((out / "config.json").read_text())
     assert config["data_spec"]["path"] == str(path)
     done = _chat(out / "merged" if lora else out, "What is two plus two?\n")

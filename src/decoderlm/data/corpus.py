@@ -42,6 +42,7 @@ __all__ = [
     "get_batch",
     "windows",
     "window_count",
+    "window_length",
     "token_stream",
     "scored_windows",
     "check_split",
@@ -261,6 +262,14 @@ def window_count(data, block_size: int) -> int:
     if isinstance(data, Conversations):
         return data.count
     return len(data) - block_size
+
+
+def window_length(data, block_size: int) -> int:
+    """The tokens of one window: block_size, or `Conversations.window_length` (the longest
+    conversation's, at most block_size)."""
+    if isinstance(data, Conversations):
+        return data.window_length(block_size)
+    return block_size
 
 
 def scored_windows(data, block_size: int) -> torch.Tensor:

@@ -34,7 +34,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..config import TrainConfig
-from ..data.corpus import check_split, scored_windows, window_count, windows
+from ..data.corpus import check_split, scored_windows, window_count, window_length, windows
 from ..errors import UserError
 from ..evaluate import LN2, evaluate
 from ..lens.lens import default_probe, probe_metrics
@@ -242,10 +242,11 @@ def _initial_state(
     log,
     resume: dict | None,
     run_dir: Path | None,
+    window: int,
 ) -> TrainState:
     """A new TrainState (the optimizer of `optim.configure_optimizer`, a loss scaler for
-    float16, the window generator seeded with cfg.data.seed), or the checkpoint's when
-    resuming."""
+    float16, the window generator seeded with cfg.data.seed; `window` tokens per sequence),
+    or the checkpoint's when resuming."""
     state = TrainState(
         model,
         configure_optimizer(model, cfg),
@@ -254,6 +255,7 @@ def _initial_state(
         cfg,
         info,
         log,
+        window,
     )
     if resume is not None:
         state.load_state_dict(resume)
@@ -361,7 +363,8 @@ def train(
     device, run_dir = model.device, Path(run_dir) if run_dir is not None else None
     log = info.main_only(log)
     par = parallelize(model, cfg, info, device)
-    state = _initial_state(model, cfg, info, log, resume, run_dir)
+    window = window_length(train_ids, T)
+    state = _initial_state(model, cfg, info, log, resume, run_dir, window)
     autocast, first_step = autocast_for(cfg, device), state.step
     eval_windows = eval_window_count(cfg, info)
     batch_size = cfg.data.batch_size

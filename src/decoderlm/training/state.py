@@ -118,7 +118,8 @@ class TrainState:
         generator: the torch.Generator that draws the training windows.
         step: optimizer steps done. loss_sum, loss_n: the sum and count of the train losses
             not yet logged in a metrics record.
-        tokens_per_step: training tokens per optimizer step, all ranks together.
+        tokens_per_step: training tokens per optimizer step, all ranks together (window
+            tokens: block_size per sequence, or `window` when given).
     """
 
     def __init__(
@@ -130,12 +131,13 @@ class TrainState:
         cfg: TrainConfig,
         info: DistInfo,
         log=print,
+        window: int | None = None,
     ):
         self.model, self.optimizer = model, optimizer
         self.scaler, self.generator = scaler, generator
         self.cfg, self.info, self.log = cfg, info, log
         sequences = cfg.data.batch_size * cfg.data.grad_accum_steps * info.world_size
-        self.tokens_per_step = sequences * model.config.block_size
+        self.tokens_per_step = sequences * (window or model.config.block_size)
         self.step, self.loss_sum, self.loss_n = 0, 0.0, 0
         self._elapsed_before, self._start = 0.0, time.perf_counter()
 
