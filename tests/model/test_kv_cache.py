@@ -173,6 +173,32 @@ def test_compiled_bfloat16_steps_give_the_logits_of_eager_steps():
     assert torch.equal(compiled.argmax(-1), eager.argmax(-1))
 
 
+def test_compiled_bfloat16_decoding_compiles_once_across_the_attention_threshold(monkeypatch):
+    """The eager step picks the written-out one-query attention once the cache holds enough
+    keys; the compiled step must not make that choice by the cache's length (a guard on it
+    compiles the step again as the cache grows past the threshold): with recompiling made an
+    error, decoding past the threshold still runs and gives the eager tokens."""
+    import decoderlm.model.model as model_module
+    from decoderlm.generation import steps
+
+    torch._dynamo.reset()
+    monkeypatch.setattr(steps, "_compiled_one_token", None)
+    model = halved_random_model(4, block_size=32).to(torch.bfloat16)
+    c = model.config
+    monkeypatch.setattr(model_module, "ONE_QUERY_MIN_ELEMENTS", c.n_kv_heads * 12 * c.head_dim)
+    ids = torch.randint(0, 65, (1, 24))
+    tokens = {}
+    for compile in (False, True):
+        step, cache = steps.decode_step(compile), KVCache(c, 1, "cpu", torch.bfloat16)
+        with torch.no_grad(), torch._dynamo.config.patch(error_on_recompile=True):
+            model.forward_cached(ids[:, :4], cache, torch.arange(4)[None])
+            tokens[compile] = [
+                step(model, ids[:, t : t + 1], cache, torch.tensor([[t]]), None).argmax(-1)
+                for t in range(4, 24)  # the cache passes 12 keys at t = 12
+            ]
+    assert torch.equal(torch.cat(tokens[True]), torch.cat(tokens[False]))
+
+
 def test_slot_cache_rows_of_different_lengths_give_each_rows_own_logits():
     model = tiny_model(seed=5)
     seqs = [[1, 2, 3, 4, 5], [6], [7, 8, 9], [10, 11]]

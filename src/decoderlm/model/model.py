@@ -176,12 +176,13 @@ def _written_out_wins(q: Tensor, k: Tensor) -> bool:
     GPT-2 small's 12 x 64, 256 of 4 x 32), past which torch's CPU flash-attention kernel
     (aten::_scaled_dot_product_flash_attention_for_cpu in `python benchmarks/decode_profile.py
     --shape small`) takes up to several times longer for one query; its cost grows about
-    twice as fast with S as the written-out product's."""
-    return (
-        q.dtype == torch.bfloat16
-        and q.device.type == "cpu"
-        and k[0].numel() >= ONE_QUERY_MIN_ELEMENTS
-    )
+    twice as fast with S as the written-out product's. Under torch.compile it is chosen at
+    every length: inductor fuses it, and a choice that depends on the cache's length would
+    guard on it and compile the decoding step a second time once the cache passes the
+    threshold (seen: 25 s more for SmolLM2-135M on a 2-core AMD EPYC)."""
+    if q.dtype != torch.bfloat16 or q.device.type != "cpu":
+        return False
+    return torch.compiler.is_compiling() or k[0].numel() >= ONE_QUERY_MIN_ELEMENTS
 
 
 def one_query_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
