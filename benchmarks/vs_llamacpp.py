@@ -326,6 +326,7 @@ def _server(kind: str, case: dict, port: int, threads: int) -> subprocess.Popen:
         for flag in ("dtype", "quantize"):
             if flag in case["ours"]:
                 command += [f"--{flag}", case["ours"][flag]]
+        command += ["--compile"] if case["ours"].get("compile") else []
     else:
         command = ["-m", "llama_cpp.server", "--model", str(case["gguf"]), "--n_ctx", "2048"]
         command += ["--n_threads", str(threads), "--n_threads_batch", str(threads)]
@@ -442,7 +443,7 @@ def chat_compare(args) -> None:
     for _ in range(args.rounds):
         for kind, precision in contenders:  # one server at a time, in turn
             port = free_port()
-            ours = PRECISIONS[precision][0] if kind == "ours" else {}
+            ours = {**PRECISIONS[precision][0], "compile": args.compile} if kind == "ours" else {}
             server = _server(kind, {**case, "ours": ours}, port, args.threads)
             try:
                 url = f"http://127.0.0.1:{port}"
