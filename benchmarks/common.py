@@ -151,3 +151,24 @@ def spread(values: list[float]) -> str:
         return "n/a"
     half = (max(values) - min(values)) / 2
     return f"{statistics.fmean(values):.4f} ± {half:.4f}"
+
+
+# `decoderlm train` in this process, then its peak resident set size (Linux: ru_maxrss in KiB)
+_TRAIN_WITH_RSS = (
+    "import resource, sys\n"
+    "from decoderlm.cli import main\n"
+    "rc = main(sys.argv[1:])\n"
+    "print('peak_rss_bytes', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)\n"
+    "sys.exit(rc)\n"
+)
+
+
+def train_with_peak_rss(argv: list[str]) -> tuple[str, int]:
+    """Run `decoderlm train --no-progress ARGV` in a new process: (its stdout, its peak
+    resident set size in bytes); exits with the script's name and train's stderr if it fails."""
+    command = [sys.executable, "-c", _TRAIN_WITH_RSS, "train", "--no-progress", *argv]
+    proc = subprocess.run(command, capture_output=True, text=True)
+    if proc.returncode:
+        script = Path(sys.argv[0]).stem
+        sys.exit(f"{script}: error: decoderlm train {' '.join(argv)}: {proc.stderr}")
+    return proc.stdout, int(re.search(r"peak_rss_bytes (\d+)", proc.stdout)[1])

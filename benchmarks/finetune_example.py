@@ -28,34 +28,19 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from common import SHAKESPEARE_HINT, require_file
+from common import SHAKESPEARE_HINT, require_file, train_with_peak_rss
 
 TINY_SHAPE = ["--n-layers", "1", "--d-model", "32", "--n-heads", "2", "--block-size", "32"]
 TINY_TRAIN = ["--batch-size", "4", "--eval-batches", "2", "--dtype", "float32"]
 
 
-# `decoderlm train` in this process, then its peak resident set size (Linux: ru_maxrss in KiB)
-_CHILD = (
-    "import resource, sys\n"
-    "from decoderlm.cli import main\n"
-    "rc = main(sys.argv[1:])\n"
-    "print('peak_rss_bytes', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)\n"
-    "sys.exit(rc)\n"
-)
-
-
 def train(argv: list[str]) -> tuple[str, int]:
     """Run `decoderlm train ARGV` in a new process: (stdout, peak RSS in bytes)."""
-    command = [sys.executable, "-c", _CHILD, "train", "--no-progress", *argv]
-    proc = subprocess.run(command, capture_output=True, text=True)
-    if proc.returncode:
-        sys.exit(f"finetune_example: error: decoderlm train {' '.join(argv)}: {proc.stderr}")
-    return proc.stdout, int(re.search(r"peak_rss_bytes (\d+)", proc.stdout)[1])
+    return train_with_peak_rss(argv)
 
 
 def summarize(name: str, out: Path, stdout: str, peak: int) -> dict:
