@@ -188,7 +188,7 @@ def _ids_of_data_spec(run: Path, tokenizer: Tokenizer, split: str) -> tuple[np.n
         raise UserError(
             f"{run} trained on the conversations of {spec['path']}, which `decoderlm eval` "
             f"does not score (the loss on the held-out replies is each record's val_loss in "
-            f"{run / 'metrics.jsonl'}); pass --data PATH to evaluate on a text file"
+            f"the training run's metrics.jsonl); pass --data PATH to evaluate on a text file"
         )
     _, train_ids, val_ids, source, _ = load_corpus(spec, tokenizer)
     ids = val_ids if split == "val" else train_ids

@@ -225,3 +225,20 @@ def test_a_fine_tuned_chat_model_gives_the_taught_reply_in_decoderlm_chat(chat_d
     done = _chat(out / "merged" if lora else out, "What is two plus two?\n")
     assert done.returncode == 0, done.stderr
     assert done.stdout == f"{reply}\n"
+
+
+def test_one_conversation_is_refused_and_a_long_one_is_said_to_be_cut(chat_dir, tmp_path, capsys):
+    """One conversation leaves no validation split: refused, asking for two. A reply longer
+    than the context trains, with a note that its tokens past the context are not trained."""
+    directory, _ = chat_dir
+    path = tmp_path / "chats.jsonl"
+    path.write_text(json.dumps({"messages": CONVERSATIONS[0]}) + "\n", encoding="utf-8")
+    argv = ["train", "--init-from", str(directory), "--data", str(path), "--max-steps", "1"]
+    argv += ["--batch-size", "1", "--eval-batches", "1", "--no-progress", "--sample-chars", "2"]
+    assert main([*argv, "--out", str(tmp_path / "one")]) == 2
+    assert "at least two conversations" in capsys.readouterr().err
+    long = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "yes " * 40}]
+    lines = [json.dumps({"messages": m}) for m in (long, *CONVERSATIONS)]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    assert main([*argv, "--block-size", "120", "--out", str(tmp_path / "long")]) == 0
+    assert "note: 1 of 3 conversations are longer than block_size 120" in capsys.readouterr().out

@@ -279,8 +279,8 @@ class Conversations:
         naming the line."""
         if not self.count:
             raise UserError(
-                f"the {name} split has no conversation; give more conversations (one at least "
-                f"for each split) or --val-fraction 0.1"
+                f"the {name} split has no conversation; give at least two conversations (the "
+                f"last --val-fraction of them, one at least, is the validation split)"
             )
         trained = self.targets >= 0
         for s, e, line in zip(self.starts, self.ends, self.lines, strict=True):

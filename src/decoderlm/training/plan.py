@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import FinetuneConfig, ModelConfig, TrainConfig
+from ..data.conversations import Conversations
 from ..data.corpus import check_split, data_spec, load_corpus
 from ..errors import UserError
 from ..files import read_json
@@ -291,6 +292,7 @@ def _finetune_plan(
             f"it with the model's tokenizer"
         )
     log(f"fine-tuning from {init_source.info['path']} ({init_source.info['kind']} weights)")
+    _note_long_conversations(train_ids, val_ids, model_cfg.block_size, log)
     out_dir = _out_dir(request, preset)
     if out_dir.resolve() == Path(init_source.info["path"]):
         raise UserError(f"--out {request.out} is the --init-from directory; choose another --out")
@@ -307,6 +309,20 @@ def _finetune_plan(
         start_model=base,
         init_from=base_record(init_source.info, out_dir),
     )
+
+
+def _note_long_conversations(train, val, block_size: int, log) -> None:
+    """One note when conversations are longer than the context: their tokens past it are
+    neither seen nor trained."""
+    if not isinstance(train, Conversations):
+        return
+    lengths = [e - s for data in (train, val) for s, e in zip(data.starts, data.ends, strict=True)]
+    longer = sum(n > block_size for n in lengths)
+    if longer:
+        log(
+            f"note: {longer} of {len(lengths)} conversations are longer than block_size "
+            f"{block_size} tokens; what follows their first {block_size} tokens is not trained"
+        )
 
 
 def _resumed_plan(request: RunRequest, info: DistInfo, log) -> RunPlan:

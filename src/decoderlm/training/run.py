@@ -273,7 +273,8 @@ def _set_threads(threads, model: DecoderLM, plan: RunPlan, device, log) -> Threa
 def _size(data) -> str:
     """A split's size in words: its tokens, and its conversations when it has them."""
     if isinstance(data, Conversations):
-        return f"{data.count:,} conversations ({len(data):,} tokens)"
+        plural = "s" if data.count != 1 else ""
+        return f"{data.count:,} conversation{plural} ({len(data):,} tokens)"
     return f"{len(data):,} tokens"
 
 
