@@ -422,7 +422,8 @@ def chat_round(url: str, conversations: int, max_tokens: int) -> float:
         return client.post(f"{url}/v1/chat/completions", json=body)
 
     limits = httpx.Limits(max_connections=conversations, max_keepalive_connections=conversations)
-    with httpx.Client(limits=limits, timeout=900) as client, ThreadPoolExecutor(8) as pool:
+    pool = ThreadPoolExecutor(conversations)
+    with httpx.Client(limits=limits, timeout=900) as client, pool:
         start = time.perf_counter()
         answers = list(pool.map(ask, range(conversations)))
         wall = time.perf_counter() - start

@@ -209,10 +209,18 @@ class Conversations:
             ids += conv
             targets += [t if keep else -1 for t, keep in zip(conv, trained, strict=True)]
             ends.append(len(ids))
-        pad = max(e - s for s, e in zip(starts, ends, strict=True)) + 1
         lines = [number for number, _ in conversations]
-        arrays = (ids + [0] * pad, targets + [-1] * pad, starts, ends, lines)
-        return cls(*(np.asarray(a, dtype=np.int64) for a in arrays))
+        return cls._padded(
+            *(np.asarray(a, dtype=np.int64) for a in (ids, targets, starts, ends, lines))
+        )
+
+    @classmethod
+    def _padded(cls, ids, targets, starts, ends, lines) -> Conversations:
+        """Conversations of unpadded [N] ids and targets, with the padding of `ids` added."""
+        pad = int((ends - starts).max()) + 1 if len(starts) else 0
+        ids = np.concatenate([ids, np.zeros(pad, dtype=np.int64)])
+        targets = np.concatenate([targets, np.full(pad, -1, dtype=np.int64)])
+        return cls(ids, targets, starts, ends, lines)
 
     def __len__(self) -> int:
         """N: the conversations' tokens (padding left out)."""
@@ -224,9 +232,14 @@ class Conversations:
         return len(self.starts)
 
     @property
+    def lengths(self) -> np.ndarray:
+        """[C] the tokens of each conversation."""
+        return self.ends - self.starts
+
+    @property
     def longest(self) -> int:
         """The most tokens of one conversation."""
-        return int((self.ends - self.starts).max()) if self.count else 0
+        return int(self.lengths.max()) if self.count else 0
 
     @property
     def trained_tokens(self) -> int:
@@ -240,13 +253,9 @@ class Conversations:
     def subset(self, index: slice) -> Conversations:
         """The conversations `index` selects (a slice of 0..C-1), with their own padding."""
         starts, ends = self.starts[index], self.ends[index]
-        if not len(starts):
-            return Conversations(*(np.zeros(0, dtype=np.int64) for _ in range(5)))
-        lo, hi = int(starts[0]), int(ends[-1])
-        pad = int((ends - starts).max()) + 1
-        ids = np.concatenate([self.ids[lo:hi], np.zeros(pad, dtype=np.int64)])
-        targets = np.concatenate([self.targets[lo:hi], np.full(pad, -1, dtype=np.int64)])
-        return Conversations(ids, targets, starts - lo, ends - lo, self.lines[index])
+        lo, hi = (int(starts[0]), int(ends[-1])) if len(starts) else (0, 0)
+        ids, targets = self.ids[lo:hi], self.targets[lo:hi]
+        return self._padded(ids, targets, starts - lo, ends - lo, self.lines[index])
 
     def split(self, val_fraction: float) -> tuple[Conversations, Conversations]:
         """(train, validation): the first 1 - val_fraction of the conversations and the rest,

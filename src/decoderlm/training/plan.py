@@ -316,11 +316,10 @@ def _note_long_conversations(train, val, block_size: int, log) -> None:
     neither seen nor trained."""
     if not isinstance(train, Conversations):
         return
-    lengths = [e - s for data in (train, val) for s, e in zip(data.starts, data.ends, strict=True)]
-    longer = sum(n > block_size for n in lengths)
+    longer = int((train.lengths > block_size).sum() + (val.lengths > block_size).sum())
     if longer:
         log(
-            f"note: {longer} of {len(lengths)} conversations are longer than block_size "
+            f"note: {longer} of {train.count + val.count} conversations are longer than block_size "
             f"{block_size} tokens; what follows their first {block_size} tokens is not trained"
         )
 
