@@ -182,7 +182,6 @@ def test_compiled_bfloat16_decoding_compiles_once_across_the_attention_threshold
     from decoderlm.generation import steps
 
     torch._dynamo.reset()
-    monkeypatch.setattr(steps, "_compiled_one_token", None)
     model = halved_random_model(4, block_size=32).to(torch.bfloat16)
     c = model.config
     monkeypatch.setattr(model_module, "ONE_QUERY_MIN_ELEMENTS", c.n_kv_heads * 12 * c.head_dim)
@@ -220,3 +219,34 @@ def test_slot_cache_rows_of_different_lengths_give_each_rows_own_logits():
             assert torch.isfinite(logits).all()
             assert torch.allclose(logits[i, -1], alone, atol=1e-5)
     assert slots.lengths.tolist() == [5, 2, 3]
+
+
+def test_compiled_steps_of_two_models_of_one_depth_never_share_a_graph():
+    """The compiled step leaves out torch.compile's guards on the model's modules; each model
+    must still get its own graph: a swiglu model decoded compiled after a gelu model of the
+    same depth gives its own eager tokens (a shared graph would run the gelu MLP on it)."""
+    torch._dynamo.reset()
+    prompt = torch.randint(0, 65, (1, 5))
+    for mlp in ("gelu", "swiglu"):
+        model = halved_random_model(4, block_size=32, mlp=mlp, pos_encoding="rope")
+        compiled = prepare_for_decoding(copy.deepcopy(model), compile=True)
+        expected = generate(model, prompt, 12, do_sample=False)
+        assert torch.equal(generate(compiled, prompt, 12, do_sample=False), expected)
+
+
+def test_a_hook_attached_after_compiling_still_runs_while_decoding():
+    """Hooks added to a model whose compiled step already exists run at every decoding step
+    (the step then runs eagerly), and the tokens stay those of the eager model."""
+    torch._dynamo.reset()
+    model = halved_random_model(4, block_size=32)
+    compiled = prepare_for_decoding(copy.deepcopy(model), compile=True)
+    prompt = torch.randint(0, 65, (1, 5))
+    generate(compiled, prompt, 3, do_sample=False)  # compiles the step
+    seen = []
+    handle = compiled.blocks[0].attn.hook_z.register_forward_hook(lambda m, i, o: seen.append(1))
+    try:
+        tokens = generate(compiled, prompt, 6, do_sample=False)
+    finally:
+        handle.remove()
+    assert len(seen) == 6  # the prompt's pass and five one-token steps
+    assert torch.equal(tokens, generate(model, prompt, 6, do_sample=False))

@@ -16,7 +16,7 @@ import torch
 from ..errors import UserError
 from .params import SamplingParams
 from .precision import decoding_setup
-from .steps import decode_step, prefill
+from .steps import decode_step, fixed_capacity, prefill
 
 __all__ = [
     "generate",
@@ -187,7 +187,10 @@ def stream_generate(
         mask = torch.ones(ids.shape, dtype=torch.bool, device=idx.device)
         mask[:, :T0] = attention_mask.to(device=idx.device, dtype=torch.bool)
     setup = decoding_setup(model)
-    one_token = decode_step(setup is not None and setup.compile)
+    compiled = setup is not None and setup.compile
+    one_token = decode_step(compiled)
+    # a compiled step attends over the whole cache: size it to the tokens it will hold
+    capacity = fixed_capacity(model, T0 + params.max_new_tokens) if compiled else None
     was_training = model.training
     model.eval()
     stops = _stop_tensors(model, params)
@@ -200,7 +203,7 @@ def stream_generate(
             if cache is None:  # the prompt, a slid window; without use_cache, every step
                 lo = max(0, n - window)
                 cache, positions, logits = prefill(
-                    model, ids[:, lo:n], None if mask is None else mask[:, lo:n]
+                    model, ids[:, lo:n], None if mask is None else mask[:, lo:n], capacity
                 )
                 cache, positions = cache if use_cache else None, positions[:, -1:]
             else:  # one new token

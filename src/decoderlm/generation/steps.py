@@ -13,16 +13,19 @@ prefill, the one-token step and the context slide of a batch's rows.
 
 from __future__ import annotations
 
+import types
+import weakref
+
 import torch
 
 from ..model.kv_cache import KVCache
 from .precision import activation_dtype
 
-__all__ = ["prefill", "slide", "decode_step"]
+__all__ = ["prefill", "slide", "decode_step", "fixed_capacity"]
 
 
 def prefill(
-    model, ids: torch.Tensor, attention_mask: torch.Tensor | None = None
+    model, ids: torch.Tensor, attention_mask: torch.Tensor | None = None, capacity=None
 ) -> tuple[KVCache, torch.Tensor, torch.Tensor]:
     """One forward pass over ids into a new KVCache (in the model's activation dtype).
 
@@ -31,6 +34,7 @@ def prefill(
         ids: [B, T] int64, T <= max_positions.
         attention_mask: [B, T] bool, False for left padding (positions then count real
             tokens only), or None (no padding).
+        capacity: the cache's positions (`KVCache`), >= T; None: max_positions + 1.
 
     Returns:
         (cache holding the T tokens, positions [B, T] int64 of the tokens, logits [B,
@@ -41,7 +45,7 @@ def prefill(
         positions = torch.arange(T, device=ids.device).expand(B, -1)
     else:
         positions = (attention_mask.long().cumsum(1) - 1).clamp(min=0)
-    cache = KVCache(model.config, B, ids.device, activation_dtype(model))
+    cache = KVCache(model.config, B, ids.device, activation_dtype(model), capacity)
     logits = model.forward_cached(ids, cache, positions, attention_mask, last_only=True)
     return cache, positions, logits[:, -1]
 
@@ -80,7 +84,57 @@ def _one_token(model, idx, cache, positions, key_mask=None):
     return model.forward_cached(idx, cache, positions, key_mask, last_only=True)
 
 
-_compiled_one_token = None
+def _fixed_one_token(model, idx, cache, positions, key_mask=None):
+    return model.forward_cached(idx, cache, positions, key_mask, last_only=True, advance=False)
+
+
+_compiled: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {kind: step}
+
+
+def _compiled_step(model, kind: str):
+    """The torch.compile'd form of a step function for this model, built on first use.
+
+    Its guards on the model's modules are left out (torch's
+    `skip_guard_on_all_nn_modules_unsafe`): SmolLM2-135M's 30 layers have about 7,700 of
+    them, checked at every call in 1.5 ms of a 15 ms token (benchmarks/README.md). That is
+    safe here because the modules of a prepared model do not change but for hooks, which
+    `_compiled_one_token` checks itself, and because each model's step is a copy of the
+    function with its own code object, where torch.compile keeps its graphs: a graph is
+    never run on another model.
+    """
+    steps = _compiled.setdefault(model, {})
+    if kind not in steps:
+        function = _fixed_one_token if kind == "fixed" else _one_token
+        own = types.FunctionType(function.__code__.replace(), function.__globals__, kind)
+        options = {"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe}
+        steps[kind] = torch.compile(own, dynamic=True, options=options)
+        # not the model itself: a value holding its key would keep the model alive
+        steps["modules"] = [m for m in model.modules() if m is not model]
+    return steps[kind]
+
+
+def _hooked(model) -> bool:
+    """Whether a forward hook is attached to any module of the model (its compiled step,
+    built without guards on them, would not run the hook: the step then runs eagerly)."""
+    modules = _compiled.get(model, {}).get("modules") or model.modules()
+    return any(m._forward_hooks or m._forward_pre_hooks for m in (model, *modules))
+
+
+def _compiled_one_token(model, idx, cache, positions, key_mask=None):
+    """The compiled step: fixed shapes for a `KVCache`, the growing slices of a
+    `SlotKVCache`; the eager step while a forward hook is attached to the model."""
+    if _hooked(model):
+        return _one_token(model, idx, cache, positions, key_mask)
+    if not isinstance(cache, KVCache):
+        return _compiled_step(model, "slots")(model, idx, cache, positions, key_mask)
+    cache.fix()
+    if key_mask is not None:  # [B, length + 1] -> [B, capacity], False past the new token
+        full = key_mask.new_zeros(key_mask.size(0), cache.capacity)
+        full[:, : key_mask.size(1)] = key_mask
+        key_mask = full
+    logits = _compiled_step(model, "fixed")(model, idx, cache, positions, key_mask)
+    cache.advance(idx.size(1))
+    return logits
 
 
 def decode_step(compile: bool = False):
@@ -96,15 +150,23 @@ def decode_step(compile: bool = False):
 
     Args:
         compile: False: a plain call of model.forward_cached(idx, cache, positions, key_mask,
-            last_only=True); True: the same under torch.compile, built on first use and
-            shared by every caller, with dynamic shapes so that the growing cache does not
-            recompile at every step (the first calls compile: seconds; needs a C++ compiler
-            on the CPU). The decoding paths take it from the model's
+            last_only=True); True: the same under torch.compile, built on a model's first
+            use for that model (the first calls compile: seconds; needs a C++ compiler on
+            the CPU). What is compiled is the model as it is then: a model whose weights or
+            layers later change must be prepared afresh; while a forward hook is attached
+            the step runs eagerly, so that the hook runs. A `KVCache` is switched to fixed
+            shapes (`KVCache.fix`): every step attends over the cache's whole capacity
+            under a mask, so a cache sized to the prompt and its new tokens (`prefill`'s
+            capacity) costs little more than the tokens it holds, and the step's shapes
+            never change; a `SlotKVCache` runs with dynamic shapes over its growing rows.
+            Both are compiled with dynamic shapes, so a new capacity or batch size does not
+            compile again. The decoding paths take compile from the model's
             `precision.DecodingSetup` (`prepare_for_decoding(..., compile=True)`).
     """
-    global _compiled_one_token
-    if not compile:
-        return _one_token
-    if _compiled_one_token is None:
-        _compiled_one_token = torch.compile(_one_token, dynamic=True)
-    return _compiled_one_token
+    return _compiled_one_token if compile else _one_token
+
+
+def fixed_capacity(model, tokens: int) -> int:
+    """The KV cache capacity a compiled step's cache gets for `tokens` positions: rounded up
+    to a multiple of 64 (whole vectors for the attention's loops), at most max_positions + 1."""
+    return min(model.config.max_positions + 1, -(-tokens // 64) * 64)

@@ -14,30 +14,62 @@ __all__ = ["KVCache", "SlotKVCache"]
 class KVCache:
     """Keys and values of every layer for decoding.
 
-    k[l], v[l]: [B, n_kv_heads, max_positions + 1, head_dim] in `dtype` (grouped-query
-    attention's n_kv_heads key/value heads only, never repeated), of which the first
-    `length` (<= max_positions) positions are filled. The spare position keeps even a full
-    cache a strict slice of the buffers, so one compiled decoding step serves every length (a
-    slice that is the whole buffer would be compiled again).
+    k[l], v[l]: [B, n_kv_heads, capacity, head_dim] in `dtype` (grouped-query attention's
+    n_kv_heads key/value heads only, never repeated), of which the first `length` positions
+    are filled. The default capacity, max_positions + 1, has a spare position that keeps even
+    a full cache a strict slice of the buffers, so one compiled step with dynamic shapes
+    serves every length (a slice that is the whole buffer would be compiled again).
+
+    Fixed-shape steps (`fix`): from then on a one-token update writes its keys and values at
+    the position held in the tensor `slot` and returns the whole buffers, and the attention
+    mask covers all `capacity` positions (those past the new token masked out), so every
+    step has the same shapes whatever the length: the form of a compiled decoding step
+    (`generation.steps.decode_step`).
 
     Args:
         config: the model's ModelConfig.
         batch_size: B.
         device, dtype: those of the model's weights.
+        capacity: the positions the buffers hold, >= the tokens they will be given; None:
+            max_positions + 1.
     """
 
-    def __init__(self, config: ModelConfig, batch_size: int, device, dtype):
-        shape = (batch_size, config.n_kv_heads, config.max_positions + 1, config.head_dim)
+    def __init__(self, config: ModelConfig, batch_size: int, device, dtype, capacity=None):
+        capacity = config.max_positions + 1 if capacity is None else capacity
+        shape = (batch_size, config.n_kv_heads, capacity, config.head_dim)
         self.k = [torch.empty(shape, device=device, dtype=dtype) for _ in range(config.n_layers)]
         self.v = [torch.empty(shape, device=device, dtype=dtype) for _ in range(config.n_layers)]
         self.length = 0
+        self.slot: torch.Tensor | None = None  # [1] int64 once fixed: the next position
+
+    @property
+    def capacity(self) -> int:
+        """The positions the buffers hold."""
+        return self.k[0].size(2)
+
+    def fix(self) -> None:
+        """Switch to fixed-shape one-token steps (see the class docstring); idempotent. The
+        positions past `length` are zeroed: a masked position gets weight 0 in attention,
+        and 0 times an uninitialised NaN would be NaN."""
+        if self.slot is not None:
+            return
+        for buffers in (self.k, self.v):
+            for buffer in buffers:
+                buffer[:, :, self.length :].zero_()
+        self.slot = torch.tensor([self.length], device=self.k[0].device)
 
     def update(
         self, layer: int, k: torch.Tensor, v: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Write the new keys and values k, v [B, n_kv_heads, T, head_dim] of `layer` at positions
         length..length + T - 1 and return all of them, [B, n_kv_heads, length + T, head_dim]
-        each. `length` itself moves on in `advance`, once every layer has been updated."""
+        each. `length` itself moves on in `advance`, once every layer has been updated.
+        After `fix`, one new token (T = 1) is written at `slot` and the whole buffers, [B,
+        n_kv_heads, capacity, head_dim], are returned."""
+        if self.slot is not None and k.size(-2) == 1:  # fixed shapes: the whole buffers
+            self.k[layer].index_copy_(2, self.slot, k)
+            self.v[layer].index_copy_(2, self.slot, v)
+            return self.k[layer], self.v[layer]
         start, T = self.length, k.size(-2)
         self.k[layer][:, :, start : start + T] = k
         self.v[layer][:, :, start : start + T] = v
@@ -46,6 +78,8 @@ class KVCache:
     def advance(self, T: int) -> None:
         """Count T more filled positions (after a forward pass over T new tokens)."""
         self.length += T
+        if self.slot is not None:
+            self.slot.fill_(self.length)
 
     def attention_mask(self, T: int, key_mask: torch.Tensor | None) -> torch.Tensor | None:
         """The mask of T new queries over the length + T keys, bool [B, 1, T, length + T],
@@ -57,8 +91,13 @@ class KVCache:
 
         Returns:
             None when no mask is needed (no padding, and one new token or an empty cache, so
-            the plain causal rule of scaled_dot_product_attention applies).
+            the plain causal rule of scaled_dot_product_attention applies). After `fix`, for
+            one new token: bool [B or 1, 1, 1, capacity], True at positions 0 .. slot
+            (key_mask, if given, [B, capacity] and False past the new token, anded in).
         """
+        if self.slot is not None and T == 1:
+            seen = (torch.arange(self.capacity, device=self.slot.device) <= self.slot)[None]
+            return (seen if key_mask is None else seen & key_mask)[:, None, None]
         start = self.length
         if key_mask is None and (T == 1 or start == 0):
             return None

@@ -180,9 +180,11 @@ def _written_out_wins(q: Tensor, k: Tensor) -> bool:
     every length: inductor fuses it, and a choice that depends on the cache's length would
     guard on it and compile the decoding step a second time once the cache passes the
     threshold (seen: 25 s more for SmolLM2-135M on a 2-core AMD EPYC)."""
-    if q.dtype != torch.bfloat16 or q.device.type != "cpu":
+    if q.device.type != "cpu":
         return False
-    return torch.compiler.is_compiling() or k[0].numel() >= ONE_QUERY_MIN_ELEMENTS
+    if torch.compiler.is_compiling():
+        return True
+    return q.dtype == torch.bfloat16 and k[0].numel() >= ONE_QUERY_MIN_ELEMENTS
 
 
 def one_query_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
@@ -190,11 +192,29 @@ def one_query_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) ->
     `mask` (bool [B, 1, T, S], True where allowed; None: all of them, as for one new token
     after its cache): q [B, n_heads, T, head_dim], k, v [B, n_kv_heads, S, head_dim] (grouped
     as in `attention_pattern`) -> [B, n_heads, T, head_dim] in v's dtype; the softmax runs in
-    float32."""
+    float32. Under torch.compile both products are written as multiply-and-sum over
+    float32 (`_reduced_one_query`), which inductor fuses into loops over the keys; eagerly
+    they are matmuls."""
+    if torch.compiler.is_compiling():
+        return _reduced_one_query(q, k, v, mask)
     scores = _scores(q, k).float()
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
     return _weighted(scores.softmax(dim=-1).to(v.dtype), v)
+
+
+def _reduced_one_query(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
+    """`one_query_attention` as multiply-and-sum (shapes as there): the G = n_heads /
+    n_kv_heads query heads of a group stacked as in `_scores`, scores [B, n_kv_heads, G T,
+    S] and the weighted sum [B, n_kv_heads, G T, head_dim] each one reduction."""
+    B, H, T, D = q.shape
+    H_kv = k.size(1)
+    q = q.float().reshape(B, H_kv, -1, 1, D) * (1.0 / math.sqrt(D))
+    scores = (q * k.float()[:, :, None]).sum(-1).view(B, H, T, -1)  # [B, n_heads, T, S]
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    att = scores.softmax(dim=-1).view(B, H_kv, -1, scores.size(-1), 1)
+    return (att * v.float()[:, :, None]).sum(-2).view(B, H, T, D).to(v.dtype)
 
 
 class CausalSelfAttention(nn.Module):
@@ -543,7 +563,13 @@ class DecoderLM(nn.Module):
         return logits, loss
 
     def forward_cached(
-        self, idx: Tensor, cache: KVCache, position_ids, key_mask=None, last_only=False
+        self,
+        idx: Tensor,
+        cache: KVCache,
+        position_ids,
+        key_mask=None,
+        last_only=False,
+        advance: bool = True,
     ):
         """Logits of new tokens given the keys and values of the earlier ones (decoding).
 
@@ -553,15 +579,19 @@ class DecoderLM(nn.Module):
                 are appended to it (its length grows by T).
             position_ids: [B, T] int64, each new token's position (< max_positions).
             key_mask: [B, cache.length + T] bool, False for padding (never attended to);
-                None means no padding.
+                None means no padding. A fixed cache's one-token step (`KVCache.fix`) takes
+                [B, cache.capacity].
             last_only: compute the logits of the last position only.
+            advance: count the new tokens in the cache (`cache.advance`); False leaves that
+                to the caller (a compiled step that must not read the cache's length).
 
         Returns:
             logits [B, T, vocab_size] ([B, 1, vocab_size] with last_only).
         """
         mask = cache.attention_mask(idx.size(1), key_mask)
         logits = self._logits(idx, position_ids, cache, mask, last_only)
-        cache.advance(idx.size(1))
+        if advance:
+            cache.advance(idx.size(1))
         return logits
 
     def num_parameters(self, non_embedding: bool = False) -> int:
