@@ -95,8 +95,8 @@ def _compiled_step(model, kind: str):
     """The torch.compile'd form of a step function for this model, built on first use.
 
     Its guards on the model's modules are left out (torch's
-    `skip_guard_on_all_nn_modules_unsafe`): SmolLM2-135M's 30 layers have about 7,700 of
-    them, checked at every call in 1.5 ms of a 15 ms token (benchmarks/README.md). That is
+    `skip_guard_on_all_nn_modules_unsafe`): thousands for a model of 30 layers, checked at
+    every call (their cost: benchmarks/README.md, "The fixed-shape compiled step"). That is
     safe here because the modules of a prepared model do not change but for hooks, which
     `_compiled_one_token` checks itself, and because each model's step is a copy of the
     function with its own code object, where torch.compile keeps its graphs: a graph is

@@ -176,10 +176,10 @@ def _written_out_wins(q: Tensor, k: Tensor) -> bool:
     GPT-2 small's 12 x 64, 256 of 4 x 32), past which torch's CPU flash-attention kernel
     (aten::_scaled_dot_product_flash_attention_for_cpu in `python benchmarks/decode_profile.py
     --shape small`) takes up to several times longer for one query; its cost grows about
-    twice as fast with S as the written-out product's. Under torch.compile it is chosen at
-    every length: inductor fuses it, and a choice that depends on the cache's length would
-    guard on it and compile the decoding step a second time once the cache passes the
-    threshold (seen: 25 s more for SmolLM2-135M on a 2-core AMD EPYC)."""
+    twice as fast with S as the written-out product's. Under torch.compile it is chosen in
+    every dtype and at every length: inductor fuses it (`_reduced_one_query`), and a choice
+    that depends on the cache's length would guard on it and compile the decoding step a
+    second time once the cache passes the threshold."""
     if q.device.type != "cpu":
         return False
     if torch.compiler.is_compiling():
@@ -230,7 +230,8 @@ class CausalSelfAttention(nn.Module):
     cache: a `KVCache` (decoding); this layer's new keys and values are appended to it and
     attention runs over all of them under `mask` (bool [B, 1, T, S], True where query t may
     see key s; None: plain causal, see `KVCache.attention_mask`); one new bfloat16 token over
-    many cached keys on the CPU runs `one_query_attention` (the same product, faster there).
+    many cached keys on the CPU, or any one new token under torch.compile, runs
+    `one_query_attention` (the same product, faster there).
 
     `impl` picks the training kernel: "sdpa" (F.scaled_dot_product_attention, memory linear in
     T) or "explicit" (`attention_scores` and the softmax written out, in training mode; eval
