@@ -40,3 +40,38 @@ def test_reduction_linear_is_the_same_product(dtype):
     # no less exact than F.linear in the same dtype (bfloat16 keeps 8 bits of mantissa)
     tolerance = max(1e-4, 2 * (F.linear(x, weight, bias).double() - exact).abs().max().item())
     assert (y.double() - exact).abs().max() <= tolerance
+
+
+@pytest.mark.parametrize("native", [False, True])
+def test_a_bfloat16_prompt_is_multiplied_in_the_cpus_prompt_dtype(monkeypatch, native):
+    """A prompt's bfloat16 (and int8) products run in bfloat16 only on a CPU that multiplies
+    it natively; elsewhere in float32, the weights converted for the pass. One-row products
+    (decoding) stay in bfloat16."""
+    import torch.nn.functional as F
+
+    from decoderlm.generation import cpu_decode
+    from decoderlm.generation.precision import Int8Linear
+
+    monkeypatch.setattr(cpu_decode, "native_bfloat16", lambda: native)
+    seen, linear = [], F.linear
+
+    def spy(x, weight, bias=None):
+        seen.append((x.dtype, weight.dtype))
+        return linear(x, weight, bias)
+
+    monkeypatch.setattr(F, "linear", spy)
+    dtype = torch.bfloat16 if native else torch.float32
+    assert cpu_decode.prompt_dtype() == dtype
+    layer = cpu_decode.DecodeLinear(64, 48, dtype=torch.bfloat16)
+    int8 = Int8Linear(torch.nn.Linear(64, 48, bias=False), torch.bfloat16)
+    prompt, one = torch.randn(1, 16, 64).bfloat16(), torch.randn(1, 1, 64).bfloat16()
+    with torch.no_grad():
+        outputs = [layer(prompt), int8(prompt), layer(one)]
+    assert seen == [(dtype, dtype), (dtype, dtype), (torch.bfloat16, torch.bfloat16)]
+    assert all(y.dtype == torch.bfloat16 for y in outputs)
+    w, b = layer.weight.double(), layer.bias.double()
+    exact = F.linear(prompt.double(), w, b)  # of the rounded inputs
+    assert torch.allclose(outputs[0].double(), exact, atol=0.02, rtol=0.01)
+    dequantised = int8.weight.double() * int8.scales.double()[:, None]
+    exact = F.linear(prompt.double(), dequantised)
+    assert torch.allclose(outputs[1].double(), exact, atol=0.02, rtol=0.01)

@@ -114,3 +114,16 @@ def test_params_or_keywords_give_the_same_tokens():
     assert torch.equal(generate(model, prompt, params=params), by_keywords)
     with pytest.raises(TypeError, match="not both"):
         generate(model, prompt, 12, params=params)
+
+
+def test_without_a_cpp_compiler_compile_decodes_eagerly_and_says_so(monkeypatch, capsys):
+    monkeypatch.setenv("CXX", "/nonexistent/c++")  # the compiler torch.compile would call
+    model = prepare_for_decoding(tiny_model().eval(), compile=True)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        "decoderlm: no C++ compiler found (g++, or $CXX), so the decoding step runs eagerly, "
+        "not compiled"
+    ]
+    assert model.decoding_setup.compile is False
+    expected = generate(tiny_model().eval(), torch.tensor([[1, 2]]), 5, do_sample=False)
+    assert torch.equal(generate(model, torch.tensor([[1, 2]]), 5, do_sample=False), expected)

@@ -1,6 +1,7 @@
 """Cached decoding against the model itself: the full forward pass at every step."""
 
 import copy
+import re
 
 import pytest
 import torch
@@ -131,7 +132,7 @@ def test_left_padded_batch_matches_each_prompt_alone(pos):
 
 
 @pytest.mark.parametrize("pos", ["learned", "sinusoidal", "rope"])
-def test_compiled_decoding_gives_the_tokens_of_the_full_forward(pos):
+def test_compiled_decoding_gives_the_tokens_of_the_full_forward(pos, capfd):
     from torch._dynamo.utils import counters
 
     torch._dynamo.reset()  # compile afresh: torch keeps at most 8 variants of the step
@@ -142,6 +143,10 @@ def test_compiled_decoding_gives_the_tokens_of_the_full_forward(pos):
     compiled = prepare_for_decoding(copy.deepcopy(model), compile=True)
     assert torch.equal(generate(compiled, prompt, 30, do_sample=False), expected)
     assert counters["stats"]["unique_graphs"] == 1  # every cache length, the full one too
+    said = [line for line in capfd.readouterr().err.splitlines() if "decoding step" in line]
+    assert said[0] == "decoderlm: compiling the decoding step (once per model)..."
+    assert re.fullmatch(r"decoderlm: decoding step compiled in \d+\.\d s", said[1])
+    assert len(said) == 2  # the compile is paid (and said) once per model
     batch, mask = torch.randint(0, 65, (2, 6)), torch.ones(2, 6, dtype=torch.long)
     mask[0, :3] = 0  # left padding: compiled with a key mask
     assert torch.equal(

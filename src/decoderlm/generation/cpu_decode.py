@@ -1,32 +1,62 @@
-"""Faster one-row products for decoding on the CPU, installed on a model from outside.
+"""Faster products for decoding on the CPU, installed on a model from outside.
 
 Decoding multiplies one row (one new token) by every weight matrix: a matrix-vector product
-that reads each weight once, so its speed is the memory read rate. PyTorch's CPU F.linear
-reads one-row products well below that rate; the two forms here read faster (the figures are
-in benchmarks/README.md, from benchmarks/gemv.py):
+that reads each weight once, so its speed is the memory read rate. PyTorch's eager CPU
+F.linear reads one-row float32 products below that rate; `rowwise_linear`, the product as a
+two-way batched matmul over halves of the weight's rows, reads faster (the figures are in
+benchmarks/README.md, from benchmarks/gemv.py). Under torch.compile the products stay
+F.linear: the compiled step (`steps.decode_step`) freezes the weights and lets inductor pick
+its CPU GEMM templates or packed MKL products for them, which read faster still.
+`reduction_linear`, the product as a multiply-and-sum that inductor fuses into one loop, is
+measured there as a contender.
 
-- `rowwise_linear`: the product as a two-way batched matmul over halves of the weight's rows
-  (float32, large weights);
-- `reduction_linear`: the product as a multiply-and-sum that torch.compile fuses into one
-  pass over the weight (any dtype, while compiling).
+A prompt's many-row products of bfloat16 weights run in `prompt_dtype()`: float32 on a CPU
+without native bfloat16 products (AVX2), where torch's bfloat16 matrix product is slow.
 
-`install(model)` turns every nn.Linear of a model into a `DecodeLinear`, which uses them for
-few-row products without autograd on the CPU and is exactly nn.Linear everywhere else
-(training included). `decoderlm.generation.precision.prepare_for_decoding` installs them on a
-CPU model (a model never prepared decodes with nn.Linear).
+`install(model)` turns every nn.Linear of a model into a `DecodeLinear`, which uses these
+for products without autograd on the CPU and is exactly nn.Linear everywhere else (training
+included). `decoderlm.generation.precision.prepare_for_decoding` installs them on a CPU model
+(a model never prepared decodes with nn.Linear).
 """
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
-__all__ = ["rowwise_linear", "reduction_linear", "DecodeLinear", "install"]
+__all__ = [
+    "rowwise_linear",
+    "reduction_linear",
+    "DecodeLinear",
+    "install",
+    "native_bfloat16",
+    "prompt_dtype",
+]
 
 ROWWISE_MIN_WEIGHT = 2**19  # elements; smaller weights gain nothing from the split
 ROWWISE_MAX_ROWS = 4  # rows of x up to which the split wins for every such weight
 ROWWISE_WIDE_WEIGHT = 2**24  # elements: vocabulary-sized weights (unembeddings) ...
 ROWWISE_WIDE_MAX_ROWS = 16  # ... win up to this many rows (continuous batching's steps)
+PROMPT_MIN_ROWS = 16  # rows from which a bfloat16 product is a prompt's (`prompt_dtype`)
+
+
+@functools.cache
+def native_bfloat16() -> bool:
+    """Whether this CPU multiplies bfloat16 matrices natively: oneDNN's bfloat16 kernels
+    (AVX-512 with BF16, or AMX). Elsewhere (AVX2) torch's bfloat16 matrix products convert
+    every element in a slow generic loop."""
+    return torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+
+
+def prompt_dtype() -> torch.dtype:
+    """The dtype in which a many-row product of bfloat16 or int8 weights (a prompt, an
+    evaluation) runs on this CPU: bfloat16 where it is native (`native_bfloat16`), else
+    float32, the weights converted for the product (figures: benchmarks/README.md, "The
+    compiled step on an AVX2 CPU")."""
+    return torch.bfloat16 if native_bfloat16() else torch.float32
 
 
 def rowwise_linear(
@@ -53,8 +83,8 @@ def reduction_linear(
     and returned in x's dtype; x [..., in], weight [out, in] -> [..., out].
 
     Meant for torch.compile, which fuses it into one pass over weight per output row (one
-    kernel, no [out, in] temporary). Eagerly it is correct but builds the [..., out, in]
-    product, so `DecodeLinear` uses it only while compiling.
+    kernel, no [out, in] temporary); eagerly it is correct but builds the [..., out, in]
+    product. `benchmarks/gemv.py` measures it against the products `DecodeLinear` uses.
     """
     y = (x.float().unsqueeze(-2) * weight.float()).sum(-1)
     if bias is not None:
@@ -63,18 +93,22 @@ def reduction_linear(
 
 
 class DecodeLinear(nn.Linear):
-    """nn.Linear with the decoding products on the CPU without autograd: float32 with a weight
-    of 2^19 elements or more and at most 4 rows, or of 2^24 elements or more (an unembedding)
-    and at most 16 rows, runs as `rowwise_linear` (`benchmarks/gemv.py --rows N` measures
-    where it wins); any other one-row product under torch.compile runs as `reduction_linear`.
-    Everything else is nn.Linear."""
+    """nn.Linear with the decoding products on the CPU without autograd, run eagerly: float32
+    with a weight of 2^19 elements or more and at most 4 rows, or of 2^24 elements or more
+    (an unembedding) and at most 16 rows, runs as `rowwise_linear` (`benchmarks/gemv.py
+    --rows N` measures where it wins); bfloat16 with 16 rows or more (a prompt) runs in
+    `prompt_dtype()`. Everything else, and everything under torch.compile, is nn.Linear."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.device.type == "cpu" and not torch.is_grad_enabled():
-            if x.dtype == torch.float32 and self._rowwise_wins(x.numel() // x.size(-1)):
-                return rowwise_linear(x, self.weight, self.bias)
-            if x.numel() == x.size(-1) and torch.compiler.is_compiling():
-                return reduction_linear(x, self.weight, self.bias)
+        if x.device.type != "cpu" or torch.is_grad_enabled() or torch.compiler.is_compiling():
+            return super().forward(x)
+        rows = x.numel() // x.size(-1)
+        if x.dtype == torch.float32 and self._rowwise_wins(rows):
+            return rowwise_linear(x, self.weight, self.bias)
+        if x.dtype == torch.bfloat16 and rows >= PROMPT_MIN_ROWS:
+            dtype = prompt_dtype()
+            bias = None if self.bias is None else self.bias.to(dtype)
+            return F.linear(x.to(dtype), self.weight.to(dtype), bias).to(x.dtype)
         return super().forward(x)
 
     def _rowwise_wins(self, rows: int) -> bool:

@@ -34,6 +34,9 @@ model prepared with a lower precision decodes (`generate`, the server) and evalu
 from __future__ import annotations
 
 import functools
+import os
+import shutil
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -54,6 +57,7 @@ __all__ = [
     "activation_levels",
     "w8a8_available",
     "packing_available",
+    "compiler_available",
     "prepare_for_decoding",
     "decoding_setup",
     "quantize_int8",
@@ -88,7 +92,8 @@ class Int8Linear(nn.Module):
     `torch.ops.aten._weight_int8pack_mm`, which reads each int8 weight once, accumulates in
     float32 and supports in_features that are multiples of 16 only (`prepare_for_decoding`
     refuses others); with more rows (a prompt, an evaluation), whose cost in that kernel grows
-    with the rows, the weight is dequantised to bfloat16 for one F.linear.
+    with the rows, the weight is dequantised for one F.linear in `cpu_decode.prompt_dtype()`
+    (bfloat16 where the CPU multiplies it natively, else float32).
 
     Buffers: weight [out, in] int8, scales [out] bfloat16; bias [out] (the activation dtype)
     or None.
@@ -108,7 +113,8 @@ class Int8Linear(nn.Module):
         if flat.size(0) <= INT8_GEMV_MAX_ROWS:  # decoding: one pass over the int8 weight
             y = torch.ops.aten._weight_int8pack_mm(flat, self.weight, self.scales)
         else:  # a prompt or an evaluation: the kernel's time grows with the rows; dequantise
-            y = F.linear(flat, self.weight.to(torch.bfloat16) * self.scales[:, None])
+            dtype = cpu_decode.prompt_dtype()
+            y = F.linear(flat.to(dtype), self.weight.to(dtype) * self.scales.to(dtype)[:, None])
         y = y.view(*x.shape[:-1], self.out_features).to(x.dtype)
         return y if self.bias is None else y + self.bias
 
@@ -127,8 +133,9 @@ class W8A8Linear(nn.Module):
     product (`torch.ops.onednn.qlinear_pointwise`, VNNI instructions, int32 accumulation):
     as in llama.cpp's q8_0 products, the dot products run on 8-bit integers, so no weight is
     converted to a float. With more rows (a prompt, an evaluation) the same rounding runs
-    written out, each row quantised with its own scale, then multiplied in bfloat16 by the
-    dequantised weight (oneDNN's int8 product takes one scale for all rows).
+    written out, each row quantised with its own scale, then multiplied by the dequantised
+    weight in `cpu_decode.prompt_dtype()` (oneDNN's int8 product takes one scale for all
+    rows).
 
     Buffers: weight [out, in] int8, scales [out] float32, bias [out] (the activation dtype) or
     None; `packed` is oneDNN's copy of weight (an opaque layout).
@@ -156,8 +163,9 @@ class W8A8Linear(nn.Module):
             scale = ((hi - lo) / levels).clamp(min=1e-12)
             zero = (-lo / scale).round()
             fake = ((flat / scale + zero).round().clamp(0, levels) - zero) * scale
-            weight = self.weight.to(torch.bfloat16) * self.scales.bfloat16()[:, None]
-            y = F.linear(fake.bfloat16(), weight).to(x.dtype)
+            dtype = cpu_decode.prompt_dtype()
+            weight = self.weight.to(dtype) * self.scales.to(dtype)[:, None]
+            y = F.linear(fake.to(dtype), weight).to(x.dtype)
         y = y.view(*x.shape[:-1], self.out_features)
         return y if self.bias is None else y + self.bias
 
@@ -233,7 +241,14 @@ def _packed_product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
 
 def packing_available() -> bool:
     """Whether this torch has oneDNN's bfloat16 products on this CPU (PackedLinear)."""
-    return torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    return cpu_decode.native_bfloat16()
+
+
+def compiler_available() -> bool:
+    """Whether torch.compile's CPU backend finds its C++ compiler: $CXX, else g++ (clang++ on
+    macOS), as torch's inductor searches."""
+    default = "clang++" if sys.platform == "darwin" else "g++"
+    return shutil.which(os.environ.get("CXX", default)) is not None
 
 
 def activation_dtype(model: nn.Module) -> torch.dtype:
@@ -322,9 +337,11 @@ def prepare_for_decoding(
             module docstring); "w8a8": the same int8 weights, multiplied with activations
             quantised to 8 bits on the fly (`W8A8Linear`, x86 CPUs).
         compile: decode with the torch.compile'd one-token step (`steps.decode_step`; the
-            first steps compile, needs a C++ compiler on the CPU): bfloat16 matrices stay
-            plain tensors, whose one-row products the compiled step fuses itself (a packed
-            one would run outside the compiled graph).
+            first steps compile). On a CPU without a C++ compiler (`compiler_available`)
+            it says so in one line on stderr and decodes eagerly (the setup records
+            compile=False). bfloat16 matrices stay plain tensors, which the compiled
+            step freezes and packs for inductor's own products (a weight packed outside
+            it would run outside the compiled graph).
 
     Returns:
         The model. In float32 its weights and state dict are unchanged (on the CPU its
@@ -343,6 +360,13 @@ def prepare_for_decoding(
     target = DTYPES[dtype or ("bfloat16" if quantize else "float32")]
     kept = target == torch.float32 and not quantize  # float32 alone changes no dtype
     cpu = model.device.type == "cpu"
+    if compile and cpu and not compiler_available():
+        print(
+            "decoderlm: no C++ compiler found (g++, or $CXX), so the decoding step runs "
+            "eagerly, not compiled",
+            file=sys.stderr,
+        )
+        compile = False
     setup = DecodingSetup(activation_dtype(model) if kept else target, quantize, compile, cpu)
     done = decoding_setup(model)
     if done is not None:

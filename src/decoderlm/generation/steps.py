@@ -13,7 +13,10 @@ prefill, the one-token step and the context slide of a batch's rows.
 
 from __future__ import annotations
 
+import sys
+import time
 import types
+import warnings
 import weakref
 
 import torch
@@ -90,9 +93,24 @@ def _fixed_one_token(model, idx, cache, positions, key_mask=None):
 
 _compiled: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {kind: step}
 
+# inductor's options for a CPU model's step: the weights frozen into the graph as constants,
+# so that each product gets the fastest of inductor's CPU GEMM templates and oneDNN's or
+# MKL's packed products, timed once at compile (max-autotune); its timing tables unprinted
+CPU_OPTIONS = {
+    "freezing": True,
+    "max_autotune": True,
+    "max_autotune_gemm_backends": "CPP,ATEN",
+    "autotune_num_choices_displayed": 0,
+    "max_autotune_report_choices_stats": False,
+}
+
 
 def _compiled_step(model, kind: str):
     """The torch.compile'd form of a step function for this model, built on first use.
+
+    On the CPU it is compiled with `CPU_OPTIONS`: the weights are frozen into the graph (a
+    packed copy of each matrix where a template wants one), each product the fastest that
+    max-autotune times (benchmarks/README.md, "The compiled step on an AVX2 CPU").
 
     Its guards on the model's modules are left out (torch's
     `skip_guard_on_all_nn_modules_unsafe`): thousands for a model of 30 layers, checked at
@@ -107,10 +125,24 @@ def _compiled_step(model, kind: str):
         function = _fixed_one_token if kind == "fixed" else _one_token
         own = types.FunctionType(function.__code__.replace(), function.__globals__, kind)
         options = {"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe}
-        steps[kind] = torch.compile(own, dynamic=True, options=options)
+        compiled = torch.compile(own, dynamic=True, options=options)
+        steps[kind] = _with_cpu_options(compiled) if model.device.type == "cpu" else compiled
         # not the model itself: a value holding its key would keep the model alive
         steps["modules"] = [m for m in model.modules() if m is not model]
     return steps[kind]
+
+
+def _with_cpu_options(compiled):
+    """compiled, called with inductor's config set to `CPU_OPTIONS` (TorchDynamo reads
+    `freezing` from the global config when it traces, not from torch.compile's options)."""
+
+    import torch._inductor.config as inductor_config  # imported by torch.compile anyway
+
+    def step(*args):
+        with inductor_config.patch(CPU_OPTIONS):
+            return compiled(*args)
+
+    return step
 
 
 def _hooked(model) -> bool:
@@ -126,15 +158,33 @@ def _compiled_one_token(model, idx, cache, positions, key_mask=None):
     if _hooked(model):
         return _one_token(model, idx, cache, positions, key_mask)
     if not isinstance(cache, KVCache):
-        return _compiled_step(model, "slots")(model, idx, cache, positions, key_mask)
+        return _timed_first_call(model, "slots", idx, cache, positions, key_mask)
     cache.fix()
     if key_mask is not None:  # [B, length + 1] -> [B, capacity], False past the new token
         full = key_mask.new_zeros(key_mask.size(0), cache.capacity)
         full[:, : key_mask.size(1)] = key_mask
         key_mask = full
-    logits = _compiled_step(model, "fixed")(model, idx, cache, positions, key_mask)
+    logits = _timed_first_call(model, "fixed", idx, cache, positions, key_mask)
     cache.advance(idx.size(1))
     return logits
+
+
+def _timed_first_call(model, kind: str, *args):
+    """The compiled step of this kind called on args; its first call for a model, which
+    compiles, says so on stderr with the seconds it took (torch keeps the compiled kernels
+    in its cache directory, so a later process compiles the same step faster)."""
+    first = kind not in _compiled.get(model, {})
+    step = _compiled_step(model, kind)
+    if not first:
+        return step(model, *args)
+    print("decoderlm: compiling the decoding step (once per model)...", file=sys.stderr)
+    start = time.perf_counter()
+    with warnings.catch_warnings():  # inductor's autotuning reads a deprecated storage API
+        warnings.filterwarnings("ignore", message="TypedStorage is deprecated")
+        out = step(model, *args)
+    seconds = time.perf_counter() - start
+    print(f"decoderlm: decoding step compiled in {seconds:.1f} s", file=sys.stderr)
+    return out
 
 
 def decode_step(compile: bool = False):
@@ -151,9 +201,12 @@ def decode_step(compile: bool = False):
     Args:
         compile: False: a plain call of model.forward_cached(idx, cache, positions, key_mask,
             last_only=True); True: the same under torch.compile, built on a model's first
-            use for that model (the first calls compile: seconds; needs a C++ compiler on
-            the CPU). What is compiled is the model as it is then: a model whose weights or
-            layers later change must be prepared afresh; while a forward hook is attached
+            use for that model (the first call compiles, saying so on stderr with its
+            seconds: minutes for a model of 30 layers on 2 cores; needs a C++ compiler on
+            the CPU). What is compiled is the model as it is then (on the CPU its weights
+            are frozen into the graph, packed copies beside the model's own: see
+            `CPU_OPTIONS`): a model whose weights or layers later change must be prepared
+            afresh; while a forward hook is attached
             the step runs eagerly, so that the hook runs. A `KVCache` is switched to fixed
             shapes (`KVCache.fix`): every step attends over the cache's whole capacity
             under a mask, so a cache sized to the prompt and its new tokens (`prefill`'s
