@@ -126,20 +126,26 @@ def _compiled_step(model, kind: str):
         own = types.FunctionType(function.__code__.replace(), function.__globals__, kind)
         options = {"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe}
         compiled = torch.compile(own, dynamic=True, options=options)
-        steps[kind] = _with_cpu_options(compiled) if model.device.type == "cpu" else compiled
+        steps[kind] = _configured(compiled, model.device.type == "cpu")
         # not the model itself: a value holding its key would keep the model alive
         steps["modules"] = [m for m in model.modules() if m is not model]
     return steps[kind]
 
 
-def _with_cpu_options(compiled):
-    """compiled, called with inductor's config set to `CPU_OPTIONS` (TorchDynamo reads
-    `freezing` from the global config when it traces, not from torch.compile's options)."""
-
+def _configured(compiled, cpu: bool):
+    """compiled, called with the configuration its tracing needs: on the CPU, inductor's
+    config set to `CPU_OPTIONS` (TorchDynamo reads `freezing` from the global config when it
+    traces, not from torch.compile's options); everywhere, no duck sizing, under which a
+    cache capacity equal to head_dim at the first call (64 and 64, say) would share its
+    symbol and be specialized to that value, compiling the step again for every other
+    capacity."""
     import torch._inductor.config as inductor_config  # imported by torch.compile anyway
+    import torch.fx.experimental._config as shape_config
+
+    inductor = CPU_OPTIONS if cpu else {}
 
     def step(*args):
-        with inductor_config.patch(CPU_OPTIONS):
+        with inductor_config.patch(inductor), shape_config.patch(use_duck_shape=False):
             return compiled(*args)
 
     return step
