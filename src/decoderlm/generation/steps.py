@@ -108,7 +108,8 @@ CPU_OPTIONS = {
 def _compiled_step(model, kind: str):
     """The torch.compile'd form of a step function for this model, built on first use.
 
-    On the CPU it is compiled with `CPU_OPTIONS`: the weights are frozen into the graph (a
+    The fixed-shape step ("fixed", `generate`'s) is traced without duck sizing and, on the
+    CPU, compiled with `CPU_OPTIONS` (`_configured`): the weights are frozen into the graph (a
     packed copy of each matrix where a template wants one), each product the fastest that
     max-autotune times (benchmarks/README.md, "The compiled step on an AVX2 CPU").
 
@@ -126,7 +127,10 @@ def _compiled_step(model, kind: str):
         own = types.FunctionType(function.__code__.replace(), function.__globals__, kind)
         options = {"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe}
         compiled = torch.compile(own, dynamic=True, options=options)
-        steps[kind] = _configured(compiled, model.device.type == "cpu")
+        # the server's slot step (dynamic rows, graph breaks) is not frozen: frozen, it gave
+        # wrong tokens for concurrent requests of a tiny model (tests/serve/test_serve.py)
+        fixed = kind == "fixed"
+        steps[kind] = _configured(compiled, model.device.type == "cpu") if fixed else compiled
         # not the model itself: a value holding its key would keep the model alive
         steps["modules"] = [m for m in model.modules() if m is not model]
     return steps[kind]
