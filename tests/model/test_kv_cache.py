@@ -155,6 +155,22 @@ def test_compiled_decoding_gives_the_tokens_of_the_full_forward(pos, capfd):
     )
 
 
+@pytest.mark.parametrize("dtype, quantize", [("bfloat16", None), (None, "int8")])
+def test_two_models_of_the_same_shapes_each_decode_compiled_with_their_own_weights(dtype, quantize):
+    """The compiled CPU step freezes a model's weights into its graph (packed copies of
+    them); a second model of the same shapes (another seed, as a fine-tuned copy of a
+    checkpoint would be) compiled in the same process must not be handed the first one's
+    frozen graph from torch's graph cache: each decodes the tokens of its own eager step."""
+    torch._dynamo.reset()
+    prompt = torch.randint(0, 65, (1, 4))
+    for seed in (5, 6):  # the same shapes, other weights
+        model = halved_random_model(seed, block_size=16)
+        eager = prepare_for_decoding(copy.deepcopy(model), dtype, quantize)
+        compiled = prepare_for_decoding(model, dtype, quantize, compile=True)
+        expected = generate(eager, prompt, 10, do_sample=False)
+        assert torch.equal(generate(compiled, prompt, 10, do_sample=False), expected), seed
+
+
 def test_compiled_bfloat16_steps_give_the_logits_of_eager_steps():
     from decoderlm.generation.steps import decode_step
 

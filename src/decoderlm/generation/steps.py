@@ -95,9 +95,13 @@ _compiled: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {
 
 # inductor's options for a CPU model's step: the weights frozen into the graph as constants,
 # so that each product gets the fastest of inductor's CPU GEMM templates and oneDNN's or
-# MKL's packed products, timed once at compile (max-autotune); its timing tables unprinted
+# MKL's packed products, timed once at compile (max-autotune); its timing tables unprinted.
+# Never read from or written to inductor's graph cache: a cached frozen graph keeps the
+# packed weights of the model first compiled, and a later model of the same shapes (another
+# seed, a fine-tuned copy, in this process or the next) would decode with them
 CPU_OPTIONS = {
     "freezing": True,
+    "fx_graph_cache": False,
     "max_autotune": True,
     "max_autotune_gemm_backends": "CPP,ATEN",
     "autotune_num_choices_displayed": 0,
