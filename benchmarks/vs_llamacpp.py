@@ -206,6 +206,7 @@ def llama_run(path: str, options: dict, prompt: list[int], new: int, threads: in
             n_threads_batch=threads, n_batch=512, verbose=False,
         )  # fmt: skip
     llm = _MODELS[path]
+    llm.reset()  # else generate reuses the warm-up call's cached prompt and times one token
     times, ids, start = [], [], time.perf_counter()
     greedy = dict(top_k=1, top_p=1.0, min_p=0.0, temp=0.0, repeat_penalty=1.0, reset=True)
     for token in llm.generate(prompt, **greedy):
