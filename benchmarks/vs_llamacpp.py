@@ -39,7 +39,7 @@ concurrent non-streaming chat completions (different one-question conversations,
 --serve-tokens at most, temperature 0); aggregate completion tokens/s (usage's completion
 tokens / wall time), medians of the rounds. Every measurement also reports the load time
 (seconds, the worker's load before its warm-up) and the worker's peak resident memory
-(ru_maxrss).
+(VmHWM: its own, where ru_maxrss keeps the launching process's peak across exec).
 
 llama.cpp's threads spin while they wait: measure on a quiet machine. --quick: 1 round, 128
 new tokens, f32 and int8 only, 32 tokens per stream (a few minutes).
@@ -53,7 +53,6 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -149,8 +148,15 @@ def worker(argv: list[str]) -> None:
     run(model_path, options, prompt, 8, threads)  # load and warm-up
     load_s = time.perf_counter() - start
     got = run(model_path, options, prompt, new, threads)
-    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
-    print(json.dumps({**got, "load_and_warmup_s": load_s, "peak_rss_mb": peak_mb}))
+    print(json.dumps({**got, "load_and_warmup_s": load_s, "peak_rss_mb": peak_rss_mb()}))
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident memory in MB (Linux VmHWM; ru_maxrss would report the
+    launching process's peak where that was higher: Linux keeps it across exec)."""
+    with open("/proc/self/status") as status:
+        line = next(line for line in status if line.startswith("VmHWM:"))
+    return int(line.split()[1]) / 1024  # kB
 
 
 def _rates(times: list[float], start: float) -> dict:
