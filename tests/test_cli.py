@@ -276,7 +276,7 @@ def test_settings_file_then_command_line_overrides(tmp_path, capsys):
         ("[model\n", "does not parse"),
         (
             "[train]\ndtype = 'float8'\n",
-            "--dtype: expected one of float32, bfloat16, float16, f32, bf16, f16, fp32, fp16",
+            "--dtype: expected one of auto, float32, bfloat16, float16, f32, bf16, f16, fp32, fp16",
         ),
     ):
         settings.write_text(text, encoding="utf-8")

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from .errors import UserError
-from .options import DtypeName, canonical_dtype
+from .options import TrainDtypeName, canonical_dtype
 
 __all__ = [
     "ArtifactsConfig",
@@ -497,10 +497,13 @@ class CheckpointConfig:
 class ComputeConfig:
     """How the computation runs: number format, compilation, recomputation, sharding."""
 
-    dtype: DtypeName = "bfloat16"
+    dtype: TrainDtypeName = "auto"
     """"float32"; "bfloat16" for bfloat16 autocast; "float16" for float16 autocast with a
-    GradScaler (dynamic loss scaling). Weights and optimizer state stay float32. "f32",
-    "bf16", "f16" (and "fp32", "fp16") are the same (stored as the long names)."""
+    GradScaler (dynamic loss scaling); "auto" for bfloat16 where the device multiplies it
+    natively (a GPU that supports it, a CPU with AVX-512 BF16 or AMX), float16 on older GPUs
+    and float32 on other CPUs (stored as the one chosen, `training.loop.resolve_dtype`).
+    Weights and optimizer state stay float32. "f32", "bf16", "f16" (and "fp32", "fp16") are
+    the same (stored as the long names)."""
     compile: bool = False
     """Wrap the model in torch.compile for training."""
     activation_checkpointing: bool = False
@@ -512,7 +515,7 @@ class ComputeConfig:
 
     def __post_init__(self) -> None:
         _check_bool(self, "compile", "activation_checkpointing", "fsdp")
-        self.dtype = canonical_dtype(self.dtype)
+        self.dtype = "auto" if self.dtype == "auto" else canonical_dtype(self.dtype)
 
 
 @dataclass

@@ -26,6 +26,7 @@ __all__ = [
     "DTYPE_ALIASES",
     "Decoding",
     "DtypeName",
+    "TrainDtypeName",
     "ModelSource",
     "Precision",
     "canonical_dtype",
@@ -36,6 +37,8 @@ __all__ = [
 DTYPE_ALIASES = {"f32": "float32", "bf16": "bfloat16", "f16": "float16"}
 DTYPE_ALIASES |= {"fp32": "float32", "fp16": "float16"}
 DtypeName = Literal["float32", "bfloat16", "float16", "f32", "bf16", "f16", "fp32", "fp16"]
+# training's: the above, or "auto" (the device's fast format, `training.loop.resolve_dtype`)
+TrainDtypeName = Literal["auto", DtypeName]
 
 
 def canonical_dtype(name: str) -> str:

@@ -59,8 +59,8 @@ PRESETS: dict[str, Preset] = {
         "ReLU^2 MLP, zero-initialised output projections and logits soft-capped at 15, "
         "trained 500 steps: Muon (lr 0.02) for the block matrices and AdamW (lr 3e-3, weight "
         "decay 0.1, beta2 0.99) for the rest, 100 warm-up steps then constant until the last "
-        "40% decay to a tenth (WSD), clipping at 1.0, bfloat16 autocast (the TrainConfig "
-        "defaults)",
+        "40% decay to a tenth (WSD), clipping at 1.0, bfloat16 autocast where the device "
+        "multiplies it natively, else float32 (dtype auto; the TrainConfig defaults)",
         model=dict(
             **SEED_MODEL,
             dropout=0.05,
@@ -74,7 +74,7 @@ PRESETS: dict[str, Preset] = {
     "classic": Preset(
         description="GPT-2's architecture at the seed model's size (learned positions, a GELU "
         "MLP, dropout 0.05), trained 1,800 steps of AdamW with warm-up + cosine decay from "
-        "lr 3e-3 to 3e-4, weight decay 0.1, beta2 0.99, clipping at 1.0, bfloat16 autocast; "
+        "lr 3e-3 to 3e-4, weight decay 0.1, beta2 0.99, clipping at 1.0, dtype auto; "
         "its runs export to the GPT-2 format",
         model=dict(**SEED_MODEL, dropout=0.05),
         train=dict(
@@ -226,7 +226,7 @@ PRESETS["finetune"] = Preset(
     description="what `decoderlm train --init-from SRC` runs: the model of SRC (its shape "
     "and tokenizer), trained 300 steps of AdamW with a 20-step warm-up then cosine decay "
     "from lr 3e-4 to 3e-5 (a tenth of 'default'), no weight decay (it would pull the weights "
-    "towards 0, not towards the pretrained ones), clipping at 1.0, bfloat16 autocast",
+    "towards 0, not towards the pretrained ones), clipping at 1.0, dtype auto",
     train=dict(
         optimizer="adamw",  # Muon is not for LoRA adapters, and moves pretrained weights far
         schedule="cosine",

@@ -23,6 +23,7 @@ from decoderlm import DecoderLM
 from decoderlm.cli import main
 from decoderlm.config import TrainConfig
 from decoderlm.model.weights import list_checkpoints
+from decoderlm.training import loop
 from decoderlm.training.checkpoints import load_trainer_state
 from decoderlm.training.loop import micro_batches, train_step
 from decoderlm.training.optim import configure_optimizer, lr_at
@@ -246,6 +247,21 @@ def test_damaged_and_missing_checkpoints_give_clear_errors(corpus, tmp_path, cap
     assert "pass a larger --max-steps" in capsys.readouterr().err
     assert main(["train", "--resume", str(out), "--overwrite"]) == 2
     assert "pick one" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_dtype_auto_is_bfloat16_only_on_a_cpu_that_multiplies_it_natively_and_is_stored(
+    corpus, tmp_path, capsys, monkeypatch, native
+):
+    monkeypatch.setattr(loop, "native_bfloat16", lambda: native)
+    out, chosen = tmp_path / "run", "bfloat16" if native else "float32"
+    assert main([*train_argv(corpus, out, "--dtype", "auto"), "--max-steps", "2"]) == 0
+    assert f"2 steps, {chosen} on cpu" in capsys.readouterr().out
+    assert json.loads((out / "config.json").read_text())["train"]["dtype"] == chosen
+    # resumed on a CPU of the other kind, the run keeps the format it started in
+    monkeypatch.setattr(loop, "native_bfloat16", lambda: not native)
+    assert main(["train", "--resume", str(out), "--max-steps", "3"]) == 0
+    assert f"3 steps, {chosen} on cpu" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])

@@ -30,7 +30,7 @@ CLASSIC = {
     **NOTEBOOK,
     **dict(
         max_steps=1800, lr=3e-3, min_lr=3e-4, warmup_steps=100, schedule="cosine",
-        weight_decay=0.1, beta2=0.99, grad_clip=1.0, dtype="bfloat16", eval_interval=300,
+        weight_decay=0.1, beta2=0.99, grad_clip=1.0, dtype="auto", eval_interval=300,
     ),
 }  # fmt: skip
 DEFAULT = {

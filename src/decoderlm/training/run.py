@@ -36,7 +36,7 @@ from ..presets import PresetName
 from ..tokenizers import CharTokenizer
 from .artifacts import write_artifacts
 from .launch import resume_command
-from .loop import TrainResult, autocast_for, train
+from .loop import TrainResult, autocast_for, resolve_dtype, train
 from .metrics import bytes_per_token
 from .parallel import DistInfo, barrier, init_distributed
 from .plan import RunPlan, RunRequest, check_plan, checkpoint_model, make_plan
@@ -193,6 +193,7 @@ def run_experiment(
     info, device = init_distributed(device)
     log = info.main_only(log)
     plan = make_plan(request, info, log)
+    plan = dataclasses.replace(plan, train_cfg=resolve_dtype(plan.train_cfg, device))
     check_plan(plan, info, request.overwrite)  # on every rank: all fail alike
     for note in notes if info.is_main else ():
         print(note, file=sys.stderr)
