@@ -54,6 +54,7 @@ __all__ = [
     "Int8Linear",
     "PackedLinear",
     "W8A8Linear",
+    "dequantised_product",
     "activation_levels",
     "w8a8_available",
     "packing_available",
@@ -84,6 +85,21 @@ def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q.contiguous(), scales
 
 
+def dequantised_product(
+    x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor
+) -> torch.Tensor:
+    """x @ (scales[:, None] * weight).T for many rows (a prompt, an evaluation), computed as
+    (x @ weight.T) * scales: the int8 weight converted to `cpu_decode.prompt_dtype()` (exact:
+    |w| <= 127), the per-row scales applied to the product's columns, a pass over [rows, out]
+    instead of one over the [out, in] weight.
+
+    x [rows, in] (any float dtype), weight [out, in] int8, scales [out] -> [rows, out] in
+    prompt_dtype().
+    """
+    dtype = cpu_decode.prompt_dtype()
+    return F.linear(x.to(dtype), weight.to(dtype)) * scales.to(dtype)
+
+
 class Int8Linear(nn.Module):
     """y = x @ (scales[:, None] * weight).T + bias with int8 weights, for inference.
 
@@ -92,8 +108,8 @@ class Int8Linear(nn.Module):
     `torch.ops.aten._weight_int8pack_mm`, which reads each int8 weight once, accumulates in
     float32 and supports in_features that are multiples of 16 only (`prepare_for_decoding`
     refuses others); with more rows (a prompt, an evaluation), whose cost in that kernel grows
-    with the rows, the weight is dequantised for one F.linear in `cpu_decode.prompt_dtype()`
-    (bfloat16 where the CPU multiplies it natively, else float32).
+    with the rows, it is `dequantised_product`, in `cpu_decode.prompt_dtype()` (bfloat16
+    where the CPU multiplies it natively, else float32).
 
     Buffers: weight [out, in] int8, scales [out] bfloat16; bias [out] (the activation dtype)
     or None.
@@ -113,8 +129,7 @@ class Int8Linear(nn.Module):
         if flat.size(0) <= INT8_GEMV_MAX_ROWS:  # decoding: one pass over the int8 weight
             y = torch.ops.aten._weight_int8pack_mm(flat, self.weight, self.scales)
         else:  # a prompt or an evaluation: the kernel's time grows with the rows; dequantise
-            dtype = cpu_decode.prompt_dtype()
-            y = F.linear(flat.to(dtype), self.weight.to(dtype) * self.scales.to(dtype)[:, None])
+            y = dequantised_product(flat, self.weight, self.scales)
         y = y.view(*x.shape[:-1], self.out_features).to(x.dtype)
         return y if self.bias is None else y + self.bias
 
@@ -133,9 +148,8 @@ class W8A8Linear(nn.Module):
     product (`torch.ops.onednn.qlinear_pointwise`, VNNI instructions, int32 accumulation):
     as in llama.cpp's q8_0 products, the dot products run on 8-bit integers, so no weight is
     converted to a float. With more rows (a prompt, an evaluation) the same rounding runs
-    written out, each row quantised with its own scale, then multiplied by the dequantised
-    weight in `cpu_decode.prompt_dtype()` (oneDNN's int8 product takes one scale for all
-    rows).
+    written out, each row quantised with its own scale, then multiplied by the weight
+    (`dequantised_product`; oneDNN's int8 product takes one scale for all rows).
 
     Buffers: weight [out, in] int8, scales [out] float32, bias [out] (the activation dtype) or
     None; `packed` is oneDNN's copy of weight (an opaque layout).
@@ -163,9 +177,7 @@ class W8A8Linear(nn.Module):
             scale = ((hi - lo) / levels).clamp(min=1e-12)
             zero = (-lo / scale).round()
             fake = ((flat / scale + zero).round().clamp(0, levels) - zero) * scale
-            dtype = cpu_decode.prompt_dtype()
-            weight = self.weight.to(dtype) * self.scales.to(dtype)[:, None]
-            y = F.linear(fake.to(dtype), weight).to(x.dtype)
+            y = dequantised_product(fake, self.weight, self.scales).to(x.dtype)
         y = y.view(*x.shape[:-1], self.out_features)
         return y if self.bias is None else y + self.bias
 
