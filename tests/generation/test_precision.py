@@ -321,10 +321,19 @@ def test_one_query_attention_is_scaled_dot_product_attention(dtype, masked):
     assert torch.allclose(got.float(), expected, atol=1e-5 if dtype == torch.float32 else 2e-2)
 
 
+# how far (nats) a compiled greedy token's eager logit may fall below the eager maximum: the
+# compiled graph keeps bfloat16 pointwise results in float32 where eager rounds each one, and
+# w8a8 rounds each product's input to 1/255 of its range, so a near tie may resolve either way
+# (0.16 nats seen on an AMX Xeon); a wrong step (other weights, a lost cache) misses by whole
+# nats
+NEAR_TIE = 0.25
+
+
 @pytest.mark.parametrize("options", list(OPTIONS.values()))
 def test_prepared_models_decode_under_torch_compile(trained, options):
-    # a model prepared for compiled decoding (plain bfloat16 or int8 matrices) compiles, with
-    # the tokens of the eager step on the same matrices
+    # a model prepared for compiled decoding (plain bfloat16 or int8 matrices) compiles, and
+    # each token it picks greedily is the eager model's best on the same matrices, or within
+    # NEAR_TIE of it; it agrees with eager greedy decoding up to the first such near tie
     model, held_out = trained
     torch._dynamo.reset()
     low = _prepared(model, **options, compile=True)
@@ -332,7 +341,15 @@ def test_prepared_models_decode_under_torch_compile(trained, options):
     prompt = held_out[:8].view(1, 8)
     compiled = generate(low, prompt, 12, do_sample=False)
     low.decoding_setup = dataclasses.replace(low.decoding_setup, compile=False)
-    assert torch.equal(generate(low, prompt, 12, do_sample=False), compiled)
+    eager = generate(low, prompt, 12, do_sample=False)
+    with torch.no_grad():
+        logits = low(compiled[:, :-1])[0][0, 7:].float()  # [12, vocab]: eager, teacher-forced
+    picked = logits.gather(1, compiled[0, 8:, None])[:, 0]
+    assert logits.max(1).values.sub(picked).max() <= NEAR_TIE
+    top2 = logits.topk(2).values
+    ties = ((top2[:, 0] - top2[:, 1]) <= NEAR_TIE).nonzero()
+    first_tie = int(ties[0]) if len(ties) else len(logits)
+    assert torch.equal(eager[0, 8 : 8 + first_tie], compiled[0, 8 : 8 + first_tie])
 
 
 def test_bfloat16_decoding_over_many_keys_takes_the_written_out_attention(monkeypatch):
