@@ -10,6 +10,14 @@ it from memory, not from the 32 MiB L3, as decoding a real model does. Prints mi
 per product (best of 5 passes, after a warm-up) and the weight bytes read per second.
 
     python benchmarks/gemv.py [--rows 1]
+    python benchmarks/gemv.py --int8
+
+--int8: the products of int8 weights (one bfloat16 scale per output row, as `--quantize int8`
+stores them) with bfloat16 inputs of 1 to 512 rows: torch's `_weight_int8pack_mm` (which
+`Int8Linear` runs up to `INT8_GEMV_MAX_ROWS` rows), `dequantised_product` (its many-row
+product: (x @ q.T) * scales in `prompt_dtype()`) and the weight dequantised first
+(F.linear(x, scales[:, None] * q)), for GPT-2 small's block matrices and unembedding;
+milliseconds per product (best of 3 passes), and which is fastest at each row count.
 """
 
 import time
@@ -18,7 +26,8 @@ import torch
 import torch.nn.functional as F
 
 from common import arguments
-from decoderlm.generation.cpu_decode import reduction_linear, rowwise_linear
+from decoderlm.generation.cpu_decode import prompt_dtype, reduction_linear, rowwise_linear
+from decoderlm.generation.precision import dequantised_product, quantize_int8
 
 SHAPES = [(50257, 768), (50257, 256), (3072, 768), (768, 3072), (2304, 768)]  # [out, in]
 
@@ -36,10 +45,13 @@ def best_ms(fn, n=30) -> float:
 def main() -> None:
     parser = arguments(__doc__)
     parser.add_argument("--rows", type=int, default=1, help="rows of x: sequences decoded at once")
+    parser.add_argument("--int8", action="store_true", help="int8 weights by row count (above)")
     args = parser.parse_args()
     if args.rows < 1:
         raise SystemExit("error: --rows must be >= 1")
     torch.manual_seed(0)
+    if args.int8:
+        return int8_rows()
     compiled = torch.compile(reduction_linear, dynamic=True)
     contenders = {
         "torch.sum": lambda x, w: w.sum(),
@@ -66,6 +78,39 @@ def main() -> None:
                 ms = best_ms(each, n=5) / len(weights)
                 row += f" {ms:22.3f} {nbytes / ms / 1e6:5.1f}"
             print(row, flush=True)
+
+
+INT8_ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 512)
+
+
+def int8_rows() -> None:
+    """The --int8 table (see the module docstring)."""
+    dtype = prompt_dtype()
+    contenders = {
+        "_weight_int8pack_mm": torch.ops.aten._weight_int8pack_mm,
+        "dequantised_product": dequantised_product,
+        "weight dequantised": lambda x, q, s: F.linear(
+            x.to(dtype), q.to(dtype) * s.to(dtype)[:, None]
+        ),
+    }
+    print(f"prompt_dtype: {dtype}; ms per product")
+    print(f"{'weight [out, in]':>16} {'rows':>5} " + " ".join(f"{n:>20}" for n in contenders))
+    for out, inp in SHAPES[:1] + SHAPES[2:]:
+        q, scales = quantize_int8(torch.randn(out, inp))
+        copies = [q.clone() for _ in range(-(-(2**28) // q.numel()))]  # past the L3
+        for rows in INT8_ROWS:
+            x = torch.randn(rows, inp, dtype=torch.bfloat16)
+            times = {}
+            for name, fn in contenders.items():
+
+                def each():
+                    for w in copies:
+                        fn(x, w, scales)
+
+                times[name] = best_ms(each, n=3) / len(copies)
+            best = min(times, key=times.get)
+            cells = " ".join(f"{ms:20.3f}" for ms in times.values())
+            print(f"{str([out, inp]):>16} {rows:5d} {cells}  fastest: {best}", flush=True)
 
 
 if __name__ == "__main__":

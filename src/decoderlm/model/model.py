@@ -29,6 +29,7 @@ from torch import Tensor
 from ..config import ModelConfig
 from ..errors import UserError
 from ..tokenizers.load import read_end_of_text_id
+from .dropout import Dropout, dropout
 from .hooks import HeadsHookPoint, HookPoint
 from .kv_cache import KVCache
 from .positions import apply_rope, rope_cos_sin, sinusoidal_positions
@@ -258,7 +259,7 @@ class CausalSelfAttention(nn.Module):
         self.hook_attn_scores, self.hook_pattern = HookPoint(), HookPoint()
         self.hook_z = HookPoint()
         self.proj = nn.Linear(config.n_heads * config.head_dim, config.d_model, bias=config.bias)
-        self.resid_dropout = nn.Dropout(config.dropout_at("resid"))
+        self.resid_dropout = Dropout(config.dropout_at("resid"))
 
     def forward(self, x: Tensor, rope=None, cache: KVCache | None = None, mask=None) -> Tensor:
         B, T, _ = x.shape
@@ -282,7 +283,7 @@ class CausalSelfAttention(nn.Module):
         if cache is None and (explicit or hooked):
             scores = self.hook_attn_scores(attention_scores(q, k))  # [B, n_heads, T, T] f32
             att = self.hook_pattern(scores.softmax(dim=-1))
-            att = F.dropout(att, dropout_p) if dropout_p > 0 else att
+            att = dropout(att, dropout_p)
             z = _weighted(att.to(v.dtype), v)
         elif cache is not None and T == 1 and _written_out_wins(q, k):
             z = one_query_attention(q, k, v, mask)
@@ -323,7 +324,7 @@ class MLP(nn.Module):
         self.proj = nn.Linear(config.d_ff, config.d_model, bias=config.bias)
         self.approximate = "tanh" if config.activation == "gelu_tanh" else "none"
         self.relu2 = config.mlp == "relu2"
-        self.dropout = nn.Dropout(config.dropout_at("resid"))
+        self.dropout = Dropout(config.dropout_at("resid"))
 
     def forward(self, x: Tensor) -> Tensor:
         if self.gate is not None:
@@ -449,7 +450,7 @@ class DecoderLM(nn.Module):
         self.hook_embed = HookPoint()
         if config.pos_encoding in ("learned", "sinusoidal"):
             self.hook_pos_embed = HookPoint()
-        self.drop = nn.Dropout(config.dropout_at("embed"))
+        self.drop = Dropout(config.dropout_at("embed"))
         self.blocks = nn.ModuleList(Block(config, layer) for layer in range(config.n_layers))
         self.ln_f = make_norm(config) if config.norm_position == "pre" else None
         if self.ln_f is not None:
