@@ -1,9 +1,9 @@
 """One-row products on this CPU, the core of decoding one token (--rows N: N-row products,
 decoding N sequences together as `decoderlm serve` does): F.linear (MKL's or oneDNN's
-matrix-vector product), `decoderlm.model.model.rowwise_linear` (a 2-way batched matmul) and
-`decoderlm.model.model.reduction_linear` under torch.compile (one fused multiply-and-sum kernel),
-against torch.sum over the same weights (a pure read), for the unembeddings and block matrices
-of the decoding benchmark, float32 and bfloat16.
+matrix-vector product), `decoderlm.generation.cpu_decode.rowwise_linear` (a 2-way batched
+matmul) and `decoderlm.generation.cpu_decode.reduction_linear` under torch.compile (one fused
+multiply-and-sum kernel), against torch.sum over the same weights (a pure read), for the
+unembeddings and block matrices of the decoding benchmark, float32 and bfloat16.
 
 Each shape cycles through enough copies of its weight (>= 256 MiB) that every product reads
 it from memory, not from the 32 MiB L3, as decoding a real model does. Prints milliseconds

@@ -75,3 +75,24 @@ def test_a_bfloat16_prompt_is_multiplied_in_the_cpus_prompt_dtype(monkeypatch, n
     dequantised = int8.weight.double() * int8.scales.double()[:, None]
     exact = F.linear(prompt.double(), dequantised)
     assert torch.allclose(outputs[1].double(), exact, atol=0.02, rtol=0.01)
+
+
+@pytest.mark.parametrize("rowwise", [True, False])
+def test_one_row_float32_products_take_the_kernel_this_cpu_reads_fastest(monkeypatch, rowwise):
+    # the two-way split where `rowwise_wins_here` (AMD CPUs), F.linear itself elsewhere
+    # (Intel's, where MKL reads a one-row product at the memory's rate): bit for bit the one
+    # or the other, for a block-sized weight and one row
+    import torch.nn.functional as F
+
+    from decoderlm.generation import cpu_decode
+
+    cpu_decode.rowwise_wins_here.cache_clear()
+    monkeypatch.setattr(cpu_decode, "rowwise_wins_here", lambda: rowwise)
+    layer = cpu_decode.DecodeLinear(768, 2304)
+    x = torch.randn(1, 1, 768)
+    with torch.no_grad():
+        got = layer(x)
+        rowwise_y = cpu_decode.rowwise_linear(x, layer.weight, layer.bias)
+        plain = F.linear(x, layer.weight, layer.bias)
+    assert not torch.equal(rowwise_y, plain)  # the two kernels' sums are told apart
+    assert torch.equal(got, rowwise_y if rowwise else plain)

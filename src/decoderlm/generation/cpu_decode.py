@@ -2,9 +2,11 @@
 
 Decoding multiplies one row (one new token) by every weight matrix: a matrix-vector product
 that reads each weight once, so its speed is the memory read rate. PyTorch's eager CPU
-F.linear reads one-row float32 products below that rate; `rowwise_linear`, the product as a
-two-way batched matmul over halves of the weight's rows, reads faster (the figures are in
-benchmarks/README.md, from benchmarks/gemv.py). Under torch.compile the products stay
+F.linear reads one-row float32 products below that rate on AMD CPUs (MKL's product);
+`rowwise_linear`, the product as a two-way batched matmul over halves of the weight's rows,
+reads faster there, and about half as fast as F.linear on Intel CPUs, where F.linear reads at
+the memory's rate (`rowwise_wins_here`; the figures are in benchmarks/README.md, from
+benchmarks/gemv.py). Under torch.compile the products stay
 F.linear: the compiled step (`steps.decode_step`) freezes the weights and lets inductor pick
 its CPU GEMM templates or packed MKL products for them, which read faster still.
 `reduction_linear`, the product as a multiply-and-sum that inductor fuses into one loop, is
@@ -34,6 +36,7 @@ __all__ = [
     "install",
     "native_bfloat16",
     "prompt_dtype",
+    "rowwise_wins_here",
 ]
 
 ROWWISE_MIN_WEIGHT = 2**19  # elements; smaller weights gain nothing from the split
@@ -49,6 +52,23 @@ def native_bfloat16() -> bool:
     (AVX-512 with BF16, or AMX). Elsewhere (AVX2) torch's bfloat16 matrix products convert
     every element in a slow generic loop."""
     return torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+
+
+@functools.cache
+def rowwise_wins_here() -> bool:
+    """Whether `rowwise_linear` beats F.linear for one-row float32 products on this CPU: on
+    every CPU but Intel's (read from /proc/cpuinfo's vendor_id; True where it cannot be
+    read). On an Intel Xeon F.linear reads a one-row product's weight at the memory's rate
+    and the two-way split at about half of it; on AMD EPYCs it is the other way round
+    (`python benchmarks/gemv.py`; figures in benchmarks/README.md)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("vendor_id"):
+                    return line.split(":", 1)[1].strip() != "GenuineIntel"
+    except OSError:
+        pass
+    return True
 
 
 def prompt_dtype() -> torch.dtype:
@@ -95,9 +115,10 @@ def reduction_linear(
 class DecodeLinear(nn.Linear):
     """nn.Linear with the decoding products on the CPU without autograd, run eagerly: float32
     with a weight of 2^19 elements or more and at most 4 rows, or of 2^24 elements or more
-    (an unembedding) and at most 16 rows, runs as `rowwise_linear` (`benchmarks/gemv.py
-    --rows N` measures where it wins); bfloat16 with 16 rows or more (a prompt) runs in
-    `prompt_dtype()`. Everything else, and everything under torch.compile, is nn.Linear."""
+    (an unembedding) and at most 16 rows, runs as `rowwise_linear` where it wins on this
+    CPU (`rowwise_wins_here`; `benchmarks/gemv.py --rows N` measures where it wins);
+    bfloat16 with 16 rows or more (a prompt) runs in `prompt_dtype()`. Everything else, and
+    everything under torch.compile, is nn.Linear."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.device.type != "cpu" or torch.is_grad_enabled() or torch.compiler.is_compiling():
@@ -112,6 +133,8 @@ class DecodeLinear(nn.Linear):
         return super().forward(x)
 
     def _rowwise_wins(self, rows: int) -> bool:
+        if not rowwise_wins_here():
+            return False
         size = self.weight.numel()
         if size >= ROWWISE_WIDE_WEIGHT:
             return rows <= ROWWISE_WIDE_MAX_ROWS
