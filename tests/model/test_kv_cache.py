@@ -273,18 +273,20 @@ def test_a_hook_attached_after_compiling_still_runs_while_decoding():
     assert torch.equal(tokens, generate(model, prompt, 6, do_sample=False))
 
 
-def test_a_compiled_step_compiles_once_for_every_cache_capacity():
-    """The compiled step's cache is sized to each call's prompt and new tokens (a multiple of
-    64 positions). A first capacity equal to head_dim (64 and 64) must not make the capacity
-    a constant of the compiled graph (shape symbols shared by value): with recompiling made
-    an error, a longer generation (capacity 128) still runs and gives the eager tokens."""
+def test_a_compiled_step_compiles_once_for_every_cache_capacity_and_window():
+    """The compiled step's cache is sized to each call's prompt and new tokens, and each step
+    attends over a window of it that grows by 64 positions. A first window equal to head_dim
+    (64 and 64) must not make the window a constant of the compiled graph (shape symbols
+    shared by value), nor may a first window as long as the cache's buffers make the graph
+    guard on that equality: with recompiling made an error, a longer generation (a larger
+    capacity, windows of 64 and 128 positions) still runs and gives the eager tokens."""
     torch._dynamo.reset()
-    model = tiny_model(block_size=256, n_heads=1)  # head_dim 64
+    model = tiny_model(block_size=256, n_heads=2, d_model=128)  # head_dim 64
     compiled = prepare_for_decoding(copy.deepcopy(model), compile=True)
     prompt = torch.randint(0, 65, (1, 8))
     assert torch.equal(
         generate(compiled, prompt, 8, do_sample=False), generate(model, prompt, 8, do_sample=False)
     )
     with torch._dynamo.config.patch(error_on_recompile=True):
-        got = generate(compiled, prompt, 80, do_sample=False)  # capacity 128
+        got = generate(compiled, prompt, 80, do_sample=False)  # 88 positions: capacity 129
     assert torch.equal(got, generate(model, prompt, 80, do_sample=False))

@@ -189,7 +189,7 @@ def stream_generate(
     setup = decoding_setup(model)
     compiled = setup is not None and setup.compile
     one_token = decode_step(compiled)
-    # a compiled step attends over the whole cache: size it to the tokens it will hold
+    # a compiled step's cache: sized to the tokens it will hold (`fixed_capacity`)
     capacity = fixed_capacity(model, T0 + params.max_new_tokens) if compiled else None
     was_training = model.training
     model.eval()

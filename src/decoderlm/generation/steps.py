@@ -174,8 +174,8 @@ def _compiled_one_token(model, idx, cache, positions, key_mask=None):
     if not isinstance(cache, KVCache):
         return _timed_first_call(model, "slots", idx, cache, positions, key_mask)
     cache.fix()
-    if key_mask is not None:  # [B, length + 1] -> [B, capacity], False past the new token
-        full = key_mask.new_zeros(key_mask.size(0), cache.capacity)
+    if key_mask is not None:  # [B, length + 1] -> [B, window], False past the new token
+        full = key_mask.new_zeros(key_mask.size(0), cache.window)
         full[:, : key_mask.size(1)] = key_mask
         key_mask = full
     logits = _timed_first_call(model, "fixed", idx, cache, positions, key_mask)
@@ -222,18 +222,23 @@ def decode_step(compile: bool = False):
             `CPU_OPTIONS`): a model whose weights or layers later change must be prepared
             afresh; while a forward hook is attached
             the step runs eagerly, so that the hook runs. A `KVCache` is switched to fixed
-            shapes (`KVCache.fix`): every step attends over the cache's whole capacity
-            under a mask, so a cache sized to the prompt and its new tokens (`prefill`'s
-            capacity) costs little more than the tokens it holds, and the step's shapes
-            never change; a `SlotKVCache` runs with dynamic shapes over its growing rows.
-            Both are compiled with dynamic shapes, so a new capacity or batch size does not
-            compile again. The decoding paths take compile from the model's
-            `precision.DecodingSetup` (`prepare_for_decoding(..., compile=True)`).
+            shapes (`KVCache.fix`): every step attends under a mask over a window of the
+            cache, its filled positions rounded up to a multiple of 64, so the step's
+            shapes change once every 64 tokens and the attention reads at most 63
+            positions more than the filled ones; a `SlotKVCache` runs with dynamic shapes
+            over its growing rows. Both are compiled with dynamic shapes, so a new window,
+            capacity or batch size does not compile again. The decoding paths take
+            compile from the model's `precision.DecodingSetup` (`prepare_for_decoding(...,
+            compile=True)`).
     """
     return _compiled_one_token if compile else _one_token
 
 
 def fixed_capacity(model, tokens: int) -> int:
     """The KV cache capacity a compiled step's cache gets for `tokens` positions: rounded up
-    to a multiple of 64 (whole vectors for the attention's loops), at most max_positions + 1."""
-    return min(model.config.max_positions + 1, -(-tokens // 64) * 64)
+    to a multiple of `KVCache.WINDOW`, plus a spare position, at most max_positions + 1. The
+    spare keeps every window a strict slice of the buffers: a window as long as the buffers
+    would make the graph compiled for it guard on that equality (a slice that is the whole
+    buffer is contiguous, a shorter one is not), compiling the step again for the others."""
+    step = KVCache.WINDOW
+    return min(model.config.max_positions + 1, -(-tokens // step) * step + 1)

@@ -21,10 +21,15 @@ class KVCache:
     serves every length (a slice that is the whole buffer would be compiled again).
 
     Fixed-shape steps (`fix`): from then on a one-token update writes its keys and values at
-    the position held in the tensor `slot` and returns the whole buffers, and the attention
-    mask covers all `capacity` positions (those past the new token masked out), so every
-    step has the same shapes whatever the length: the form of a compiled decoding step
-    (`generation.steps.decode_step`).
+    the position held in the tensor `slot` and returns the buffers' first `window` positions,
+    the filled ones rounded up to a multiple of `WINDOW` (at most `capacity`), and the
+    attention mask covers the same positions (those past the new token masked out). The
+    window's length is the size of the tensor `keys` (its positions, 0 .. window - 1), never
+    a Python number, so a step compiled with dynamic shapes runs at every window unchanged:
+    the form of a compiled decoding step (`generation.steps.decode_step`), whose attention
+    reads at most WINDOW - 1 more positions than the filled ones. A window as long as the
+    buffers gets a graph of its own (the slice is then contiguous, a shorter one is not):
+    `generation.steps.fixed_capacity` leaves a spare position so that none is.
 
     Args:
         config: the model's ModelConfig.
@@ -34,6 +39,8 @@ class KVCache:
             max_positions + 1.
     """
 
+    WINDOW = 64  # a fixed step's window grows by this many positions (whole vectors)
+
     def __init__(self, config: ModelConfig, batch_size: int, device, dtype, capacity=None):
         capacity = config.max_positions + 1 if capacity is None else capacity
         shape = (batch_size, config.n_kv_heads, capacity, config.head_dim)
@@ -41,6 +48,8 @@ class KVCache:
         self.v = [torch.empty(shape, device=device, dtype=dtype) for _ in range(config.n_layers)]
         self.length = 0
         self.slot: torch.Tensor | None = None  # [1] int64 once fixed: the next position
+        self.keys: torch.Tensor | None = None  # [window] int64 once fixed: 0 .. window - 1
+        self._positions: torch.Tensor | None = None  # [capacity] int64 once fixed, keys' base
 
     @property
     def capacity(self) -> int:
@@ -56,7 +65,16 @@ class KVCache:
         for buffers in (self.k, self.v):
             for buffer in buffers:
                 buffer[:, :, self.length :].zero_()
-        self.slot = torch.tensor([self.length], device=self.k[0].device)
+        device = self.k[0].device
+        self.slot = torch.tensor([self.length], device=device)
+        self._positions = torch.arange(self.capacity, device=device)
+        self.keys = self._positions[: self.window]
+
+    @property
+    def window(self) -> int:
+        """The positions a fixed one-token step attends over: length + 1 (the cached tokens
+        and the new one) rounded up to a multiple of WINDOW, at most capacity."""
+        return min(self.capacity, -(-(self.length + 1) // self.WINDOW) * self.WINDOW)
 
     def update(
         self, layer: int, k: torch.Tensor, v: torch.Tensor
@@ -64,12 +82,13 @@ class KVCache:
         """Write the new keys and values k, v [B, n_kv_heads, T, head_dim] of `layer` at positions
         length..length + T - 1 and return all of them, [B, n_kv_heads, length + T, head_dim]
         each. `length` itself moves on in `advance`, once every layer has been updated.
-        After `fix`, one new token (T = 1) is written at `slot` and the whole buffers, [B,
-        n_kv_heads, capacity, head_dim], are returned."""
-        if self.slot is not None and k.size(-2) == 1:  # fixed shapes: the whole buffers
+        After `fix`, one new token (T = 1) is written at `slot` and the window's positions,
+        [B, n_kv_heads, window, head_dim], are returned."""
+        if self.slot is not None and k.size(-2) == 1:  # fixed shapes: the window
             self.k[layer].index_copy_(2, self.slot, k)
             self.v[layer].index_copy_(2, self.slot, v)
-            return self.k[layer], self.v[layer]
+            window = self.keys.size(0)
+            return self.k[layer][:, :, :window], self.v[layer][:, :, :window]
         start, T = self.length, k.size(-2)
         self.k[layer][:, :, start : start + T] = k
         self.v[layer][:, :, start : start + T] = v
@@ -80,6 +99,8 @@ class KVCache:
         self.length += T
         if self.slot is not None:
             self.slot.fill_(self.length)
+            if self.keys.size(0) != self.window:
+                self.keys = self._positions[: self.window]
 
     def attention_mask(self, T: int, key_mask: torch.Tensor | None) -> torch.Tensor | None:
         """The mask of T new queries over the length + T keys, bool [B, 1, T, length + T],
@@ -92,11 +113,11 @@ class KVCache:
         Returns:
             None when no mask is needed (no padding, and one new token or an empty cache, so
             the plain causal rule of scaled_dot_product_attention applies). After `fix`, for
-            one new token: bool [B or 1, 1, 1, capacity], True at positions 0 .. slot
-            (key_mask, if given, [B, capacity] and False past the new token, anded in).
+            one new token: bool [B or 1, 1, 1, window], True at positions 0 .. slot
+            (key_mask, if given, [B, window] and False past the new token, anded in).
         """
         if self.slot is not None and T == 1:
-            seen = (torch.arange(self.capacity, device=self.slot.device) <= self.slot)[None]
+            seen = (self.keys <= self.slot)[None]
             return (seen if key_mask is None else seen & key_mask)[:, None, None]
         start = self.length
         if key_mask is None and (T == 1 or start == 0):

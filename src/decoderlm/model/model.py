@@ -582,7 +582,7 @@ class DecoderLM(nn.Module):
             position_ids: [B, T] int64, each new token's position (< max_positions).
             key_mask: [B, cache.length + T] bool, False for padding (never attended to);
                 None means no padding. A fixed cache's one-token step (`KVCache.fix`) takes
-                [B, cache.capacity].
+                [B, cache.window].
             last_only: compute the logits of the last position only.
             advance: count the new tokens in the cache (`cache.advance`); False leaves that
                 to the caller (a compiled step that must not read the cache's length).
