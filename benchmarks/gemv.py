@@ -1,9 +1,11 @@
 """One-row products on this CPU, the core of decoding one token (--rows N: N-row products,
-decoding N sequences together as `decoderlm serve` does): F.linear (MKL's or oneDNN's
-matrix-vector product), `decoderlm.generation.cpu_decode.rowwise_linear` (a 2-way batched
-matmul) and `decoderlm.generation.cpu_decode.reduction_linear` under torch.compile (one fused
-multiply-and-sum kernel), against torch.sum over the same weights (a pure read), for the
-unembeddings and block matrices of the decoding benchmark, float32 and bfloat16.
+decoding N sequences together as `decoderlm serve` does, or a prompt): F.linear (MKL's
+product in float32, oneDNN's in bfloat16), `decoderlm.generation.cpu_decode.onednn_linear`
+(oneDNN's product on the weight as stored), `decoderlm.generation.cpu_decode.rowwise_linear`
+(a 2-way batched matmul) and `decoderlm.generation.cpu_decode.reduction_linear` under
+torch.compile (one fused multiply-and-sum kernel), against torch.sum over the same weights (a
+pure read), for the unembeddings and block matrices of the decoding benchmark, float32 and
+bfloat16.
 
 Each shape cycles through enough copies of its weight (>= 256 MiB) that every product reads
 it from memory, not from the 32 MiB L3, as decoding a real model does. Prints milliseconds
@@ -26,7 +28,12 @@ import torch
 import torch.nn.functional as F
 
 from common import arguments
-from decoderlm.generation.cpu_decode import prompt_dtype, reduction_linear, rowwise_linear
+from decoderlm.generation.cpu_decode import (
+    onednn_linear,
+    prompt_dtype,
+    reduction_linear,
+    rowwise_linear,
+)
 from decoderlm.generation.precision import dequantised_product, quantize_int8
 
 SHAPES = [(50257, 768), (50257, 256), (3072, 768), (768, 3072), (2304, 768)]  # [out, in]
@@ -56,6 +63,7 @@ def main() -> None:
     contenders = {
         "torch.sum": lambda x, w: w.sum(),
         "F.linear": F.linear,
+        "oneDNN": onednn_linear,
         "rowwise": rowwise_linear,
         "compiled reduction": compiled,
     }

@@ -77,17 +77,18 @@ def test_a_bfloat16_prompt_is_multiplied_in_the_cpus_prompt_dtype(monkeypatch, n
     assert torch.allclose(outputs[1].double(), exact, atol=0.02, rtol=0.01)
 
 
-@pytest.mark.parametrize("rowwise", [True, False])
-def test_one_row_float32_products_take_the_kernel_this_cpu_reads_fastest(monkeypatch, rowwise):
-    # the two-way split where `rowwise_wins_here` (AMD CPUs), F.linear itself elsewhere
-    # (Intel's, where MKL reads a one-row product at the memory's rate): bit for bit the one
-    # or the other, for a block-sized weight and one row
+@pytest.mark.parametrize("vendor", ["AuthenticAMD", "GenuineIntel"])
+def test_one_row_float32_products_take_the_kernel_this_cpu_reads_fastest(monkeypatch, vendor):
+    # the two-way split where `rowwise_wins_here` (AMD CPUs), F.linear itself on Intel's
+    # (where MKL reads a one-row product at the memory's rate): bit for bit the one or the
+    # other, for a block-sized weight and one row
     import torch.nn.functional as F
 
     from decoderlm.generation import cpu_decode
 
-    cpu_decode.rowwise_wins_here.cache_clear()
-    monkeypatch.setattr(cpu_decode, "rowwise_wins_here", lambda: rowwise)
+    monkeypatch.setattr(cpu_decode, "cpu_vendor", lambda: vendor)
+    monkeypatch.setattr(cpu_decode, "onednn_wins_here", lambda: vendor == "AuthenticAMD")
+    rowwise = vendor == "AuthenticAMD"
     layer = cpu_decode.DecodeLinear(768, 2304)
     x = torch.randn(1, 1, 768)
     with torch.no_grad():
@@ -96,3 +97,51 @@ def test_one_row_float32_products_take_the_kernel_this_cpu_reads_fastest(monkeyp
         plain = F.linear(x, layer.weight, layer.bias)
     assert not torch.equal(rowwise_y, plain)  # the two kernels' sums are told apart
     assert torch.equal(got, rowwise_y if rowwise else plain)
+
+
+@pytest.mark.parametrize("onednn", [True, False])
+def test_many_row_float32_products_take_onednn_where_it_wins(monkeypatch, onednn):
+    # a prompt's (or a batch's) float32 products of a block-sized weight: oneDNN's kernel on
+    # the weight as stored where `onednn_wins_here` (AMD CPUs, where MKL's runs at about half
+    # its speed), MKL's F.linear elsewhere; bit for bit the one or the other, through
+    # DecodeLinear and through an int8 layer's many-row product in float32 (an AVX2 CPU's)
+    import torch.nn.functional as F
+
+    from decoderlm.generation import cpu_decode
+    from decoderlm.generation.precision import Int8Linear, dequantised_product
+
+    if not torch.backends.mkldnn.is_available():
+        pytest.skip("this torch has no oneDNN")
+    monkeypatch.setattr(cpu_decode, "onednn_wins_here", lambda: onednn)
+    monkeypatch.setattr(cpu_decode, "native_bfloat16", lambda: False)  # int8 prompt in float32
+    layer = cpu_decode.DecodeLinear(768, 2304)
+    x = torch.randn(2, 16, 768)
+    with torch.no_grad():
+        got = layer(x)
+        by_onednn = cpu_decode.onednn_linear(x, layer.weight, layer.bias)
+        plain = F.linear(x, layer.weight, layer.bias)
+        int8 = Int8Linear(layer, torch.float32)
+        w = int8.weight.float()
+        got_int8 = dequantised_product(x.reshape(-1, 768), int8.weight, int8.scales)
+        scales = int8.scales.float()
+    assert by_onednn.shape == (2, 16, 2304)
+    assert torch.allclose(by_onednn, plain, atol=1e-4, rtol=1e-4)
+    assert not torch.equal(by_onednn, plain)  # the two kernels' sums are told apart
+    assert torch.equal(got, by_onednn if onednn else plain)
+    kernel = cpu_decode.onednn_linear if onednn else F.linear
+    assert torch.equal(got_int8, kernel(x.reshape(-1, 768), w) * scales)
+    # small weights (under 2^18 elements) stay F.linear: oneDNN's call costs more there
+    small = cpu_decode.DecodeLinear(128, 384)
+    with torch.no_grad():
+        assert torch.equal(small(x[..., :128]), F.linear(x[..., :128], small.weight, small.bias))
+
+
+def test_onednn_is_chosen_on_amd_cpus_only(monkeypatch):
+    from decoderlm.generation import cpu_decode
+
+    for vendor, expected in [("AuthenticAMD", True), ("GenuineIntel", False), (None, False)]:
+        monkeypatch.setattr(cpu_decode, "cpu_vendor", lambda v=vendor: v)
+        cpu_decode.onednn_wins_here.cache_clear()
+        assert cpu_decode.onednn_wins_here() == (expected and torch.backends.mkldnn.is_available())
+        assert cpu_decode.rowwise_wins_here() == (vendor != "GenuineIntel")
+    cpu_decode.onednn_wins_here.cache_clear()

@@ -5,12 +5,14 @@ that reads each weight once, so its speed is the memory read rate. PyTorch's eag
 F.linear reads one-row float32 products below that rate on AMD CPUs (MKL's product);
 `rowwise_linear`, the product as a two-way batched matmul over halves of the weight's rows,
 reads faster there, and about half as fast as F.linear on Intel CPUs, where F.linear reads at
-the memory's rate (`rowwise_wins_here`; the figures are in benchmarks/README.md, from
-benchmarks/gemv.py). Under torch.compile the products stay
-F.linear: the compiled step (`steps.decode_step`) freezes the weights and lets inductor pick
-its CPU GEMM templates or packed MKL products for them, which read faster still.
-`reduction_linear`, the product as a multiply-and-sum that inductor fuses into one loop, is
-measured there as a contender.
+the memory's rate (`rowwise_wins_here`). A prompt's float32 products (many rows) run at 60-80
+GFLOP/s in MKL on an AMD EPYC and 1.2-2.2x faster in oneDNN's (`onednn_linear`, on the weight
+as it is stored), which `many_row_linear` takes there (`onednn_wins_here`). The figures are in
+benchmarks/README.md, from benchmarks/gemv.py. Under torch.compile the products stay F.linear:
+the compiled step (`steps.decode_step`) freezes the weights and lets inductor pick its CPU
+GEMM templates or packed MKL products for them, which read faster still. `reduction_linear`,
+the product as a multiply-and-sum that inductor fuses into one loop, is measured there as a
+contender.
 
 A prompt's many-row products of bfloat16 weights run in `prompt_dtype()`: float32 on a CPU
 without native bfloat16 products (AVX2), where torch's bfloat16 matrix product is slow.
@@ -32,17 +34,18 @@ import torch.nn.functional as F
 __all__ = [
     "rowwise_linear",
     "reduction_linear",
+    "onednn_linear",
+    "many_row_linear",
     "DecodeLinear",
     "install",
     "native_bfloat16",
     "prompt_dtype",
     "rowwise_wins_here",
+    "onednn_wins_here",
 ]
 
-ROWWISE_MIN_WEIGHT = 2**19  # elements; smaller weights gain nothing from the split
+ROWWISE_MIN_WEIGHT = 2**18  # elements; smaller weights gain nothing from the split (nor oneDNN)
 ROWWISE_MAX_ROWS = 4  # rows of x up to which the split wins for every such weight
-ROWWISE_WIDE_WEIGHT = 2**24  # elements: vocabulary-sized weights (unembeddings) ...
-ROWWISE_WIDE_MAX_ROWS = 16  # ... win up to this many rows (continuous batching's steps)
 PROMPT_MIN_ROWS = 16  # rows from which a bfloat16 product is a prompt's (`prompt_dtype`)
 
 
@@ -55,20 +58,37 @@ def native_bfloat16() -> bool:
 
 
 @functools.cache
-def rowwise_wins_here() -> bool:
-    """Whether `rowwise_linear` beats F.linear for one-row float32 products on this CPU: on
-    every CPU but Intel's (read from /proc/cpuinfo's vendor_id; True where it cannot be
-    read). On an Intel Xeon F.linear reads a one-row product's weight at the memory's rate
-    and the two-way split at about half of it; on AMD EPYCs it is the other way round
-    (`python benchmarks/gemv.py`; figures in benchmarks/README.md)."""
+def cpu_vendor() -> str | None:
+    """This CPU's vendor as /proc/cpuinfo's vendor_id gives it ("GenuineIntel",
+    "AuthenticAMD"), or None where it cannot be read (another system, an ARM CPU)."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
             for line in f:
                 if line.startswith("vendor_id"):
-                    return line.split(":", 1)[1].strip() != "GenuineIntel"
+                    return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return True
+    return None
+
+
+def rowwise_wins_here() -> bool:
+    """Whether `rowwise_linear` beats F.linear for one-row float32 products on this CPU: on
+    every CPU but Intel's (`cpu_vendor`; True where it cannot be read). On an Intel Xeon
+    F.linear reads a one-row product's weight at the memory's rate and the two-way split at
+    about half of it; on AMD EPYCs it is the other way round (`python benchmarks/gemv.py`;
+    figures in benchmarks/README.md)."""
+    return cpu_vendor() != "GenuineIntel"
+
+
+@functools.cache
+def onednn_wins_here() -> bool:
+    """Whether `onednn_linear` beats F.linear (MKL's product) for float32 products of more
+    than a few rows on this CPU: on AMD CPUs (`cpu_vendor`), where torch has oneDNN. On a
+    2-core AVX-512 AMD EPYC a 32-row product of a GPT-2 small block matrix takes 0.9-1.2 ms
+    there against 1.3-1.8 ms in MKL, and 5 to 512 rows 1.2-2.2x less (`python
+    benchmarks/gemv.py --rows N`; benchmarks/README.md); MKL's products are Intel's own,
+    so elsewhere F.linear stays."""
+    return cpu_vendor() == "AuthenticAMD" and torch.backends.mkldnn.is_available()
 
 
 def prompt_dtype() -> torch.dtype:
@@ -112,33 +132,52 @@ def reduction_linear(
     return y.to(x.dtype)
 
 
+def onednn_linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """F.linear(x, weight, bias) through oneDNN's product (`torch.ops.mkldnn._linear_pointwise`,
+    the kernel inductor's CPU freezing calls) on weight [out, in] as it is stored, not
+    repacked: x [..., in] float32 or bfloat16 -> [..., out] in x's dtype (weight and bias in
+    it too). Each call costs about 20-30 us more than MKL's, so it pays for products of 2^18
+    weight elements or more (`many_row_linear`)."""
+    flat = x.reshape(-1, x.size(-1))
+    y = torch.ops.mkldnn._linear_pointwise(flat, weight, bias, "none", [], "")
+    return y.view(*x.shape[:-1], weight.size(0))
+
+
+def many_row_linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """F.linear(x, weight, bias) for a product of many rows (a prompt, an evaluation, a batch
+    of decoded rows) without autograd: `onednn_linear` for a float32 weight of 2^18 elements
+    or more where oneDNN wins (`onednn_wins_here`), else F.linear. x [..., in] -> [..., out],
+    dtypes as F.linear's."""
+    if x.dtype == torch.float32 and weight.numel() >= ROWWISE_MIN_WEIGHT and onednn_wins_here():
+        return onednn_linear(x, weight, bias)
+    return F.linear(x, weight, bias)
+
+
 class DecodeLinear(nn.Linear):
     """nn.Linear with the decoding products on the CPU without autograd, run eagerly: float32
-    with a weight of 2^19 elements or more and at most 4 rows, or of 2^24 elements or more
-    (an unembedding) and at most 16 rows, runs as `rowwise_linear` where it wins on this
-    CPU (`rowwise_wins_here`; `benchmarks/gemv.py --rows N` measures where it wins);
-    bfloat16 with 16 rows or more (a prompt) runs in `prompt_dtype()`. Everything else, and
-    everything under torch.compile, is nn.Linear."""
+    with a weight of 2^18 elements or more runs as `rowwise_linear` up to 4 rows where the
+    split wins on this CPU (`rowwise_wins_here`), and as `many_row_linear` with more rows;
+    bfloat16 with 16 rows or more (a prompt) runs in `prompt_dtype()`, through
+    `many_row_linear`. Everything else, and everything under torch.compile, is nn.Linear
+    (`benchmarks/gemv.py --rows N` measures where each wins)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.device.type != "cpu" or torch.is_grad_enabled() or torch.compiler.is_compiling():
             return super().forward(x)
         rows = x.numel() // x.size(-1)
-        if x.dtype == torch.float32 and self._rowwise_wins(rows):
-            return rowwise_linear(x, self.weight, self.bias)
+        if x.dtype == torch.float32 and self.weight.numel() >= ROWWISE_MIN_WEIGHT:
+            if rows <= ROWWISE_MAX_ROWS and rowwise_wins_here():
+                return rowwise_linear(x, self.weight, self.bias)
+            return many_row_linear(x, self.weight, self.bias)
         if x.dtype == torch.bfloat16 and rows >= PROMPT_MIN_ROWS:
             dtype = prompt_dtype()
             bias = None if self.bias is None else self.bias.to(dtype)
-            return F.linear(x.to(dtype), self.weight.to(dtype), bias).to(x.dtype)
+            return many_row_linear(x.to(dtype), self.weight.to(dtype), bias).to(x.dtype)
         return super().forward(x)
-
-    def _rowwise_wins(self, rows: int) -> bool:
-        if not rowwise_wins_here():
-            return False
-        size = self.weight.numel()
-        if size >= ROWWISE_WIDE_WEIGHT:
-            return rows <= ROWWISE_WIDE_MAX_ROWS
-        return size >= ROWWISE_MIN_WEIGHT and rows <= ROWWISE_MAX_ROWS
 
 
 def install(model: nn.Module) -> nn.Module:

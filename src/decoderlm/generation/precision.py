@@ -41,7 +41,6 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from ..arguments import DecodeDType, Quantize
 from ..errors import UserError
@@ -90,14 +89,14 @@ def dequantised_product(
 ) -> torch.Tensor:
     """x @ (scales[:, None] * weight).T for many rows (a prompt, an evaluation), computed as
     (x @ weight.T) * scales: the int8 weight converted to `cpu_decode.prompt_dtype()` (exact:
-    |w| <= 127), the per-row scales applied to the product's columns, a pass over [rows, out]
-    instead of one over the [out, in] weight.
+    |w| <= 127) and multiplied by `cpu_decode.many_row_linear`, the per-row scales applied to
+    the product's columns, a pass over [rows, out] instead of one over the [out, in] weight.
 
     x [rows, in] (any float dtype), weight [out, in] int8, scales [out] -> [rows, out] in
     prompt_dtype().
     """
     dtype = cpu_decode.prompt_dtype()
-    return F.linear(x.to(dtype), weight.to(dtype)) * scales.to(dtype)
+    return cpu_decode.many_row_linear(x.to(dtype), weight.to(dtype)) * scales.to(dtype)
 
 
 class Int8Linear(nn.Module):
