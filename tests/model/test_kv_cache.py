@@ -263,7 +263,7 @@ def test_a_hook_attached_after_compiling_still_runs_while_decoding():
     compiled = prepare_for_decoding(copy.deepcopy(model), compile=True)
     prompt = torch.randint(0, 65, (1, 5))
     generate(compiled, prompt, 3, do_sample=False)  # compiles the step
-    seen = []
+    seen, before = [], []
     handle = compiled.blocks[0].attn.hook_z.register_forward_hook(lambda m, i, o: seen.append(1))
     try:
         tokens = generate(compiled, prompt, 6, do_sample=False)
@@ -271,6 +271,13 @@ def test_a_hook_attached_after_compiling_still_runs_while_decoding():
         handle.remove()
     assert len(seen) == 6  # the prompt's pass and five one-token steps
     assert torch.equal(tokens, generate(model, prompt, 6, do_sample=False))
+    handle = compiled.blocks[1].mlp.register_forward_pre_hook(lambda m, i: before.append(1))
+    try:
+        tokens = generate(compiled, prompt, 4, do_sample=False)
+    finally:
+        handle.remove()
+    assert len(before) == 4  # a pre-hook, on another module, runs too
+    assert len(seen) == 6  # the removed hook no longer runs
 
 
 def test_a_compiled_step_compiles_once_for_every_cache_capacity_and_window():

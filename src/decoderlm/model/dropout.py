@@ -62,7 +62,10 @@ def _kept(shape: torch.Size, p: float) -> Tensor:
 
 class Dropout(nn.Dropout):
     """nn.Dropout whose forward is `dropout` (same p, same training flag, same state dict:
-    none)."""
+    none); x itself in eval mode, p unread (nn.Dropout checked it when built), so that a
+    compiled inference step holds no guard on p."""
 
     def forward(self, x: Tensor) -> Tensor:
+        if not self.training:
+            return x
         return dropout(x, self.p, self.training)
