@@ -107,13 +107,24 @@ CPU_OPTIONS = {
     "autotune_num_choices_displayed": 0,
     "max_autotune_report_choices_stats": False,
 }
+# from this many layers the graph's calls are made from C++ (inductor's cpp_wrapper), not
+# from Python, whose ~25 calls and views a layer cost about 1 ms a token at 30 layers
+# (SmolLM2-135M in bfloat16 on a 2-core EPYC: 128 against 117 tokens/s), for 15-20 s more
+# of compiling; GPT-2 small's 12 layers gain nothing from it (benchmarks/README.md)
+CPP_WRAPPER_MIN_LAYERS = 24
+
+
+def cpu_options(model) -> dict:
+    """inductor's options for this CPU model's fixed-shape step: `CPU_OPTIONS`, with
+    cpp_wrapper for a model of `CPP_WRAPPER_MIN_LAYERS` layers or more."""
+    return {**CPU_OPTIONS, "cpp_wrapper": model.config.n_layers >= CPP_WRAPPER_MIN_LAYERS}
 
 
 def _compiled_step(model, kind: str):
     """The torch.compile'd form of a step function for this model, built on first use.
 
     The fixed-shape step ("fixed", `generate`'s) is traced without duck sizing and, on the
-    CPU, compiled with `CPU_OPTIONS` (`_configured`): the weights are frozen into the graph (a
+    CPU, compiled with `cpu_options` (`_configured`): the weights are frozen into the graph (a
     packed copy of each matrix where a template wants one), each product the fastest that
     max-autotune times (benchmarks/README.md, "The compiled step on an AVX2 CPU").
 
@@ -134,7 +145,8 @@ def _compiled_step(model, kind: str):
         # the server's slot step (dynamic rows, graph breaks) is not frozen: frozen, it gave
         # wrong tokens for concurrent requests of a tiny model (tests/serve/test_serve.py)
         fixed = kind == "fixed"
-        steps[kind] = _configured(compiled, model.device.type == "cpu") if fixed else compiled
+        options = cpu_options(model) if model.device.type == "cpu" else {}
+        steps[kind] = _configured(compiled, options) if fixed else compiled
         # every module's hook dicts (registering a hook adds to them in place), for
         # `_hooked`; not the model itself: a value holding its key would keep it alive
         modules = [m for m in model.modules() if m is not model]
@@ -142,18 +154,16 @@ def _compiled_step(model, kind: str):
     return steps[kind]
 
 
-def _configured(compiled, cpu: bool):
-    """compiled, called with the configuration its tracing needs: on the CPU, inductor's
-    config set to `CPU_OPTIONS` (TorchDynamo reads `freezing` from the global config when it
-    traces, not from torch.compile's options); everywhere, no duck sizing, under which a
-    cache capacity equal to head_dim at the first call (64 and 64, say) would share its
-    symbol and be specialized to that value, compiling the step again for every other
-    capacity."""
+def _configured(compiled, inductor: dict):
+    """compiled, called with the configuration its tracing needs: inductor's config patched
+    with `inductor` (on the CPU `cpu_options`: TorchDynamo reads `freezing` from the global
+    config when it traces, not from torch.compile's options); everywhere, floats traced as
+    constants (no guards on a norm's eps) and no duck sizing, under which a cache capacity
+    equal to head_dim at the first call (64 and 64, say) would share its symbol and be
+    specialized to that value, compiling the step again for every other capacity."""
     import torch._dynamo.config as dynamo_config  # imported by torch.compile anyway
     import torch._inductor.config as inductor_config
     import torch.fx.experimental._config as shape_config
-
-    inductor = CPU_OPTIONS if cpu else {}
 
     def step(*args):
         with (
@@ -233,7 +243,7 @@ def decode_step(compile: bool = False):
             seconds: minutes for a model of 30 layers on 2 cores; needs a C++ compiler on
             the CPU). What is compiled is the model as it is then (on the CPU its weights
             are frozen into the graph, packed copies beside the model's own: see
-            `CPU_OPTIONS`): a model whose weights or layers later change must be prepared
+            `cpu_options`): a model whose weights or layers later change must be prepared
             afresh; while a forward hook is attached
             the step runs eagerly, so that the hook runs. A `KVCache` is switched to fixed
             shapes (`KVCache.fix`): every step attends under a mask over a window of the
