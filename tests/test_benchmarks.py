@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 SCRIPTS = sorted(p for p in BENCHMARKS.glob("*.py") if p.name != "common.py")
 
@@ -123,3 +125,30 @@ def test_vs_llamacpp_without_llama_cpp_says_how_to_install_it():
         and "-DGGML_NATIVE=ON" in done.stderr
         and "-DCMAKE_C_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16" in done.stderr
     )
+
+
+def test_vs_llamacpp_gguf_pairs_follow_precisions(tmp_path, monkeypatch):
+    # --gguf FILE decodes and re-encodes only the precision pairs --precisions names, as the
+    # shapes do (a run of one pair does not time the other two)
+    import argparse
+    import importlib
+
+    pytest.importorskip("gguf")
+    from decoderlm import CharTokenizer, DecoderLM, ModelConfig
+    from decoderlm.io.gguf import save_gguf
+
+    tokenizer = CharTokenizer.from_text("abcdefgh ")
+    model = DecoderLM(ModelConfig(vocab_size=tokenizer.vocab_size, block_size=16, n_layers=1,
+                                  n_heads=2, d_model=32, activation="gelu_tanh"))  # fmt: skip
+    source = tmp_path / "tiny.gguf"
+    save_gguf(model, tokenizer, source)
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    bench = importlib.import_module("vs_llamacpp")
+    args = argparse.Namespace(gguf=str(source), precisions=["16bit", "8bit"], new_tokens=[8],
+                              compile=False)  # fmt: skip
+    files = bench.recoded_files(source, tmp_path, args.precisions)
+    cases = bench.gguf_cases(args, files)
+    assert sorted(files) == ["f16", "q8_0"]
+    assert [c["precision"] for c in cases] == ["bf16/f16", "int8/q8_0"]
+    assert [cases[0]["ours"].get("dtype"), cases[0]["ours"].get("quantize")] == ["bfloat16", None]
+    assert cases[1]["ours"]["quantize"] == "int8" and cases[1]["gguf"] == files["q8_0"]
