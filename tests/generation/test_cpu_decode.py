@@ -77,24 +77,28 @@ def test_a_bfloat16_prompt_is_multiplied_in_the_cpus_prompt_dtype(monkeypatch, n
     assert torch.allclose(outputs[1].double(), exact, atol=0.02, rtol=0.01)
 
 
+def _through(layer, x, kernel):
+    """(layer(x), kernel on the layer's weights, F.linear on them), without autograd."""
+    import torch.nn.functional as F
+
+    with torch.no_grad():
+        args = (x, layer.weight, layer.bias)
+        return layer(x), kernel(*args), F.linear(*args)
+
+
 @pytest.mark.parametrize("vendor", ["AuthenticAMD", "GenuineIntel"])
 def test_one_row_float32_products_take_the_kernel_this_cpu_reads_fastest(monkeypatch, vendor):
     # the two-way split where `rowwise_wins_here` (AMD CPUs), F.linear itself on Intel's
     # (where MKL reads a one-row product at the memory's rate): bit for bit the one or the
     # other, for a block-sized weight and one row
-    import torch.nn.functional as F
 
     from decoderlm.generation import cpu_decode
 
     monkeypatch.setattr(cpu_decode, "cpu_vendor", lambda: vendor)
     monkeypatch.setattr(cpu_decode, "onednn_wins_here", lambda: vendor == "AuthenticAMD")
     rowwise = vendor == "AuthenticAMD"
-    layer = cpu_decode.DecodeLinear(768, 2304)
-    x = torch.randn(1, 1, 768)
-    with torch.no_grad():
-        got = layer(x)
-        rowwise_y = cpu_decode.rowwise_linear(x, layer.weight, layer.bias)
-        plain = F.linear(x, layer.weight, layer.bias)
+    layer, x = cpu_decode.DecodeLinear(768, 2304), torch.randn(1, 1, 768)
+    got, rowwise_y, plain = _through(layer, x, cpu_decode.rowwise_linear)
     assert not torch.equal(rowwise_y, plain)  # the two kernels' sums are told apart
     assert torch.equal(got, rowwise_y if rowwise else plain)
 
@@ -114,12 +118,9 @@ def test_many_row_float32_products_take_onednn_where_it_wins(monkeypatch, onednn
         pytest.skip("this torch has no oneDNN")
     monkeypatch.setattr(cpu_decode, "onednn_wins_here", lambda: onednn)
     monkeypatch.setattr(cpu_decode, "native_bfloat16", lambda: False)  # int8 prompt in float32
-    layer = cpu_decode.DecodeLinear(768, 2304)
-    x = torch.randn(2, 16, 768)
+    layer, x = cpu_decode.DecodeLinear(768, 2304), torch.randn(2, 16, 768)
+    got, by_onednn, plain = _through(layer, x, cpu_decode.onednn_linear)
     with torch.no_grad():
-        got = layer(x)
-        by_onednn = cpu_decode.onednn_linear(x, layer.weight, layer.bias)
-        plain = F.linear(x, layer.weight, layer.bias)
         int8 = Int8Linear(layer, torch.float32)
         w = int8.weight.float()
         got_int8 = dequantised_product(x.reshape(-1, 768), int8.weight, int8.scales)
