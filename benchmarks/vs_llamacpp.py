@@ -42,7 +42,8 @@ tokens / wall time), medians of the rounds. Every measurement also reports the l
 (VmHWM: its own, where ru_maxrss keeps the launching process's peak across exec).
 
 llama.cpp's threads spin while they wait: measure on a quiet machine. --quick: 1 round, 128
-new tokens, f32 and int8 only, 32 tokens per stream (a few minutes).
+new tokens, f32 and int8 only (unless --precisions names others), 32 tokens per stream (a few
+minutes).
 
     python benchmarks/vs_llamacpp.py [--quick] [--rounds 3] [--new-tokens 128 512]
         [--shapes gpt2-small seed] [--precisions f32 16bit 8bit w8a8] [--threads 2] [--streams 8]
@@ -521,7 +522,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.quick:
         args.rounds, args.new_tokens, args.serve_tokens = 1, [128], 32
-        args.precisions = [p for p in args.precisions if p in ("f32", "8bit")]
+        if args.precisions == list(PRECISIONS):  # not narrowed by --precisions
+            args.precisions = ["f32", "8bit"]
     try:
         import llama_cpp
     except ImportError:
