@@ -143,7 +143,7 @@ def main() -> None:
     parser.add_argument("--prompt-tokens", type=int, default=32)
     parser.add_argument("--new-tokens", type=int, default=48)
     parser.add_argument("--gpt2-block-size", type=int, default=1024)
-    parser.add_argument("--quick", action="store_true", help="a short run (see above)")
+    parser.add_argument("--quick", action="store_true", help="a short run (see below)")
     args = parser.parse_args()
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, repository {ROOT}")
     with tempfile.TemporaryDirectory() as tmp:

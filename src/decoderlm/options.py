@@ -146,7 +146,7 @@ class Precision:
         if dtype not in decoded:
             raise UserError(
                 f"--dtype {self.dtype}: a model decodes in {' or '.join(decoded)} (f32, bf16), "
-                f"not {dtype}"
+                f"not {dtype}; use --dtype bfloat16 for half the bytes a token"
             )
         object.__setattr__(self, "dtype", dtype)
 

@@ -294,7 +294,7 @@ def test_sample_and_eval_take_the_short_dtype_names_and_refuse_float16_in_one_li
     assert outputs["bf16"] == outputs["bfloat16"] and outputs["f32"] == outputs["float32"]
     assert outputs["bf16"][1] != outputs["f32"][1]  # it did decode in bfloat16
     for command in (["sample", "--run", RUN], ["eval", "--run", RUN, "--data", str(data)]):
-        one_line_error(capsys, [*command, "--dtype", "f16"], "a model decodes in float32 or")
+        one_line_error(capsys, [*command, "--dtype", "f16"], "use --dtype bfloat16")
 
 
 def test_serve_has_the_flags(capsys):

@@ -5,14 +5,14 @@ that reads each weight once, so its speed is the memory read rate. PyTorch's eag
 F.linear reads one-row float32 products below that rate on AMD CPUs (MKL's product);
 `rowwise_linear`, the product as a two-way batched matmul over halves of the weight's rows,
 reads faster there, and about half as fast as F.linear on Intel CPUs, where F.linear reads at
-the memory's rate (`rowwise_wins_here`). A prompt's float32 products (many rows) run at 60-80
-GFLOP/s in MKL on an AMD EPYC and 1.2-2.2x faster in oneDNN's (`onednn_linear`, on the weight
-as it is stored), which `many_row_linear` takes there (`onednn_wins_here`). The figures are in
-benchmarks/README.md, from benchmarks/gemv.py. Under torch.compile the products stay F.linear:
-the compiled step (`steps.decode_step`) freezes the weights and lets inductor pick its CPU
-GEMM templates or packed MKL products for them, which read faster still. `reduction_linear`,
-the product as a multiply-and-sum that inductor fuses into one loop, is measured there as a
-contender.
+the memory's rate (`rowwise_wins_here`). A prompt's float32 products (many rows) run at
+about 60-100 GFLOP/s in MKL on an AMD EPYC and 1.2-2.2x faster in oneDNN's (`onednn_linear`,
+on the weight as it is stored), which `many_row_linear` takes there (`onednn_wins_here`). The
+figures are in benchmarks/README.md, from benchmarks/gemv.py. Under torch.compile the
+products stay F.linear: the compiled step (`steps.decode_step`) freezes the weights and lets
+inductor pick its CPU GEMM templates or packed MKL products for them, which read faster
+still. `reduction_linear`, the product as a multiply-and-sum that inductor fuses into one
+loop, is measured there as a contender.
 
 A prompt's many-row products of bfloat16 weights run in `prompt_dtype()`: float32 on a CPU
 without native bfloat16 products (AVX2), where torch's bfloat16 matrix product is slow.
