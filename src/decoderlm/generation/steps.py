@@ -116,8 +116,9 @@ CPP_WRAPPER_MIN_LAYERS = 24
 
 def cpu_options(model) -> dict:
     """inductor's options for this CPU model's fixed-shape step: `CPU_OPTIONS`, with
-    cpp_wrapper for a model of `CPP_WRAPPER_MIN_LAYERS` layers or more."""
-    return {**CPU_OPTIONS, "cpp_wrapper": model.config.n_layers >= CPP_WRAPPER_MIN_LAYERS}
+    cpp_wrapper for a model of `CPP_WRAPPER_MIN_LAYERS` layers or more (unless CPU_OPTIONS
+    names cpp_wrapper itself, as benchmarks/step_options.py sets it)."""
+    return {"cpp_wrapper": model.config.n_layers >= CPP_WRAPPER_MIN_LAYERS, **CPU_OPTIONS}
 
 
 def _compiled_step(model, kind: str):
@@ -148,9 +149,8 @@ def _compiled_step(model, kind: str):
         options = cpu_options(model) if model.device.type == "cpu" else {}
         steps[kind] = _configured(compiled, options) if fixed else compiled
         # every module's hook dicts (registering a hook adds to them in place), for
-        # `_hooked`; not the model itself: a value holding its key would keep it alive
-        modules = [m for m in model.modules() if m is not model]
-        steps["hooks"] = [d for m in modules for d in (m._forward_hooks, m._forward_pre_hooks)]
+        # `_hooked`; not the model's own: a value holding its key would keep it alive
+        steps["hooks"] = _hook_dicts(m for m in model.modules() if m is not model)
     return steps[kind]
 
 
@@ -182,12 +182,15 @@ def _hooked(model) -> bool:
     a compiled model it looks through the hook dicts listed once (`_compiled_step`): a
     30-layer model has about 1,000 modules, which a walk in Python takes 0.5 ms to check at
     every token."""
-    hooks = _compiled.get(model, {}).get("hooks")
-    if model._forward_hooks or model._forward_pre_hooks:
-        return True
-    if hooks is not None:
-        return any(hooks)
-    return any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
+    listed = _compiled.get(model, {}).get("hooks")
+    if listed is None:
+        listed = _hook_dicts(m for m in model.modules() if m is not model)
+    return any(_hook_dicts([model])) or any(listed)
+
+
+def _hook_dicts(modules) -> list[dict]:
+    """The forward and forward-pre hook dicts of each of `modules`."""
+    return [d for m in modules for d in (m._forward_hooks, m._forward_pre_hooks)]
 
 
 def _compiled_one_token(model, idx, cache, positions, key_mask=None):
