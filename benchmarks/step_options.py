@@ -5,18 +5,17 @@ shape with random weights: --shape tiny, 4 x 256, or small, GPT-2 small's 12 x 7
 `decoderlm.generation.steps.CPU_OPTIONS` with its --a or --b options, prepares the model
 (`prepare_for_decoding(model, --dtype, --quantize, compile=True)`) and compiles the step with
 one warm-up generation (its seconds, mostly the compile, are printed). Then, --rounds
-times, each in turn decodes --new-tokens greedy tokens after a 32-token prompt (random ids)
-and reports the decode tokens/s (the tokens after the first over the time after it). Prints
-every round and the medians, and in how many rounds B was faster. 2 threads each; the
-workers wait while the other decodes.
+times, each in turn decodes --new-tokens greedy tokens (past any end of text) after a
+32-token prompt (random ids) and reports the decode tokens/s (the tokens after the first over
+the time after it). Prints every round and the medians, and in how many rounds B was faster.
+2 threads each; the workers wait while the other decodes.
 
 An option is KEY=VALUE, one of inductor's config names with true, false, an integer or a
-string: cpp_wrapper=false (the graph's calls from Python; `steps.cpu_options` turns them to
-C++ from 24 layers), max_autotune_gemm_backends=ATEN (ATen's products only, no inductor GEMM
-templates).
+string: cpp_wrapper=true (the graph's calls made from C++, not Python),
+max_autotune_gemm_backends=ATEN (ATen's products only, no inductor GEMM templates).
 
-    python benchmarks/step_options.py --gguf "$SMOLLM2" --dtype bfloat16 --b cpp_wrapper=false
-    python benchmarks/step_options.py --shape small --dtype float32 --b cpp_wrapper=true
+    python benchmarks/step_options.py --gguf "$SMOLLM2" --dtype bfloat16 --a cpp_wrapper=true
+    python benchmarks/step_options.py --shape small --b max_autotune_gemm_backends=ATEN
 """
 
 from __future__ import annotations
@@ -70,8 +69,8 @@ def worker(spec: dict) -> None:
     prompt = torch.randint(0, model.config.vocab_size, (1, PROMPT_TOKENS))
 
     def decode(new: int) -> float:
-        times = []
-        for _ in stream_generate(model, prompt, SamplingParams(new, temperature=0.0)):
+        times, greedy = [], SamplingParams(new, temperature=0.0, ignore_eos=True)
+        for _ in stream_generate(model, prompt, greedy):
             times.append(time.perf_counter())
         return (len(times) - 1) / (times[-1] - times[0])
 

@@ -297,26 +297,3 @@ def test_a_compiled_step_compiles_once_for_every_cache_capacity_and_window():
     with torch._dynamo.config.patch(error_on_recompile=True):
         got = generate(compiled, prompt, 80, do_sample=False)  # 88 positions: capacity 129
     assert torch.equal(got, generate(model, prompt, 80, do_sample=False))
-
-
-def test_a_deep_model_compiles_its_step_with_the_cpp_wrapper_and_decodes_the_eager_tokens(
-    monkeypatch,
-):
-    """From CPP_WRAPPER_MIN_LAYERS layers the frozen step's calls are made from C++
-    (inductor's cpp_wrapper); fewer layers keep the Python wrapper. A model compiled that
-    way (the threshold lowered to its 2 layers, to compile in seconds) decodes the eager
-    model's greedy tokens."""
-    from decoderlm.generation import steps
-
-    deep = tiny_model(n_layers=steps.CPP_WRAPPER_MIN_LAYERS, d_model=32, n_heads=2)
-    assert steps.cpu_options(deep)["cpp_wrapper"]
-    assert not steps.cpu_options(tiny_model())["cpp_wrapper"]
-    assert steps.cpu_options(deep)["freezing"] and steps.cpu_options(deep)["max_autotune"]
-    monkeypatch.setattr(steps, "CPP_WRAPPER_MIN_LAYERS", 2)
-    model = halved_random_model(6, n_layers=2)
-    assert steps.cpu_options(model)["cpp_wrapper"]
-    torch._dynamo.reset()
-    compiled = prepare_for_decoding(copy.deepcopy(model), compile=True)
-    prompt = torch.randint(0, 65, (1, 5))
-    got = generate(compiled, prompt, 10, do_sample=False)
-    assert torch.equal(got, generate(model, prompt, 10, do_sample=False))

@@ -98,7 +98,9 @@ _compiled: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {
 # MKL's packed products, timed once at compile (max-autotune); its timing tables unprinted.
 # Never read from or written to inductor's graph cache: a cached frozen graph keeps the
 # packed weights of the model first compiled, and a later model of the same shapes (another
-# seed, a fine-tuned copy, in this process or the next) would decode with them
+# seed, a fine-tuned copy, in this process or the next) would decode with them. The graph's
+# calls stay Python's: made from C++ (inductor's cpp_wrapper) they took 15-20 s more to
+# compile and decoded no faster (`python benchmarks/step_options.py`, benchmarks/README.md)
 CPU_OPTIONS = {
     "freezing": True,
     "fx_graph_cache": False,
@@ -107,25 +109,13 @@ CPU_OPTIONS = {
     "autotune_num_choices_displayed": 0,
     "max_autotune_report_choices_stats": False,
 }
-# from this many layers the graph's calls are made from C++ (inductor's cpp_wrapper), not
-# from Python, whose ~25 calls and views a layer cost about 1 ms a token at 30 layers
-# (SmolLM2-135M in bfloat16 on a 2-core EPYC: 128 against 117 tokens/s), for 15-20 s more
-# of compiling; GPT-2 small's 12 layers gain nothing from it (benchmarks/README.md)
-CPP_WRAPPER_MIN_LAYERS = 24
-
-
-def cpu_options(model) -> dict:
-    """inductor's options for this CPU model's fixed-shape step: `CPU_OPTIONS`, with
-    cpp_wrapper for a model of `CPP_WRAPPER_MIN_LAYERS` layers or more (unless CPU_OPTIONS
-    names cpp_wrapper itself, as benchmarks/step_options.py sets it)."""
-    return {"cpp_wrapper": model.config.n_layers >= CPP_WRAPPER_MIN_LAYERS, **CPU_OPTIONS}
 
 
 def _compiled_step(model, kind: str):
     """The torch.compile'd form of a step function for this model, built on first use.
 
     The fixed-shape step ("fixed", `generate`'s) is traced without duck sizing and, on the
-    CPU, compiled with `cpu_options` (`_configured`): the weights are frozen into the graph (a
+    CPU, compiled with `CPU_OPTIONS` (`_configured`): the weights are frozen into the graph (a
     packed copy of each matrix where a template wants one), each product the fastest that
     max-autotune times (benchmarks/README.md, "The compiled step on an AVX2 CPU").
 
@@ -146,7 +136,7 @@ def _compiled_step(model, kind: str):
         # the server's slot step (dynamic rows, graph breaks) is not frozen: frozen, it gave
         # wrong tokens for concurrent requests of a tiny model (tests/serve/test_serve.py)
         fixed = kind == "fixed"
-        options = cpu_options(model) if model.device.type == "cpu" else {}
+        options = CPU_OPTIONS if model.device.type == "cpu" else {}
         steps[kind] = _configured(compiled, options) if fixed else compiled
         # every module's hook dicts (registering a hook adds to them in place), for
         # `_hooked`; not the model's own: a value holding its key would keep it alive
@@ -156,7 +146,7 @@ def _compiled_step(model, kind: str):
 
 def _configured(compiled, inductor: dict):
     """compiled, called with the configuration its tracing needs: inductor's config patched
-    with `inductor` (on the CPU `cpu_options`: TorchDynamo reads `freezing` from the global
+    with `inductor` (on the CPU `CPU_OPTIONS`: TorchDynamo reads `freezing` from the global
     config when it traces, not from torch.compile's options); everywhere, floats traced as
     constants (no guards on a norm's eps) and no duck sizing, under which a cache capacity
     equal to head_dim at the first call (64 and 64, say) would share its symbol and be
@@ -246,7 +236,7 @@ def decode_step(compile: bool = False):
             seconds: minutes for a model of 30 layers on 2 cores; needs a C++ compiler on
             the CPU). What is compiled is the model as it is then (on the CPU its weights
             are frozen into the graph, packed copies beside the model's own: see
-            `cpu_options`): a model whose weights or layers later change must be prepared
+            `CPU_OPTIONS`): a model whose weights or layers later change must be prepared
             afresh; while a forward hook is attached
             the step runs eagerly, so that the hook runs. A `KVCache` is switched to fixed
             shapes (`KVCache.fix`): every step attends under a mask over a window of the
