@@ -6,7 +6,7 @@ F.linear reads one-row float32 products below that rate on AMD CPUs (MKL's produ
 `rowwise_linear`, the product as a two-way batched matmul over halves of the weight's rows,
 reads faster there, and about half as fast as F.linear on Intel CPUs, where F.linear reads at
 the memory's rate (`rowwise_wins_here`). A prompt's float32 products (many rows) run at
-about 60-100 GFLOP/s in MKL on an AMD EPYC and 1.2-2.2x faster in oneDNN's (`onednn_linear`,
+about 60-100 GFLOP/s in MKL on an AMD EPYC and 1.2-2.6x faster in oneDNN's (`onednn_linear`,
 on the weight as it is stored), which `many_row_linear` takes there (`onednn_wins_here`). The
 figures are in benchmarks/README.md, from benchmarks/gemv.py. Under torch.compile the
 products stay F.linear: the compiled step (`steps.decode_step`) freezes the weights and lets
@@ -84,8 +84,8 @@ def rowwise_wins_here() -> bool:
 def onednn_wins_here() -> bool:
     """Whether `onednn_linear` beats F.linear (MKL's product) for float32 products of more
     than a few rows on this CPU: on AMD CPUs (`cpu_vendor`), where torch has oneDNN. On a
-    2-core AVX-512 AMD EPYC a 32-row product of a GPT-2 small block matrix takes 0.9-1.2 ms
-    there against 1.3-1.8 ms in MKL, and 5 to 512 rows 1.2-2.2x less (`python
+    2-core AVX-512 AMD EPYC a 32-row product of a GPT-2 small block matrix takes 0.85-1.1 ms
+    there against 1.3-1.9 ms in MKL, and one of 8 to 128 rows 1.2-2.6x less (`python
     benchmarks/gemv.py --rows N`; benchmarks/README.md); MKL's products are Intel's own,
     so elsewhere F.linear stays."""
     return cpu_vendor() == "AuthenticAMD" and torch.backends.mkldnn.is_available()
