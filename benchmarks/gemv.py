@@ -1,11 +1,12 @@
 """One-row products on this CPU, the core of decoding one token (--rows N: N-row products,
 decoding N sequences together as `decoderlm serve` does, or a prompt): F.linear (MKL's
 product in float32, oneDNN's in bfloat16), `decoderlm.generation.cpu_decode.onednn_linear`
-(oneDNN's product on the weight as stored), `decoderlm.generation.cpu_decode.rowwise_linear`
-(a 2-way batched matmul) and `decoderlm.generation.cpu_decode.reduction_linear` under
-torch.compile (one fused multiply-and-sum kernel), against torch.sum over the same weights (a
-pure read), for the unembeddings and block matrices of the decoding benchmark, float32 and
-bfloat16.
+(oneDNN's product on the weight as stored), `decoderlm.generation.cpu_decode.packed_product`
+(oneDNN's product on the weight packed into its blocked layout once, `cpu_decode.pack`),
+`decoderlm.generation.cpu_decode.rowwise_linear` (a 2-way batched matmul) and
+`decoderlm.generation.cpu_decode.reduction_linear` under torch.compile (one fused
+multiply-and-sum kernel), against torch.sum over the same weights (a pure read), for the
+unembeddings and block matrices of the decoding benchmark, float32 and bfloat16.
 
 Each shape cycles through enough copies of its weight (>= 256 MiB) that every product reads
 it from memory, not from the 32 MiB L3, as decoding a real model does. Prints milliseconds
@@ -30,6 +31,8 @@ import torch.nn.functional as F
 from common import arguments
 from decoderlm.generation.cpu_decode import (
     onednn_linear,
+    pack,
+    packed_product,
     prompt_dtype,
     reduction_linear,
     rowwise_linear,
@@ -60,13 +63,16 @@ def main() -> None:
     if args.int8:
         return int8_rows()
     compiled = torch.compile(reduction_linear, dynamic=True)
-    contenders = {
-        "torch.sum": lambda x, w: w.sum(),
-        "F.linear": F.linear,
-        "oneDNN": onednn_linear,
-        "rowwise": rowwise_linear,
-        "compiled reduction": compiled,
+    contenders = {  # name: (product, what it multiplies: the weight, or its packed copy)
+        "torch.sum": (lambda x, w: w.sum(), None),
+        "F.linear": (F.linear, None),
+        "oneDNN": (onednn_linear, None),
+        "oneDNN packed": (packed_product, pack),
+        "rowwise": (rowwise_linear, None),
+        "compiled reduction": (compiled, None),
     }
+    if not torch.backends.mkldnn.is_available():
+        del contenders["oneDNN"], contenders["oneDNN packed"]
     print(
         f"{'dtype':>9} {'weight [out, in]':>16} "
         + " ".join(f"{name + ' ms':>22} {'GB/s':>5}" for name in contenders)
@@ -77,10 +83,11 @@ def main() -> None:
             nbytes = out * inp * torch.finfo(dtype).bits // 8
             weights = [torch.randn(out, inp, dtype=dtype) for _ in range(-(-(2**28) // nbytes))]
             row = f"{str(dtype)[6:]:>9} {str([out, inp]):>16}"
-            for fn in contenders.values():
+            for fn, prepare in contenders.values():
+                operands = [prepare(w) for w in weights] if prepare else weights
 
                 def each():
-                    for w in weights:
+                    for w in operands:
                         fn(x, w)
 
                 ms = best_ms(each, n=5) / len(weights)

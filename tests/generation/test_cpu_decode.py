@@ -146,3 +146,39 @@ def test_onednn_is_chosen_on_amd_cpus_only(monkeypatch):
         assert cpu_decode.onednn_wins_here() == (expected and torch.backends.mkldnn.is_available())
         assert cpu_decode.rowwise_wins_here() == (vendor != "GenuineIntel")
     cpu_decode.onednn_wins_here.cache_clear()
+
+
+def test_eager_bfloat16_products_read_a_packed_copy_that_follows_the_weight():
+    # where bfloat16 is native, a DecodeLinear's eager bfloat16 products (a compiled model's
+    # prompt) read oneDNN's packed copy of the weight, made once: the same product as F.linear
+    # for one row and for a prompt's 16, kept outside the module (state dict and deepcopy as
+    # before), and made again when the weight changes in place or is replaced, never stale
+    import copy
+
+    import torch.nn.functional as F
+
+    from decoderlm.generation import cpu_decode
+
+    if not cpu_decode.native_bfloat16():
+        pytest.skip("this CPU has no native bfloat16 products")
+    layer = cpu_decode.DecodeLinear(576, 960, dtype=torch.bfloat16)  # above PACKED_MIN_WEIGHT
+    x = torch.randn(1, 16, 576, dtype=torch.bfloat16)
+
+    def exact(inputs):
+        w, b = layer.weight.double(), layer.bias.double()
+        return F.linear(inputs.double(), w, b)
+
+    with torch.no_grad():
+        for rows in (x[:, :1], x):
+            y = layer(rows)
+            assert y.dtype == torch.bfloat16 and y.shape == (*rows.shape[:-1], 960)
+            assert torch.allclose(y.double(), exact(rows), atol=0.05, rtol=0.02)
+        packed = cpu_decode._packed[layer][1]
+        assert layer(x).equal(cpu_decode.packed_product(x, packed, layer.bias))
+        assert set(layer.state_dict()) == {"weight", "bias"}
+        assert copy.deepcopy(layer)(x).equal(layer(x))
+        layer.weight.mul_(-2)  # in place: the version counter moves
+        assert torch.allclose(layer(x).double(), exact(x), atol=0.1, rtol=0.02)
+        layer.weight = torch.nn.Parameter(torch.randn_like(layer.weight), requires_grad=False)
+        assert torch.allclose(layer(x).double(), exact(x), atol=0.1, rtol=0.02)
+    assert layer.weight.numel() >= cpu_decode.PACKED_MIN_WEIGHT

@@ -15,7 +15,13 @@ still. `reduction_linear`, the product as a multiply-and-sum that inductor fuses
 loop, is measured there as a contender.
 
 A prompt's many-row products of bfloat16 weights run in `prompt_dtype()`: float32 on a CPU
-without native bfloat16 products (AVX2), where torch's bfloat16 matrix product is slow.
+without native bfloat16 products (AVX2), where torch's bfloat16 matrix product is slow. Where
+bfloat16 is native, a bfloat16 product run eagerly goes through oneDNN on a copy of the
+weight packed into its blocked layout (`pack`, `packed_product`), 1.3-2x faster than F.linear
+on the weight as stored: `precision.PackedLinear` holds only that copy (a model decoded
+eagerly); `DecodeLinear` keeps a packed copy beside its weight (`packed_linear`), for the
+eager passes of a model whose decoding step is compiled (its prompt), where the plain
+weight is what the compiled step freezes; that is one more copy of each matrix in memory.
 
 `install(model)` turns every nn.Linear of a model into a `DecodeLinear`, which uses these
 for products without autograd on the CPU and is exactly nn.Linear everywhere else (training
@@ -26,6 +32,7 @@ included). `decoderlm.generation.precision.prepare_for_decoding` installs them o
 from __future__ import annotations
 
 import functools
+import weakref
 
 import torch
 import torch.nn as nn
@@ -36,6 +43,7 @@ __all__ = [
     "reduction_linear",
     "onednn_linear",
     "many_row_linear",
+    "packed_linear",
     "DecodeLinear",
     "install",
     "native_bfloat16",
@@ -47,6 +55,7 @@ __all__ = [
 ROWWISE_MIN_WEIGHT = 2**18  # elements; smaller weights gain nothing from the split (nor oneDNN)
 ROWWISE_MAX_ROWS = 4  # rows of x up to which the split wins for every such weight
 PROMPT_MIN_ROWS = 16  # rows from which a bfloat16 product is a prompt's (`prompt_dtype`)
+PACKED_MIN_WEIGHT = 2**15  # elements; oneDNN's call costs more than it saves on smaller ones
 
 
 @functools.cache
@@ -157,13 +166,51 @@ def many_row_linear(
     return F.linear(x, weight, bias)
 
 
+def pack(weight: torch.Tensor) -> torch.Tensor:
+    """A copy of weight [out, in] (bfloat16) in oneDNN's blocked layout
+    (`torch.ops.mkldnn._reorder_linear_weight`, what inductor's CPU freezing makes): an opaque
+    tensor that only `packed_product` reads. Reordering reads and writes each element once."""
+    return torch.ops.mkldnn._reorder_linear_weight(weight.detach())
+
+
+@torch.compiler.disable  # inductor cannot lower a weight packed outside it: run it eagerly
+def packed_product(
+    x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """F.linear(x, weight, bias) through oneDNN's product on `pack(weight)`: x [..., in]
+    -> [..., out], in the weight's dtype; bit for bit F.linear's in bfloat16, where F.linear
+    is oneDNN's product on the weight as stored. 1.3-2x faster than that for one to 32 rows
+    of a decoding model's matrices (`python benchmarks/gemv.py`, benchmarks/README.md)."""
+    flat = x.reshape(-1, x.size(-1))
+    y = torch.ops.mkldnn._linear_pointwise(flat, packed, bias, "none", [], "")
+    return y.view(*x.shape[:-1], y.size(-1))
+
+
+_packed: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # layer -> (key, packed)
+
+
+def packed_linear(layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """layer(x) as `packed_product` on a packed copy of layer.weight, made at the first call
+    and again whenever the weight is replaced or changed in place (its version counter): x
+    [..., in] -> [..., out], bfloat16. The copy is kept outside the module (state dicts,
+    copies and pickles never see it) as long as the layer lives. Without autograd only."""
+    weight = layer.weight
+    key = (weight.data_ptr(), weight._version, weight.dtype)
+    held = _packed.get(layer)
+    if held is None or held[0] != key:
+        held = key, pack(weight)
+        _packed[layer] = held
+    return packed_product(x, held[1], layer.bias)
+
+
 class DecodeLinear(nn.Linear):
     """nn.Linear with the decoding products on the CPU without autograd, run eagerly: float32
     with a weight of 2^18 elements or more runs as `rowwise_linear` up to 4 rows where the
     split wins on this CPU (`rowwise_wins_here`), and as `many_row_linear` with more rows;
-    bfloat16 with 16 rows or more (a prompt) runs in `prompt_dtype()`, through
-    `many_row_linear`. Everything else, and everything under torch.compile, is nn.Linear
-    (`benchmarks/gemv.py --rows N` measures where each wins)."""
+    bfloat16 with a weight of 2^15 elements or more runs as `packed_linear` where bfloat16 is
+    native (`native_bfloat16`), and elsewhere with 16 rows or more (a prompt) in float32
+    (`prompt_dtype()`) through `many_row_linear`. Everything else, and everything under
+    torch.compile, is nn.Linear (`benchmarks/gemv.py --rows N` measures where each wins)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.device.type != "cpu" or torch.is_grad_enabled() or torch.compiler.is_compiling():
@@ -173,10 +220,15 @@ class DecodeLinear(nn.Linear):
             if rows <= ROWWISE_MAX_ROWS and rowwise_wins_here():
                 return rowwise_linear(x, self.weight, self.bias)
             return many_row_linear(x, self.weight, self.bias)
-        if x.dtype == torch.bfloat16 and rows >= PROMPT_MIN_ROWS:
+        if x.dtype != torch.bfloat16:
+            return super().forward(x)
+        weight = self.weight
+        if weight.dtype == x.dtype and weight.numel() >= PACKED_MIN_WEIGHT and native_bfloat16():
+            return packed_linear(self, x)
+        if rows >= PROMPT_MIN_ROWS:
             dtype = prompt_dtype()
             bias = None if self.bias is None else self.bias.to(dtype)
-            return many_row_linear(x.to(dtype), self.weight.to(dtype), bias).to(x.dtype)
+            return many_row_linear(x.to(dtype), weight.to(dtype), bias).to(x.dtype)
         return super().forward(x)
 
 

@@ -234,20 +234,15 @@ class PackedLinear(nn.Module):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         weight = linear.weight.detach().to(torch.bfloat16)
-        self.weight = torch.ops.mkldnn._reorder_linear_weight(weight, 1)
+        self.weight = cpu_decode.pack(weight)
         bias = None if linear.bias is None else linear.bias.detach().to(torch.bfloat16)
         self.bias = bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return _packed_product(x, self.weight, self.bias)
+        return cpu_decode.packed_product(x, self.weight, self.bias)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, packed"
-
-
-@torch.compiler.disable  # inductor cannot lower a weight packed outside it: run it eagerly
-def _packed_product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None):
-    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
 
 
 def packing_available() -> bool:
