@@ -5,6 +5,11 @@ with (`decoderlm.generation.precision.prepare_for_decoding`).
 
     python benchmarks/decode_profile.py [--dtype bfloat16] [--quantize int8|w8a8] [--shape small]
     python benchmarks/decode_profile.py --gguf "$SMOLLM2" --dtype float32   # a GGUF file's model
+    python benchmarks/decode_profile.py --gguf "$SMOLLM2" --compile --kernels
+
+--compile profiles the compiled one-token step, whose graph is one row unless --kernels
+makes each of its C++ kernels a row of its own (inductor's `cpp.enable_kernel_profile`;
+a GEMM template's kernel is named by its shape, as graph_0_gemm_m1n1536k576_kernel).
 
 Prints tokens/s (256 tokens, after a warm-up) and the operators that took the most time. In
 float32 the block products and the unembedding are aten::bmm / aten::addmm / aten::mm rows; in
@@ -15,6 +20,7 @@ aten::_weight_int8pack_mm; with w8a8 onednn::qlinear_pointwise.
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 
 import torch
@@ -38,8 +44,16 @@ def main() -> None:
     parser.add_argument("--shape", choices=list(SHAPES), default="tiny")
     parser.add_argument("--gguf", help="profile this GGUF file's model (dequantized) instead")
     parser.add_argument("--compile", action="store_true", help="the compiled one-token step")
+    parser.add_argument("--kernels", action="store_true", help="with --compile: kernel rows")
     parser.add_argument("--rows", type=int, default=12, help="operators listed")
     args = parser.parse_args()
+    if args.kernels and not args.compile:
+        print("decode_profile.py: error: --kernels needs --compile", file=sys.stderr)
+        raise SystemExit(2)
+    if args.kernels:
+        import torch._inductor.config as inductor_config
+
+        inductor_config.cpp.enable_kernel_profile = True
     torch.manual_seed(0)
     if args.gguf:
         model = load_model(args.gguf).eval()

@@ -94,6 +94,15 @@ def test_a_benchmark_without_its_peer_or_corpus_says_how_to_get_it(tmp_path):
     assert code == 2 and "train.py not found" in err and "git clone" in err, err
 
 
+def test_decode_profile_kernels_without_compile_is_refused_in_one_line():
+    # the kernel rows exist only in a compiled step: without --compile, exit 2 naming it
+    # before anything is built or loaded
+    script = str(BENCHMARKS / "decode_profile.py")
+    code, out, err = _run([[script, "--kernels"]])[f"{script} --kernels"]
+    assert code == 2 and out == "" and err.count("\n") == 1, err
+    assert "error: --kernels needs --compile" in err, err
+
+
 def test_the_serve_load_test_passes_a_short_run():
     script = str(BENCHMARKS / "serve_load.py")
     args = ["--duration", "3", "--clients", "4", "--max-tokens", "8"]
