@@ -17,7 +17,7 @@ loop, is measured there as a contender.
 A prompt's many-row products of bfloat16 weights run in `prompt_dtype()`: float32 on a CPU
 without native bfloat16 products (AVX2), where torch's bfloat16 matrix product is slow. Where
 bfloat16 is native, a bfloat16 product run eagerly goes through oneDNN on a copy of the
-weight packed into its blocked layout (`pack`, `packed_product`), 1.3-2x faster than F.linear
+weight packed into its blocked layout (`pack`, `packed_product`), 1.2-2.1x faster than F.linear
 on the weight as stored: `precision.PackedLinear` holds only that copy (a model decoded
 eagerly); `DecodeLinear` keeps a packed copy beside its weight (`packed_linear`), for the
 eager passes of a model whose decoding step is compiled (its prompt), where the plain
@@ -179,7 +179,7 @@ def packed_product(
 ) -> torch.Tensor:
     """F.linear(x, weight, bias) through oneDNN's product on `pack(weight)`: x [..., in]
     -> [..., out], in the weight's dtype; bit for bit F.linear's in bfloat16, where F.linear
-    is oneDNN's product on the weight as stored. 1.3-2x faster than that for one to 32 rows
+    is oneDNN's product on the weight as stored. 1.2-2.1x faster than that for one to 32 rows
     of a decoding model's matrices (`python benchmarks/gemv.py`, benchmarks/README.md)."""
     flat = x.reshape(-1, x.size(-1))
     y = torch.ops.mkldnn._linear_pointwise(flat, packed, bias, "none", [], "")

@@ -347,7 +347,8 @@ def prepare_for_decoding(
             it says so in one line on stderr and decodes eagerly (the setup records
             compile=False). bfloat16 matrices stay plain tensors, which the compiled
             step freezes and packs for inductor's own products (a weight packed outside
-            it would run outside the compiled graph).
+            it would run outside the compiled graph); the eager prompt pass multiplies a
+            packed copy of each (`cpu_decode.packed_linear`) where bfloat16 is native.
 
     Returns:
         The model. In float32 its weights and state dict are unchanged (on the CPU its
