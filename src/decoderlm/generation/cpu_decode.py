@@ -167,7 +167,7 @@ def many_row_linear(
 
 
 def pack(weight: torch.Tensor) -> torch.Tensor:
-    """A copy of weight [out, in] (bfloat16) in oneDNN's blocked layout
+    """A copy of weight [out, in] (bfloat16 or float32) in oneDNN's blocked layout
     (`torch.ops.mkldnn._reorder_linear_weight`, what inductor's CPU freezing makes): an opaque
     tensor that only `packed_product` reads. Reordering reads and writes each element once."""
     return torch.ops.mkldnn._reorder_linear_weight(weight.detach())
