@@ -1,7 +1,8 @@
 """Where greedy decoding spends its time: torch.profiler over 128 new tokens of a GPT-2 shape
 (vocabulary 50,257, random weights; --shape tiny: 4 layers x 256, small: GPT-2 small's 12 x
-768), batch 1, 32-token prompt, at the precision `decoderlm sample --dtype/--quantize` decodes
-with (`decoderlm.generation.precision.prepare_for_decoding`).
+768) or of a GGUF file's model (--gguf), batch 1, 32-token prompt, at the precision
+`decoderlm sample --dtype/--quantize` decodes with
+(`decoderlm.generation.precision.prepare_for_decoding`).
 
     python benchmarks/decode_profile.py [--dtype bfloat16] [--quantize int8|w8a8] [--shape small]
     python benchmarks/decode_profile.py --gguf "$SMOLLM2" --dtype float32   # a GGUF file's model
@@ -19,13 +20,13 @@ aten::_weight_int8pack_mm; with w8a8 onednn::qlinear_pointwise.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from common import arguments, require_file
 from decoderlm import DecoderLM, ModelConfig
 from decoderlm.generation.generate import generate
 from decoderlm.generation.precision import prepare_for_decoding
@@ -38,18 +39,26 @@ SHAPES = {
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
-    parser.add_argument("--quantize", choices=["int8", "w8a8"], default=None)
-    parser.add_argument("--shape", choices=list(SHAPES), default="tiny")
-    parser.add_argument("--gguf", help="profile this GGUF file's model (dequantized) instead")
-    parser.add_argument("--compile", action="store_true", help="the compiled one-token step")
-    parser.add_argument("--kernels", action="store_true", help="with --compile: kernel rows")
-    parser.add_argument("--rows", type=int, default=12, help="operators listed")
+    parser = arguments(__doc__)
+    add = parser.add_argument
+    add("--dtype", default="bfloat16", choices=["float32", "bfloat16"], help="default: bfloat16")
+    add("--quantize", choices=["int8", "w8a8"], default=None, help="int8 weights (default: none)")
+    add("--shape", choices=list(SHAPES), default="tiny", help="GPT-2 shape (default: tiny)")
+    add("--gguf", help="profile this GGUF file's model (dequantized) instead of --shape")
+    add("--compile", action="store_true", help="profile the compiled one-token step")
+    add("--kernels", action="store_true", help="with --compile: one row per compiled kernel")
+    add("--rows", type=int, default=12, help="rows of the profiler's table (default: 12)")
     args = parser.parse_args()
+    refusal = None
     if args.kernels and not args.compile:
-        print("decode_profile.py: error: --kernels needs --compile", file=sys.stderr)
+        refusal = "--kernels needs --compile"
+    elif args.rows < 1:
+        refusal = "--rows must be >= 1"
+    if refusal:
+        print(f"decode_profile.py: error: {refusal}", file=sys.stderr)
         raise SystemExit(2)
+    if args.gguf:
+        require_file(args.gguf, "a GGUF model file, say SmolLM2-135M-Instruct's", flag="--gguf")
     if args.kernels:
         import torch._inductor.config as inductor_config
 

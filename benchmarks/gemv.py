@@ -23,6 +23,7 @@ product: (x @ q.T) * scales in `prompt_dtype()`) and the weight dequantised firs
 milliseconds per product (best of 3 passes), and which is fastest at each row count.
 """
 
+import sys
 import time
 
 import torch
@@ -55,10 +56,11 @@ def best_ms(fn, n=30) -> float:
 def main() -> None:
     parser = arguments(__doc__)
     parser.add_argument("--rows", type=int, default=1, help="rows of x: sequences decoded at once")
-    parser.add_argument("--int8", action="store_true", help="int8 weights by row count (above)")
+    parser.add_argument("--int8", action="store_true", help="int8 weights by row count (below)")
     args = parser.parse_args()
     if args.rows < 1:
-        raise SystemExit("error: --rows must be >= 1")
+        print("gemv.py: error: --rows must be >= 1", file=sys.stderr)
+        raise SystemExit(2)
     torch.manual_seed(0)
     if args.int8:
         return int8_rows()

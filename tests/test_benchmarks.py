@@ -94,13 +94,22 @@ def test_a_benchmark_without_its_peer_or_corpus_says_how_to_get_it(tmp_path):
     assert code == 2 and "train.py not found" in err and "git clone" in err, err
 
 
-def test_decode_profile_kernels_without_compile_is_refused_in_one_line():
-    # the kernel rows exist only in a compiled step: without --compile, exit 2 naming it
-    # before anything is built or loaded
-    script = str(BENCHMARKS / "decode_profile.py")
-    code, out, err = _run([[script, "--kernels"]])[f"{script} --kernels"]
-    assert code == 2 and out == "" and err.count("\n") == 1, err
-    assert "error: --kernels needs --compile" in err, err
+def test_decode_profile_and_gemv_refuse_bad_flags_in_one_line(tmp_path):
+    # before anything is built or loaded: kernel rows exist only in a compiled step, a table
+    # or a product needs at least one row, and a missing GGUF file is named, exit 2 each
+    profile, gemv = str(BENCHMARKS / "decode_profile.py"), str(BENCHMARKS / "gemv.py")
+    missing = str(tmp_path / "missing.gguf")
+    cases = {
+        (profile, "--kernels"): "decode_profile.py: error: --kernels needs --compile",
+        (profile, "--rows", "0"): "decode_profile.py: error: --rows must be >= 1",
+        (profile, "--gguf", missing): f"decode_profile.py: error: {missing} not found",
+        (gemv, "--rows", "0"): "gemv.py: error: --rows must be >= 1",
+    }
+    results = _run([list(call) for call in cases])
+    for call, said in cases.items():
+        code, out, err = results[" ".join(call)]
+        assert code == 2 and out == "" and err.count("\n") == 1, (call, err)
+        assert err.startswith(said), (call, err)
 
 
 def test_the_serve_load_test_passes_a_short_run():

@@ -144,7 +144,7 @@ def test_compiled_decoding_gives_the_tokens_of_the_full_forward(pos, capfd):
     assert torch.equal(generate(compiled, prompt, 30, do_sample=False), expected)
     assert counters["stats"]["unique_graphs"] == 1  # every cache length, the full one too
     said = [line for line in capfd.readouterr().err.splitlines() if "decoding step" in line]
-    assert said[0] == "decoderlm: compiling the decoding step (once per model)..."
+    assert said[0] == "decoderlm: compiling the decoding step (once per model in this process)..."
     assert re.fullmatch(r"decoderlm: decoding step compiled in \d+\.\d s", said[1])
     assert len(said) == 2  # the compile is paid (and said) once per model
     batch, mask = torch.randint(0, 65, (2, 6)), torch.ones(2, 6, dtype=torch.long)

@@ -208,7 +208,10 @@ def _timed_first_call(model, kind: str, *args):
     step = _compiled_step(model, kind)
     if not first:
         return step(model, *args)
-    print("decoderlm: compiling the decoding step (once per model)...", file=sys.stderr)
+    print(
+        "decoderlm: compiling the decoding step (once per model in this process)...",
+        file=sys.stderr,
+    )
     start = time.perf_counter()
     with warnings.catch_warnings():  # inductor's autotuning reads a deprecated storage API
         warnings.filterwarnings("ignore", message="TypedStorage is deprecated")
