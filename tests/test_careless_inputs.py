@@ -24,12 +24,16 @@ TORCH_CPU_OOM = (
 @pytest.mark.parametrize(
     "flags, message",
     [
-        (["--temperature", "-1"], "temperature must be a finite number >= 0"),
-        (["--top-p", "1.5"], "top_p must be in [0, 1]"),
+        (["--temperature", "-1"], "error: --temperature must be a finite number >= 0"),
+        (["--top-p", "1.5"], "error: --top-p must be in [0, 1]"),
+        (["--top-k", "0"], "error: argument --top-k: expected an integer > 0"),
     ],
 )
-def test_a_bad_sampling_setting_is_refused_before_the_prompt_is_printed(capsys, flags, message):
-    argv = ["sample", "--run", str(RUN), "--prompt", "The ", "--max-new-tokens", "3", *flags]
+@pytest.mark.parametrize("command", [["sample", "--prompt", "The "], ["chat"]])
+def test_a_bad_sampling_setting_is_refused_by_its_flag_before_anything_is_printed(
+    capsys, command, flags, message
+):
+    argv = [*command, "--run", str(RUN), "--max-new-tokens", "3", *flags]
     assert main(argv) == 2
     captured = capsys.readouterr()
     assert captured.out == ""

@@ -34,7 +34,7 @@ from .files import json_text, read_json
 from .generation.loading import load_for_decoding
 from .model.model import DecoderLM
 from .model.weights import CONFIG_NAME
-from .options import DtypeName, ModelSource, Precision
+from .options import DecodeDtypeName, ModelSource, Precision
 from .tokenizers import CharTokenizer, Tokenizer
 
 __all__ = [
@@ -215,7 +215,7 @@ def evaluate_run(
     device: str = "cpu",
     batch_size: int = 32,
     verify: bool = True,
-    dtype: DtypeName | None = None,
+    dtype: DecodeDtypeName | None = None,
     quantize: Quantize | None = None,
 ) -> dict:
     """Loss of the model in run directory `run` on a whole split or text: `evaluate_source`

@@ -7,9 +7,10 @@ a parameter `Annotated[ModelSource, Fields(ModelSource)]` (see `decoderlm.argume
 the command line gives each field its flag, helped by the field's docstring, so the flags and
 their help are written once, here, for `decoderlm sample`, `serve`, `eval` and `inspect`.
 
-`DtypeName` is the names of the number formats that `train`, `params`, `sample`, `serve`,
-`eval` and `inspect` take, torch's (float32, bfloat16, float16) and their short names (f32,
-bf16, f16 as llama.cpp writes them; fp32, fp16); `canonical_dtype` gives torch's name of one.
+`DtypeName` is the names of the number formats that `train` and `params` take, torch's
+(float32, bfloat16, float16) and their short names (f32, bf16, f16 as llama.cpp writes them;
+fp32, fp16); `canonical_dtype` gives torch's name of one. `DecodeDtypeName` is those a model
+decodes in, which `sample`, `chat`, `serve`, `eval` and `inspect` take (`Precision`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from .errors import UserError, flag_name
 
 __all__ = [
     "DTYPE_ALIASES",
+    "DecodeDtypeName",
     "Decoding",
     "DtypeName",
     "TrainDtypeName",
@@ -37,6 +39,8 @@ __all__ = [
 DTYPE_ALIASES = {"f32": "float32", "bf16": "bfloat16", "f16": "float16"}
 DTYPE_ALIASES |= {"fp32": "float32", "fp16": "float16"}
 DtypeName = Literal["float32", "bfloat16", "float16", "f32", "bf16", "f16", "fp32", "fp16"]
+# decoding's: those of DtypeName that a model decodes in (`Precision`)
+DecodeDtypeName = Literal["float32", "bfloat16", "f32", "bf16", "fp32"]
 # training's: the above, or "auto" (the device's fast format, `training.loop.resolve_dtype`)
 TrainDtypeName = Literal["auto", DtypeName]
 
@@ -94,7 +98,8 @@ class ModelSource:
     or a Hub model id (owner/name: downloaded into the Hugging Face cache; HF_HUB_OFFLINE=1
     reads the cache only), with its tokenizer (else GPT-2 BPE)."""
     gguf: str | None = None
-    """a GGUF file (gpt2 or llama), e.g. from `decoderlm export` or llama.cpp."""
+    """a GGUF file (architecture gpt2, llama or qwen2), e.g. from `decoderlm export` or
+    llama.cpp."""
     base: str | None = None
     """the base model of a LoRA run given to --run, in a new place (default: where the run
     records it, relative to the run first)."""
@@ -126,11 +131,10 @@ class Precision:
     (`generation.precision.prepare_for_decoding`); dtype is stored as torch's name.
 
     Raises:
-        UserError: a dtype that is not one of DtypeName, or one that decoding does not run
-            in (float16).
+        UserError: a dtype that is not one of DecodeDtypeName.
     """
 
-    dtype: DtypeName | None = None
+    dtype: DecodeDtypeName | None = None
     """the weights' and activations' dtype while decoding: float32 (f32), or bfloat16 (bf16),
     half the bytes per token (default: float32, bfloat16 with --quantize)."""
     quantize: Quantize | None = None

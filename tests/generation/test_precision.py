@@ -277,7 +277,7 @@ def test_sample_and_eval_take_the_flags(capsys, tmp_path, flags):
     assert math.isfinite(low) and abs(low - exact) / exact < 0.01
 
 
-def test_sample_and_eval_take_the_short_dtype_names_and_refuse_float16_in_one_line(
+def test_sample_and_eval_take_the_short_dtype_names_and_refuse_float16_by_the_flags_choices(
     capsys, tmp_path
 ):
     from decoderlm.cli import main
@@ -294,7 +294,11 @@ def test_sample_and_eval_take_the_short_dtype_names_and_refuse_float16_in_one_li
     assert outputs["bf16"] == outputs["bfloat16"] and outputs["f32"] == outputs["float32"]
     assert outputs["bf16"][1] != outputs["f32"][1]  # it did decode in bfloat16
     for command in (["sample", "--run", RUN], ["eval", "--run", RUN, "--data", str(data)]):
-        one_line_error(capsys, [*command, "--dtype", "f16"], "use --dtype bfloat16")
+        one_line_error(
+            capsys,
+            [*command, "--dtype", "f16"],
+            "--dtype: expected one of float32, bfloat16, f32, bf16, fp32 or none, got 'f16'",
+        )
 
 
 def test_serve_has_the_flags(capsys):

@@ -396,10 +396,12 @@ def _optional_bool(hint) -> bool:
 
 
 def _choices(hint) -> list[str]:
-    """The values of a Literal type (also inside `| None` or Annotated), else []."""
+    """The values of a Literal type (also inside Annotated; inside `| None` followed by
+    "none", which `convert` reads as None), else []."""
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if origin is Annotated:
         return _choices(args[0])
     if origin in _UNIONS:
-        return [choice for member in args for choice in _choices(member)]
+        choices = [choice for member in args for choice in _choices(member)]
+        return choices + ["none"] if choices and type(None) in args else choices
     return [str(a) for a in args] if origin is Literal else []

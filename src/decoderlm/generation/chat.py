@@ -13,7 +13,7 @@ from ..options import Decoding, ModelSource
 from ..tokenizers.chat_template import ChatTemplate, chat_template_of
 from .generate import stream_text
 from .loading import load_for_decoding
-from .params import SamplingParams
+from .params import from_flags
 
 __all__ = ["chat", "Conversation"]
 
@@ -101,7 +101,9 @@ def chat(
         UserError / MissingFileError: as `decoderlm sample`; a model without a chat template
             (and no --chat-template); a template that fails on the conversation.
     """
-    params = SamplingParams(max_new_tokens, temperature, top_k, top_p, seed)
+    params = from_flags(
+        max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed
+    )
     model, tokenizer = load_for_decoding(source, decoding)
     template = chat_template_of(tokenizer, chat_template)
     if template is None:

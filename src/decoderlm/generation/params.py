@@ -1,8 +1,10 @@
 """The settings of one continuation, as every decoding path takes them: `SamplingParams`.
 
 `generate`, `stream_generate`, `stream_text`, the server's `Scheduler` sequences and the
-`decoderlm sample` command all decode from one `SamplingParams` (vLLM's name and shape); the
-server's request body converts itself (`serve.protocol.CompletionRequest.to_sampling_params`).
+`decoderlm sample` and `chat` commands all decode from one `SamplingParams` (vLLM's name and
+shape); the server's request body converts itself
+(`serve.protocol.CompletionRequest.to_sampling_params`), the commands' flags through
+`from_flags`.
 The settings are checked once, when the object is built, so a bad one is one line
 (`UserError`) before anything is decoded. Importing this module imports no torch.
 """
@@ -13,9 +15,9 @@ import math
 import numbers
 from dataclasses import dataclass
 
-from ..errors import UserError
+from ..errors import UserError, flag_name
 
-__all__ = ["SamplingParams"]
+__all__ = ["SamplingParams", "from_flags"]
 
 
 def _is_int(value) -> bool:
@@ -114,3 +116,19 @@ class SamplingParams:
             raise UserError(f"ignore_eos must be True or False, got {self.ignore_eos!r}")
         if self.logprobs is not None and not (_is_int(self.logprobs) and self.logprobs >= 0):
             raise UserError(f"logprobs must be an integer >= 0 or None, got {self.logprobs!r}")
+
+
+def from_flags(**settings) -> SamplingParams:
+    """SamplingParams(**settings) built from a command's flags (`decoderlm sample`, `chat`):
+    a bad setting's message names its flag (--temperature, --top-k), not its field.
+
+    Raises:
+        UserError: as SamplingParams, the message starting with the flag.
+    """
+    try:
+        return SamplingParams(**settings)
+    except UserError as e:
+        field, _, rest = str(e).partition(" ")
+        if field not in settings:
+            raise
+        raise UserError(f"{flag_name(field)} {rest}") from None

@@ -13,7 +13,7 @@ from ..options import Decoding, ModelSource
 from ..tokenizers import CharTokenizer, Tokenizer
 from .generate import stream_text
 from .loading import load_for_decoding
-from .params import SamplingParams
+from .params import from_flags
 
 __all__ = ["sample", "read_prompts"]
 
@@ -71,8 +71,14 @@ def sample(
             files, an empty prompt, a prompt the vocabulary cannot encode (every prompt is
             checked before sampling), a bad sampling setting.
     """
-    params = SamplingParams(  # checked before anything is loaded or printed
-        max_new_tokens, temperature, top_k, top_p, seed, tuple(stop or ()), ignore_eos=ignore_eos
+    params = from_flags(  # checked before anything is loaded or printed
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        seed=seed,
+        stop=tuple(stop or ()),
+        ignore_eos=ignore_eos,
     )
     model, tokenizer = load_for_decoding(source, decoding)
     if block_size is not None:
