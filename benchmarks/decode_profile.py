@@ -1,12 +1,15 @@
-"""Where greedy decoding spends its time: torch.profiler over 128 new tokens of a GPT-2 shape
-(vocabulary 50,257, random weights; --shape tiny: 4 layers x 256, small: GPT-2 small's 12 x
-768) or of a GGUF file's model (--gguf), batch 1, 32-token prompt, at the precision
+"""Where greedy decoding spends its time: torch.profiler over 128 new tokens of a model shape
+with random weights (--shape tiny: GPT-2's vocabulary of 50,257 and 4 layers x 256; small:
+GPT-2 small's 12 x 768; thin: SmolLM2-135M's 30 Llama layers at width 64 and a vocabulary of
+256, whose products are too small to matter: a token's fixed cost, the calls and checks
+around the kernels) or of a GGUF file's model (--gguf), batch 1, 32-token prompt, at the precision
 `decoderlm sample --dtype/--quantize` decodes with
 (`decoderlm.generation.precision.prepare_for_decoding`).
 
     python benchmarks/decode_profile.py [--dtype bfloat16] [--quantize int8|w8a8] [--shape small]
     python benchmarks/decode_profile.py --gguf "$SMOLLM2" --dtype float32   # a GGUF file's model
     python benchmarks/decode_profile.py --gguf "$SMOLLM2" --compile --kernels
+    python benchmarks/decode_profile.py --shape thin --compile   # a token's fixed cost
 
 --compile profiles the compiled one-token step, whose graph is one row unless --kernels
 makes each of its C++ kernels a row of its own (inductor's `cpp.enable_kernel_profile`;
@@ -32,9 +35,22 @@ from decoderlm.generation.generate import generate
 from decoderlm.generation.precision import prepare_for_decoding
 from decoderlm.io.load import load_model
 
+GPT2 = dict(vocab_size=50257, activation="gelu_tanh")
 SHAPES = {
-    "tiny": dict(n_layers=4, n_heads=4, d_model=256),
-    "small": dict(n_layers=12, n_heads=12, d_model=768),
+    "tiny": dict(n_layers=4, n_heads=4, d_model=256, **GPT2),
+    "small": dict(n_layers=12, n_heads=12, d_model=768, **GPT2),
+    # SmolLM2-135M's 30 Llama layers at width 64 and 256 tokens: a token's fixed cost
+    "thin": dict(
+        n_layers=30,
+        n_heads=4,
+        n_kv_heads=2,
+        d_model=64,
+        vocab_size=256,
+        pos_encoding="rope",
+        norm="rmsnorm",
+        mlp="swiglu",
+        bias=False,
+    ),
 }
 
 
@@ -43,7 +59,7 @@ def main() -> None:
     add = parser.add_argument
     add("--dtype", default="bfloat16", choices=["float32", "bfloat16"], help="default: bfloat16")
     add("--quantize", choices=["int8", "w8a8"], default=None, help="int8 weights (default: none)")
-    add("--shape", choices=list(SHAPES), default="tiny", help="GPT-2 shape (default: tiny)")
+    add("--shape", choices=list(SHAPES), default="tiny", help="model shape (default: tiny)")
     add("--gguf", help="profile this GGUF file's model (dequantized) instead of --shape")
     add("--compile", action="store_true", help="profile the compiled one-token step")
     add("--kernels", action="store_true", help="with --compile: one row per compiled kernel")
@@ -67,9 +83,7 @@ def main() -> None:
     if args.gguf:
         model = load_model(args.gguf).eval()
     else:
-        config = ModelConfig(
-            vocab_size=50257, block_size=1024, activation="gelu_tanh", **SHAPES[args.shape]
-        )
+        config = ModelConfig(block_size=1024, **SHAPES[args.shape])
         model = DecoderLM(config).eval()
     model = prepare_for_decoding(model, args.dtype, args.quantize, args.compile)
     prompt = torch.randint(0, model.config.vocab_size, (1, 32))

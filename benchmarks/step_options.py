@@ -1,8 +1,11 @@
-"""The compiled decoding step built with two sets of inductor options, alternated (A B A B).
+"""The compiled decoding step built with two sets of inductor options (or from two checkouts),
+alternated (A B A B).
 
-A and B are two worker processes. Each loads the model (--gguf FILE, dequantized, or a GPT-2
-shape with random weights: --shape tiny, 4 x 256, or small, GPT-2 small's 12 x 768), updates
-`decoderlm.generation.steps.CPU_OPTIONS` with its --a or --b options, prepares the model
+A and B are two worker processes. Each loads the model (--gguf FILE, dequantized, or a shape
+of decode_profile.py's with random weights: --shape tiny, GPT-2's 4 x 256; small, GPT-2
+small's 12 x 768; thin, SmolLM2-135M's 30 layers at width 64), imports
+decoderlm from --a-checkout or --b-checkout's src/ where given (to compare two commits' code),
+updates `decoderlm.generation.steps.CPU_OPTIONS` with its --a or --b options, prepares the model
 (`prepare_for_decoding(model, --dtype, --quantize, compile=True)`) and compiles the step with
 one warm-up generation (its seconds, mostly the compile, are printed). Then, --rounds
 times, each in turn decodes --new-tokens greedy tokens (past any end of text) after a
@@ -16,6 +19,7 @@ max_autotune_gemm_backends=ATEN (ATen's products only, no inductor GEMM template
 
     python benchmarks/step_options.py --gguf "$SMOLLM2" --dtype bfloat16 --a cpp_wrapper=true
     python benchmarks/step_options.py --shape small --b max_autotune_gemm_backends=ATEN
+    python benchmarks/step_options.py --shape thin --a-checkout ../old   # two commits' code
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from common import arguments, require_file
 from decode_profile import SHAPES
@@ -63,7 +68,7 @@ def worker(spec: dict) -> None:
         model = load_model(spec["gguf"]).eval()
     else:
         shape = SHAPES[spec["shape"]]
-        config = ModelConfig(vocab_size=50257, block_size=1024, activation="gelu_tanh", **shape)
+        config = ModelConfig(block_size=1024, **shape)
         model = DecoderLM(config).eval()
     model = prepare_for_decoding(model, spec["dtype"], spec["quantize"], compile=True)
     prompt = torch.randint(0, model.config.vocab_size, (1, PROMPT_TOKENS))
@@ -91,6 +96,12 @@ def main() -> None:
     parser.add_argument("--quantize", choices=["int8"], default=None)
     parser.add_argument("--a", nargs="*", type=option, default=[], help="A's options")
     parser.add_argument("--b", nargs="*", type=option, default=[], help="B's options")
+    for name in ("a", "b"):
+        parser.add_argument(
+            f"--{name}-checkout",
+            help=f"a checkout of decoderlm whose src/ {name.upper()} imports it from (another "
+            "commit's code, say from `git worktree add`; default: the installed one)",
+        )
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--new-tokens", type=int, default=128)
     args = parser.parse_args()
@@ -98,11 +109,20 @@ def main() -> None:
         require_file(args.gguf, HINT_GGUF, flag="--gguf")
     common = {k: getattr(args, k) for k in ("gguf", "shape", "dtype", "quantize", "new_tokens")}
     workers = {}
-    for name, options in (("A", args.a), ("B", args.b)):
+    for name, options, checkout in (("A", args.a, args.a_checkout), ("B", args.b, args.b_checkout)):
         spec = json.dumps({**common, "options": dict(options)})
+        env = {**os.environ, "OMP_NUM_THREADS": "2"}
+        if checkout:
+            require_file(
+                Path(checkout) / "src" / "decoderlm" / "__init__.py",
+                f"--{name.lower()}-checkout must be a checkout of decoderlm",
+            )
+            env["PYTHONPATH"] = os.pathsep.join(
+                filter(None, [f"{checkout}/src", env.get("PYTHONPATH")])
+            )
         workers[name] = subprocess.Popen(
             [sys.executable, __file__, "--worker", spec], stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "2"},
+            stdout=subprocess.PIPE, text=True, env=env,
         )  # fmt: skip
         ready = workers[name].stdout.readline().split()
         if not ready or ready[0] != "ready":

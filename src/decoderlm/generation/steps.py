@@ -132,35 +132,40 @@ def _compiled_step(model, kind: str):
         function = _fixed_one_token if kind == "fixed" else _one_token
         own = types.FunctionType(function.__code__.replace(), function.__globals__, kind)
         options = {"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe}
-        compiled = torch.compile(own, dynamic=True, options=options)
         # the server's slot step (dynamic rows, graph breaks) is not frozen: frozen, it gave
         # wrong tokens for concurrent requests of a tiny model (tests/serve/test_serve.py)
         fixed = kind == "fixed"
-        options = CPU_OPTIONS if model.device.type == "cpu" else {}
-        steps[kind] = _configured(compiled, options) if fixed else compiled
+        inductor = CPU_OPTIONS if fixed and model.device.type == "cpu" else {}
+        options |= {key: value for key, value in inductor.items() if key != "freezing"}
+        compiled = torch.compile(own, dynamic=True, options=options)
+        freezing = inductor.get("freezing", False)
+        steps[kind] = _configured(compiled, freezing) if fixed else compiled
         # every module's hook dicts (registering a hook adds to them in place), for
         # `_hooked`; not the model's own: a value holding its key would keep it alive
         steps["hooks"] = _hook_dicts(m for m in model.modules() if m is not model)
     return steps[kind]
 
 
-def _configured(compiled, inductor: dict):
-    """compiled, called with the configuration its tracing needs: inductor's config patched
-    with `inductor` (on the CPU `CPU_OPTIONS`: TorchDynamo reads `freezing` from the global
-    config when it traces, not from torch.compile's options); everywhere, floats traced as
-    constants (no guards on a norm's eps) and no duck sizing, under which a cache capacity
-    equal to head_dim at the first call (64 and 64, say) would share its symbol and be
-    specialized to that value, compiling the step again for every other capacity."""
+def _configured(compiled, freezing: bool):
+    """compiled, called with the configuration its tracing needs: inductor's `freezing` (the
+    weights traced as constants: TorchDynamo reads it from the global config when it traces,
+    not from torch.compile's options, which give inductor the rest of `CPU_OPTIONS`); floats
+    traced as constants (no guards on a norm's eps) and no duck sizing, under which a cache
+    capacity equal to head_dim at the first call (64 and 64, say) would share its symbol and
+    be specialized to that value, compiling the step again for every other capacity. The
+    three patches are built once, and entered at every call."""
     import torch._dynamo.config as dynamo_config  # imported by torch.compile anyway
     import torch._inductor.config as inductor_config
     import torch.fx.experimental._config as shape_config
 
+    patches = (
+        inductor_config.patch(freezing=freezing),
+        shape_config.patch(use_duck_shape=False),
+        dynamo_config.patch(specialize_float=True),
+    )
+
     def step(*args):
-        with (
-            inductor_config.patch(inductor),
-            shape_config.patch(use_duck_shape=False),
-            dynamo_config.patch(specialize_float=True),
-        ):
+        with patches[0], patches[1], patches[2]:
             return compiled(*args)
 
     return step
