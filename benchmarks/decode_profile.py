@@ -15,7 +15,8 @@ around the kernels) or of a GGUF file's model (--gguf), batch 1, 32-token prompt
 makes each of its C++ kernels a row of its own (inductor's `cpp.enable_kernel_profile`;
 a GEMM template's kernel is named by its shape, as graph_0_gemm_m1n1536k576_kernel).
 
-Prints tokens/s (256 tokens, after a warm-up) and the operators that took the most time. In
+Prints tokens/s (timed over 256 tokens, after a warm-up; the profile is of another 128) and
+the operators that took the most time. In
 float32 the block products and the unembedding are aten::bmm / aten::addmm / aten::mm rows; in
 bfloat16 mkldnn::_linear_pointwise (oneDNN's packed products); with int8
 aten::_weight_int8pack_mm; with w8a8 onednn::qlinear_pointwise.
@@ -31,6 +32,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from common import arguments, require_file
 from decoderlm import DecoderLM, ModelConfig
+from decoderlm.errors import UserError
 from decoderlm.generation.generate import generate
 from decoderlm.generation.precision import prepare_for_decoding
 from decoderlm.io.load import load_model
@@ -58,15 +60,21 @@ def main() -> None:
     parser = arguments(__doc__)
     add = parser.add_argument
     add("--dtype", default="bfloat16", choices=["float32", "bfloat16"], help="default: bfloat16")
-    add("--quantize", choices=["int8", "w8a8"], default=None, help="int8 weights (default: none)")
-    add("--shape", choices=list(SHAPES), default="tiny", help="model shape (default: tiny)")
+    add(
+        "--quantize",
+        choices=["int8", "w8a8"],
+        help="int8: int8 weights; w8a8: int8 weights and activations (default: none)",
+    )
+    add("--shape", choices=list(SHAPES), help="model shape, random weights (default: tiny)")
     add("--gguf", help="profile this GGUF file's model (dequantized) instead of --shape")
     add("--compile", action="store_true", help="profile the compiled one-token step")
     add("--kernels", action="store_true", help="with --compile: one row per compiled kernel")
     add("--rows", type=int, default=12, help="rows of the profiler's table (default: 12)")
     args = parser.parse_args()
     refusal = None
-    if args.kernels and not args.compile:
+    if args.gguf and args.shape:
+        refusal = "give --gguf or --shape, not both"
+    elif args.kernels and not args.compile:
         refusal = "--kernels needs --compile"
     elif args.rows < 1:
         refusal = "--rows must be >= 1"
@@ -81,9 +89,13 @@ def main() -> None:
         inductor_config.cpp.enable_kernel_profile = True
     torch.manual_seed(0)
     if args.gguf:
-        model = load_model(args.gguf).eval()
+        try:
+            model = load_model(args.gguf).eval()
+        except UserError as e:
+            print(f"decode_profile.py: error: {e}", file=sys.stderr)
+            raise SystemExit(2) from None
     else:
-        config = ModelConfig(block_size=1024, **SHAPES[args.shape])
+        config = ModelConfig(block_size=1024, **SHAPES[args.shape or "tiny"])
         model = DecoderLM(config).eval()
     model = prepare_for_decoding(model, args.dtype, args.quantize, args.compile)
     prompt = torch.randint(0, model.config.vocab_size, (1, 32))

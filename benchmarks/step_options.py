@@ -55,6 +55,7 @@ def worker(spec: dict) -> None:
     import torch
 
     from decoderlm import DecoderLM, ModelConfig
+    from decoderlm.errors import UserError
     from decoderlm.generation import steps
     from decoderlm.generation.generate import stream_generate
     from decoderlm.generation.params import SamplingParams
@@ -65,7 +66,11 @@ def worker(spec: dict) -> None:
     torch.manual_seed(0)
     steps.CPU_OPTIONS.update(spec["options"])
     if spec["gguf"]:
-        model = load_model(spec["gguf"]).eval()
+        try:
+            model = load_model(spec["gguf"]).eval()
+        except UserError as e:
+            print(f"step_options.py: error: {e}", file=sys.stderr)
+            raise SystemExit(2) from None
     else:
         shape = SHAPES[spec["shape"]]
         config = ModelConfig(block_size=1024, **shape)
@@ -86,27 +91,49 @@ def worker(spec: dict) -> None:
         print(f"{decode(spec['new_tokens']):.2f}", flush=True)
 
 
-def main() -> None:
-    if len(sys.argv) > 2 and sys.argv[1] == "--worker":
-        return worker(json.loads(sys.argv[2]))
+def parse_arguments() -> argparse.Namespace:
+    """The command line, checked before anything is compiled: a bad value is one line, exit 2."""
     parser = arguments(__doc__)
-    parser.add_argument("--gguf", help="a GGUF file's model instead of --shape")
-    parser.add_argument("--shape", choices=list(SHAPES), default="small")
-    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="bfloat16")
-    parser.add_argument("--quantize", choices=["int8"], default=None)
-    parser.add_argument("--a", nargs="*", type=option, default=[], help="A's options")
-    parser.add_argument("--b", nargs="*", type=option, default=[], help="B's options")
+    add = parser.add_argument
+    add("--gguf", help="a GGUF file's model instead of --shape")
+    add("--shape", choices=list(SHAPES), help="model shape, random weights (default: small)")
+    add("--dtype", choices=["float32", "bfloat16"], default="bfloat16", help="default: bfloat16")
+    add("--quantize", choices=["int8"], default=None, help="int8 weights (default: none)")
+    add("--a", nargs="*", type=option, default=[], help="A's inductor options, KEY=VALUE")
+    add("--b", nargs="*", type=option, default=[], help="B's inductor options, KEY=VALUE")
     for name in ("a", "b"):
-        parser.add_argument(
+        add(
             f"--{name}-checkout",
             help=f"a checkout of decoderlm whose src/ {name.upper()} imports it from (another "
             "commit's code, say from `git worktree add`; default: the installed one)",
         )
-    parser.add_argument("--rounds", type=int, default=8)
-    parser.add_argument("--new-tokens", type=int, default=128)
+    add("--rounds", type=int, default=8, help="decodes of each, alternated (default: 8)")
+    add("--new-tokens", type=int, default=128, help="tokens a decode (default: 128)")
     args = parser.parse_args()
+    import torch._inductor.config as inductor_config
+
+    known = inductor_config.get_config_copy()
+    unknown = [key for key, _ in args.a + args.b if key not in known]
+    refusal = None
+    if args.gguf and args.shape:
+        refusal = "give --gguf or --shape, not both"
+    elif args.rounds < 1 or args.new_tokens < 2:
+        refusal = "--rounds must be >= 1 and --new-tokens >= 2"
+    elif unknown:
+        refusal = f"{unknown[0]!r} is not one of inductor's options (torch._inductor.config)"
+    if refusal:
+        print(f"step_options.py: error: {refusal}", file=sys.stderr)
+        raise SystemExit(2)
     if args.gguf:
         require_file(args.gguf, HINT_GGUF, flag="--gguf")
+    args.shape = args.shape or "small"
+    return args
+
+
+def main() -> None:
+    if len(sys.argv) > 2 and sys.argv[1] == "--worker":
+        return worker(json.loads(sys.argv[2]))
+    args = parse_arguments()
     common = {k: getattr(args, k) for k in ("gguf", "shape", "dtype", "quantize", "new_tokens")}
     workers = {}
     for name, options, checkout in (("A", args.a, args.a_checkout), ("B", args.b, args.b_checkout)):
@@ -126,6 +153,8 @@ def main() -> None:
         )  # fmt: skip
         ready = workers[name].stdout.readline().split()
         if not ready or ready[0] != "ready":
+            if workers[name].wait() == 2:  # the worker said why in one line
+                raise SystemExit(2)
             raise SystemExit(f"step_options.py: error: worker {name} failed (see above)")
         print(f"{name}: {dict(options) or 'the defaults'}, compiled in {ready[1]} s", flush=True)
     rates = {name: [] for name in workers}

@@ -94,16 +94,25 @@ def test_a_benchmark_without_its_peer_or_corpus_says_how_to_get_it(tmp_path):
     assert code == 2 and "train.py not found" in err and "git clone" in err, err
 
 
-def test_decode_profile_and_gemv_refuse_bad_flags_in_one_line(tmp_path):
-    # before anything is built or loaded: kernel rows exist only in a compiled step, a table
-    # or a product needs at least one row, and a missing GGUF file is named, exit 2 each
+def test_decode_profile_step_options_and_gemv_refuse_bad_flags_in_one_line(tmp_path):
+    # before anything is compiled: kernel rows exist only in a compiled step, a table or a
+    # product needs at least one row, a model is a GGUF file or a shape, not both, a missing
+    # or unreadable GGUF file is named, an inductor option must exist, exit 2 each
     profile, gemv = str(BENCHMARKS / "decode_profile.py"), str(BENCHMARKS / "gemv.py")
-    missing = str(tmp_path / "missing.gguf")
+    options = str(BENCHMARKS / "step_options.py")
+    missing, text = str(tmp_path / "missing.gguf"), tmp_path / "text.gguf"
+    text.write_text("not a GGUF file")
     cases = {
         (profile, "--kernels"): "decode_profile.py: error: --kernels needs --compile",
         (profile, "--rows", "0"): "decode_profile.py: error: --rows must be >= 1",
         (profile, "--gguf", missing): f"decode_profile.py: error: {missing} not found",
+        (profile, "--gguf", str(text)): f"decode_profile.py: error: {text} is not a readable",
+        (profile, "--gguf", missing, "--shape", "thin"): "decode_profile.py: error: give --gguf",
         (gemv, "--rows", "0"): "gemv.py: error: --rows must be >= 1",
+        (options, "--rounds", "0"): "step_options.py: error: --rounds must be >= 1",
+        (options, "--new-tokens", "1"): "step_options.py: error: --rounds must be >= 1",
+        (options, "--a", "no_such=1"): "step_options.py: error: 'no_such' is not one of",
+        (options, "--a-checkout", missing): "step_options.py: error: ",
     }
     results = _run([list(call) for call in cases])
     for call, said in cases.items():

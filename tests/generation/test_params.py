@@ -77,7 +77,7 @@ def test_the_sample_command_refuses_a_bad_setting_before_loading(capsys):
     # the run does not exist: the setting's line comes first
     for flag, value, line in [
         ("--temperature", "-1", "--temperature must be a finite number >= 0"),
-        ("--top-p", "2", "--top-p must be in [0, 1] or None, got 2.0"),
+        ("--top-p", "2", "--top-p must be in [0, 1] or none, got 2.0"),
     ]:
         argv = ["sample", "--run", "no/such/run", flag, value]
         one_line_error(capsys, argv, line)

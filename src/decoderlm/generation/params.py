@@ -120,7 +120,8 @@ class SamplingParams:
 
 def from_flags(**settings) -> SamplingParams:
     """SamplingParams(**settings) built from a command's flags (`decoderlm sample`, `chat`):
-    a bad setting's message names its flag (--temperature, --top-k), not its field.
+    a bad setting's message names its flag (--temperature, --top-k), not its field, and
+    the flags' word for None (none).
 
     Raises:
         UserError: as SamplingParams, the message starting with the flag.
@@ -131,4 +132,4 @@ def from_flags(**settings) -> SamplingParams:
         field, _, rest = str(e).partition(" ")
         if field not in settings:
             raise
-        raise UserError(f"{flag_name(field)} {rest}") from None
+        raise UserError(f"{flag_name(field)} {rest.replace(' or None', ' or none')}") from None
