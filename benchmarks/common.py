@@ -1,7 +1,8 @@
 """What every benchmark script shares: a `--help` built from its docstring, a one-line
-failure when its data is missing, and for the whole-process benchmarks (overhead.py,
-busy_machine.py, ablation.py, vs_nanogpt.py): running and timing fresh processes, `decoderlm
-train` runs, their metrics, and summaries of repeated figures.
+failure when its data is missing or unreadable (`refuse`, `require_file`, `load_gguf`), and for
+the whole-process benchmarks (overhead.py, busy_machine.py, ablation.py, vs_nanogpt.py):
+running and timing fresh processes, `decoderlm train` runs, their metrics, and summaries of
+repeated figures.
 
     from common import arguments, require_file
 """
@@ -18,6 +19,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import NoReturn
 
 
 def arguments(doc: str) -> argparse.ArgumentParser:
@@ -31,21 +33,36 @@ def arguments(doc: str) -> argparse.ArgumentParser:
     )
 
 
+def refuse(message: str) -> NoReturn:
+    """Exit with status 2 and one line on stderr: `SCRIPT: error: MESSAGE`."""
+    print(f"{Path(sys.argv[0]).name}: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
 def require_file(
     path: str | Path | None, hint: str, directory: bool = False, flag: str = "--data"
 ) -> Path:
     """`path` if it is a file (a directory with directory=True); otherwise exit with status 2
     and one line on stderr: `SCRIPT: error: PATH not found; HINT`, or, when `path` is None (the
     flag was not given), `SCRIPT: error: FLAG is required; HINT`."""
-    script = Path(sys.argv[0]).name
     if path is None:
-        print(f"{script}: error: {flag} is required; {hint}", file=sys.stderr)
-        raise SystemExit(2)
+        refuse(f"{flag} is required; {hint}")
     path = Path(path)
     if not (path.is_dir() if directory else path.is_file()):
-        print(f"{script}: error: {path} not found; {hint}", file=sys.stderr)
-        raise SystemExit(2)
+        refuse(f"{path} not found; {hint}")
     return path
+
+
+def load_gguf(path: str):
+    """The DecoderLM of a GGUF file (eval mode, dequantized); an unreadable file ends the
+    script in one line (`refuse`)."""
+    from decoderlm.errors import UserError
+    from decoderlm.io.load import load_model
+
+    try:
+        return load_model(path).eval()
+    except UserError as e:
+        refuse(str(e))
 
 
 TINY_SHAKESPEARE_URL = (

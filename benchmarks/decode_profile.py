@@ -24,18 +24,15 @@ aten::_weight_int8pack_mm; with w8a8 onednn::qlinear_pointwise.
 
 from __future__ import annotations
 
-import sys
 import time
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from common import arguments, require_file
+from common import arguments, load_gguf, refuse, require_file
 from decoderlm import DecoderLM, ModelConfig
-from decoderlm.errors import UserError
 from decoderlm.generation.generate import generate
 from decoderlm.generation.precision import prepare_for_decoding
-from decoderlm.io.load import load_model
 
 GPT2 = dict(vocab_size=50257, activation="gelu_tanh")
 SHAPES = {
@@ -79,8 +76,7 @@ def main() -> None:
     elif args.rows < 1:
         refusal = "--rows must be >= 1"
     if refusal:
-        print(f"decode_profile.py: error: {refusal}", file=sys.stderr)
-        raise SystemExit(2)
+        refuse(refusal)
     if args.gguf:
         require_file(args.gguf, "a GGUF model file, say SmolLM2-135M-Instruct's", flag="--gguf")
     if args.kernels:
@@ -89,11 +85,7 @@ def main() -> None:
         inductor_config.cpp.enable_kernel_profile = True
     torch.manual_seed(0)
     if args.gguf:
-        try:
-            model = load_model(args.gguf).eval()
-        except UserError as e:
-            print(f"decode_profile.py: error: {e}", file=sys.stderr)
-            raise SystemExit(2) from None
+        model = load_gguf(args.gguf)
     else:
         config = ModelConfig(block_size=1024, **SHAPES[args.shape or "tiny"])
         model = DecoderLM(config).eval()

@@ -23,13 +23,12 @@ product: (x @ q.T) * scales in `prompt_dtype()`) and the weight dequantised firs
 milliseconds per product (best of 3 passes), and which is fastest at each row count.
 """
 
-import sys
 import time
 
 import torch
 import torch.nn.functional as F
 
-from common import arguments
+from common import arguments, refuse
 from decoderlm.generation.cpu_decode import (
     onednn_linear,
     pack,
@@ -59,8 +58,7 @@ def main() -> None:
     parser.add_argument("--int8", action="store_true", help="int8 weights by row count (below)")
     args = parser.parse_args()
     if args.rows < 1:
-        print("gemv.py: error: --rows must be >= 1", file=sys.stderr)
-        raise SystemExit(2)
+        refuse("--rows must be >= 1")
     torch.manual_seed(0)
     if args.int8:
         return int8_rows()

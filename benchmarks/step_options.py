@@ -33,7 +33,7 @@ import sys
 import time
 from pathlib import Path
 
-from common import arguments, require_file
+from common import arguments, load_gguf, refuse, require_file
 from decode_profile import SHAPES
 
 PROMPT_TOKENS = 32
@@ -55,22 +55,16 @@ def worker(spec: dict) -> None:
     import torch
 
     from decoderlm import DecoderLM, ModelConfig
-    from decoderlm.errors import UserError
     from decoderlm.generation import steps
     from decoderlm.generation.generate import stream_generate
     from decoderlm.generation.params import SamplingParams
     from decoderlm.generation.precision import prepare_for_decoding
-    from decoderlm.io.load import load_model
 
     torch.set_num_threads(2)
     torch.manual_seed(0)
     steps.CPU_OPTIONS.update(spec["options"])
     if spec["gguf"]:
-        try:
-            model = load_model(spec["gguf"]).eval()
-        except UserError as e:
-            print(f"step_options.py: error: {e}", file=sys.stderr)
-            raise SystemExit(2) from None
+        model = load_gguf(spec["gguf"])
     else:
         shape = SHAPES[spec["shape"]]
         config = ModelConfig(block_size=1024, **shape)
@@ -122,8 +116,7 @@ def parse_arguments() -> argparse.Namespace:
     elif unknown:
         refusal = f"{unknown[0]!r} is not one of inductor's options (torch._inductor.config)"
     if refusal:
-        print(f"step_options.py: error: {refusal}", file=sys.stderr)
-        raise SystemExit(2)
+        refuse(refusal)
     if args.gguf:
         require_file(args.gguf, HINT_GGUF, flag="--gguf")
     args.shape = args.shape or "small"
