@@ -10,13 +10,18 @@ around the kernels) or of a GGUF file's model (--gguf), batch 1, 32-token prompt
     python benchmarks/decode_profile.py --gguf "$SMOLLM2" --dtype float32   # a GGUF file's model
     python benchmarks/decode_profile.py --gguf "$SMOLLM2" --compile --kernels
     python benchmarks/decode_profile.py --shape thin --compile   # a token's fixed cost
+    python benchmarks/decode_profile.py --gguf "$SMOLLM2" --compile --split
 
 --compile profiles the compiled one-token step, whose graph is one row unless --kernels
 makes each of its C++ kernels a row of its own (inductor's `cpp.enable_kernel_profile`;
 a GEMM template's kernel is named by its shape, as graph_0_gemm_m1n1536k576_kernel).
 
 Prints tokens/s (timed over 256 tokens, after a warm-up; the profile is of another 128) and
-the operators that took the most time. In
+the operators that took the most time. --split, instead of the profile: where a decoded
+token's time goes without the profiler's own cost, over 3 generations of 128 tokens (each
+token after the first): the one-token step (the call of `decode_step`'s function; compiled,
+that is TorchDynamo's entry and guards and the graph), choosing the token (`sample_next`) and
+the rest of `stream_generate`'s loop, in ms a token, the median of the 3. In
 float32 the block products and the unembedding are aten::bmm / aten::addmm / aten::mm rows; in
 bfloat16 mkldnn::_linear_pointwise (oneDNN's packed products); with int8
 aten::_weight_int8pack_mm; with w8a8 onednn::qlinear_pointwise.
@@ -31,7 +36,8 @@ from torch.profiler import ProfilerActivity, profile
 
 from common import arguments, load_gguf, refuse, require_file
 from decoderlm import DecoderLM, ModelConfig
-from decoderlm.generation.generate import generate
+from decoderlm.generation import generate as loop
+from decoderlm.generation.params import SamplingParams
 from decoderlm.generation.precision import prepare_for_decoding
 
 GPT2 = dict(vocab_size=50257, activation="gelu_tanh")
@@ -53,6 +59,42 @@ SHAPES = {
 }
 
 
+def split(model, prompt: torch.Tensor, rounds: int = 3, new: int = 128) -> None:
+    """Print the ms a decoded token spends in the one-token step, in sample_next and in the
+    rest of stream_generate's loop (module docstring), timed by wrapping the two functions
+    the loop looks up in `decoderlm.generation.generate` (restored afterwards)."""
+    spent = {"step": 0.0, "choose": 0.0}
+
+    def timed(key, fn):
+        def call(*args, **kwargs):
+            start = time.perf_counter()
+            out = fn(*args, **kwargs)
+            spent[key] += time.perf_counter() - start
+            return out
+
+        return call
+
+    step_of, choose = loop.decode_step, loop.sample_next
+    loop.decode_step = lambda compile: timed("step", step_of(compile))
+    loop.sample_next = timed("choose", choose)
+    rows = []
+    try:
+        for _ in range(rounds):
+            times = []
+            for _ in loop.stream_generate(model, prompt, SamplingParams(new, temperature=0.0)):
+                times.append(time.perf_counter())
+                if len(times) == 1:  # from the first token on: the prompt's pass left out
+                    spent.update(step=0.0, choose=0.0)
+            whole = (times[-1] - times[0]) / (new - 1)
+            step, chosen = spent["step"] / (new - 1), spent["choose"] / (new - 1)
+            rows.append((whole, step, chosen, whole - step - chosen))
+    finally:
+        loop.decode_step, loop.sample_next = step_of, choose
+    names = ("a token", "the one-token step", "choosing the token", "the rest of the loop")
+    for name, values in zip(names, zip(*rows, strict=True), strict=True):
+        print(f"{name}: {sorted(values)[len(values) // 2] * 1e3:.3f} ms")
+
+
 def main() -> None:
     parser = arguments(__doc__)
     add = parser.add_argument
@@ -67,12 +109,15 @@ def main() -> None:
     add("--compile", action="store_true", help="profile the compiled one-token step")
     add("--kernels", action="store_true", help="with --compile: one row per compiled kernel")
     add("--rows", type=int, default=12, help="rows of the profiler's table (default: 12)")
+    add("--split", action="store_true", help="time a token's parts instead of profiling")
     args = parser.parse_args()
     refusal = None
     if args.gguf and args.shape:
         refusal = "give --gguf or --shape, not both"
     elif args.kernels and not args.compile:
         refusal = "--kernels needs --compile"
+    elif args.kernels and args.split:
+        refusal = "give --kernels or --split, not both (--split runs without the profiler)"
     elif args.rows < 1:
         refusal = "--rows must be >= 1"
     if refusal:
@@ -92,13 +137,16 @@ def main() -> None:
     model = prepare_for_decoding(model, args.dtype, args.quantize, args.compile)
     prompt = torch.randint(0, model.config.vocab_size, (1, 32))
     for _ in range(2):
-        generate(model, prompt, 64, do_sample=False)
+        loop.generate(model, prompt, 64, do_sample=False)
     start = time.perf_counter()
-    generate(model, prompt, 256, do_sample=False)
+    loop.generate(model, prompt, 256, do_sample=False)
     name = args.dtype + (f", {args.quantize}" if args.quantize else "")
     print(f"{name}: {256 / (time.perf_counter() - start):.1f} tokens/s")
+    if args.split:
+        split(model, prompt)
+        return
     with profile(activities=[ProfilerActivity.CPU]) as prof:
-        generate(model, prompt, 128, do_sample=False)
+        loop.generate(model, prompt, 128, do_sample=False)
     print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.rows))
 
 

@@ -108,6 +108,7 @@ def test_decode_profile_step_options_and_gemv_refuse_bad_flags_in_one_line(tmp_p
         (profile, "--gguf", missing): f"decode_profile.py: error: {missing} not found",
         (profile, "--gguf", str(text)): f"decode_profile.py: error: {text} is not a readable",
         (profile, "--gguf", missing, "--shape", "thin"): "decode_profile.py: error: give --gguf",
+        (profile, "--compile", "--kernels", "--split"): "decode_profile.py: error: give --kernels",
         (gemv, "--rows", "0"): "gemv.py: error: --rows must be >= 1",
         (options, "--rounds", "0"): "step_options.py: error: --rounds must be >= 1",
         (options, "--new-tokens", "1"): "step_options.py: error: --rounds must be >= 1",
@@ -119,6 +120,31 @@ def test_decode_profile_step_options_and_gemv_refuse_bad_flags_in_one_line(tmp_p
         code, out, err = results[" ".join(call)]
         assert code == 2 and out == "" and err.count("\n") == 1, (call, err)
         assert err.startswith(said), (call, err)
+
+
+def test_decode_profile_split_times_each_decoded_token_and_restores_the_loop(monkeypatch, capsys):
+    # --split wraps the step and the sampler that stream_generate looks up: its rows must
+    # account for each token after the first (parts within the whole), and the loop must
+    # get its own functions back, or a later generate in the process would stay wrapped
+    import importlib
+
+    import torch
+
+    from decoderlm import DecoderLM, ModelConfig
+    from decoderlm.generation import generate as loop
+
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    bench = importlib.import_module("decode_profile")
+    step_of, choose = loop.decode_step, loop.sample_next
+    model = DecoderLM(ModelConfig(vocab_size=64, block_size=64, n_layers=2, n_heads=2,
+                                  d_model=32)).eval()  # fmt: skip
+    bench.split(model, torch.tensor([[1, 2, 3]]), rounds=3, new=12)
+    assert loop.decode_step is step_of and loop.sample_next is choose
+    rows = dict(line.split(": ") for line in capsys.readouterr().out.splitlines())
+    names = ["a token", "the one-token step", "choosing the token", "the rest of the loop"]
+    assert list(rows) == names, rows
+    whole, step, chosen, rest = (float(rows[n].removesuffix(" ms")) for n in names)
+    assert 0 < step < whole and 0 < chosen < whole and rest < whole, rows
 
 
 def test_the_serve_load_test_passes_a_short_run():
