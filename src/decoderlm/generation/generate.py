@@ -131,7 +131,8 @@ def _check_generate_args(idx, attention_mask, slide_by, limit):
 
 
 def _sample_checked(logits: torch.Tensor, step: int, params: SamplingParams, generator):
-    """`sample_next` of logits [B, vocab_size], with errors naming the step."""
+    """`sample_next` of logits [B, vocab_size], with errors naming the step: (the ids [B]
+    int64, the same as a list of ints)."""
     try:
         nxt = sample_next(logits, params, generator)
     except ValueError as e:
@@ -139,23 +140,19 @@ def _sample_checked(logits: torch.Tensor, step: int, params: SamplingParams, gen
     chosen = nxt.tolist()
     if min(chosen) < 0 or max(chosen) >= logits.size(-1):
         raise UserError(f"step {step}: sampled token id {chosen} is outside [0, {logits.size(-1)})")
-    return nxt
+    return nxt, chosen
 
 
-def _ends_with_stop(generated: torch.Tensor, stops: list[torch.Tensor]) -> torch.Tensor:
-    """[B] bool: whether each row of generated [B, n] ends with one of the stop sequences."""
-    done = torch.zeros(generated.size(0), dtype=torch.bool, device=generated.device)
-    for seq in stops:
-        if generated.size(1) >= len(seq):
-            done |= (generated[:, -len(seq) :] == seq.to(generated.device)).all(1)
-    return done
-
-
-def _stop_tensors(model, params: SamplingParams) -> list[torch.Tensor]:
-    """params' stop token sequences and the end-of-text tokens, as int64 tensors."""
-    stops = [torch.tensor(seq, dtype=torch.long) for seq in params.stop_token_ids]
+def _stop_sequences(model, params: SamplingParams) -> list[tuple[int, ...]]:
+    """params' stop token sequences and the end-of-text tokens, as tuples of ids."""
     eos = end_of_text_ids(model, params.eos_token_id, params.ignore_eos)
-    return [*stops, *(torch.tensor([i], dtype=torch.long) for i in eos)]
+    return [*params.stop_token_ids, *((i,) for i in eos)]
+
+
+def _ends_with_stop(generated: list[int], stops: list[tuple[int, ...]]) -> bool:
+    """Whether one row's new tokens end with one of the stop sequences (kept in Python
+    lists: at each token a handful of torch calls would cost more than the comparison)."""
+    return any(tuple(generated[-len(seq) :]) == seq for seq in stops)
 
 
 @torch.no_grad()
@@ -193,8 +190,8 @@ def stream_generate(
     capacity = fixed_capacity(model, T0 + params.max_new_tokens) if compiled else None
     was_training = model.training
     model.eval()
-    stops = _stop_tensors(model, params)
-    finished = torch.zeros(B, dtype=torch.bool, device=idx.device)
+    stops = _stop_sequences(model, params)
+    finished, generated = [False] * B, [[] for _ in range(B)]  # per row, for the stops
     cache, positions, window = None, None, limit
     try:
         for step in range(params.max_new_tokens):
@@ -210,13 +207,17 @@ def stream_generate(
                 positions = positions + 1
                 key_mask = None if mask is None else mask[:, n - cache.length - 1 : n]
                 logits = one_token(model, ids[:, n - 1 : n], cache, positions, key_mask)[:, -1]
-            nxt = _sample_checked(logits, step, params, generator)
+            nxt, chosen = _sample_checked(logits, step, params, generator)
             ids[:, n] = nxt
             n += 1
-            yield torch.where(finished, torch.full_like(nxt, pad_token_id), nxt) if stops else nxt
+            if any(finished):
+                nxt = nxt.masked_fill(torch.tensor(finished, device=nxt.device), pad_token_id)
+            yield nxt
             if stops:
-                finished |= _ends_with_stop(ids[:, T0:n], stops)
-                if finished.all():
+                for row, token in enumerate(chosen):
+                    generated[row].append(token)
+                    finished[row] = finished[row] or _ends_with_stop(generated[row], stops)
+                if all(finished):
                     return
     finally:
         model.train(was_training)
