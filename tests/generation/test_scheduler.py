@@ -1,6 +1,7 @@
 """Continuous batching: tokens equal those of decoding each request alone."""
 
 import queue
+import threading
 
 import pytest
 import torch
@@ -8,6 +9,7 @@ import torch
 from decoderlm.generation import scheduler as scheduler_module
 from decoderlm.generation.generate import generate, stream_generate
 from decoderlm.generation.params import SamplingParams
+from decoderlm.generation.precision import prepare_for_decoding
 from decoderlm.generation.scheduler import Scheduler, Sequence
 
 from conftest import tiny_model
@@ -186,3 +188,44 @@ def test_a_sequence_ends_after_its_end_of_text_id_and_the_others_go_on():
         scheduler.close()
     assert [t.id for t in first] == alone[0][:cut].tolist()  # the stop id is emitted, then None
     assert [t.id for t in second] == alone[1].tolist()
+
+
+def test_a_compiled_scheduler_compiles_nothing_more_after_one_row_and_two():
+    """The compiled step of a slot cache is one graph with fixed shapes: a batch of one row and
+    one of two (a server's warm-up) trace without a graph break (error_on_graph_break would
+    fail them: reading a length as a Python number inside the step did), and afterwards rows
+    joining and leaving, windows growing past 64 positions and contexts sliding past
+    max_positions (72) compile nothing more (torch's fail_on_recompile stance would fail the
+    sequences); each greedy token is generate's."""
+    torch._dynamo.reset()
+    model = tiny_model(seed=1, pos_encoding="rope", block_size=72)
+    expected = [
+        generate(model, torch.tensor([p]), 40, do_sample=False)[0, len(p) :].tolist()
+        for p in PROMPTS
+    ]
+    prepare_for_decoding(model, compile=True)
+    scheduler = Scheduler(model, 65, max_batch_size=3)
+    try:
+        with torch._dynamo.error_on_graph_break(True):  # one graph for each kind of batch
+            for prompts in ([[1]], [[1], [2, 3]]):  # the warm-up
+                warm = _run(scheduler, *_sequences(prompts, 3, temperature=0.0))
+                assert all(isinstance(tokens, list) for tokens in warm), warm
+        with torch.compiler.set_stance("fail_on_recompile"):
+            got = _run(scheduler, *_sequences(PROMPTS, 40, temperature=0.0))
+    finally:
+        scheduler.close()
+    assert [[t.id for t in tokens] for tokens in got] == expected
+
+
+def test_calls_run_on_the_scheduler_thread_and_hand_back_results_and_errors():
+    scheduler = Scheduler(tiny_model(seed=1), 65)
+    try:
+        name = scheduler.call(lambda: threading.current_thread().name).result(timeout=60)
+        grad = scheduler.call(torch.is_grad_enabled).result(timeout=60)
+        failed = scheduler.call(int, "not a number")
+        with pytest.raises(ValueError, match="not a number"):
+            failed.result(timeout=60)
+    finally:
+        scheduler.close()
+    assert name == "decoderlm-scheduler" and name != threading.current_thread().name
+    assert grad is False  # under torch.no_grad, as the decoding

@@ -14,6 +14,12 @@ sequence's cache is rebuilt from the max_positions - 1 tokens before its newest 
 sliding at one step in one forward pass). The scheduler does not change the model: it decodes
 as `precision.prepare_for_decoding` left it, compiled when its `DecodingSetup` says so.
 
+All of a server's torch work belongs on the scheduler's thread (`Scheduler.call` runs other
+work there, between forward passes): with torch's OpenMP runtime (libgomp), a second thread's
+team of OpenMP threads, the one that loaded the model say, makes the threads of every team stop
+spinning between parallel regions almost at once (more OpenMP threads than cores) and sleep
+instead, which made each decoding step 5-10x slower on 2 cores.
+
 Tokens go back through each sequence's `emit` callback as `Token`s, then None at the end (or
 the exception that ended it); a sequence ends after emitting its end-of-text token (`stop_ids`:
 params.eos_token_id, else the model's `eos_token_id`; none with params.ignore_eos). Stop texts
@@ -24,6 +30,7 @@ step.
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -86,6 +93,16 @@ class Sequence:
         self.emit(error)
 
 
+def _run_call(future: concurrent.futures.Future, fn: Callable, args: tuple) -> None:
+    """fn(*args) into future (`Scheduler.call`), unless the future was cancelled."""
+    if not future.set_running_or_notify_cancel():
+        return
+    try:
+        future.set_result(fn(*args))
+    except BaseException as e:  # the caller's to raise, where it waits for the result
+        future.set_exception(e)
+
+
 class Scheduler:
     """The decoding thread of a model served to concurrent requests.
 
@@ -104,6 +121,7 @@ class Scheduler:
         setup = decoding_setup(model)
         self._step = step or decode_step(setup is not None and setup.compile)
         self._waiting: collections.deque[Sequence] = collections.deque()
+        self._calls: list[tuple[concurrent.futures.Future, Callable, tuple]] = []
         self._active: list[Sequence] = []  # row i of the slot cache is _active[i]
         self._wake = threading.Condition()
         self._closed = False
@@ -124,12 +142,25 @@ class Scheduler:
             self._waiting.append(seq)
             self._wake.notify()
 
+    def call(self, fn: Callable, *args) -> concurrent.futures.Future:
+        """Run fn(*args) on the scheduler's thread, between two forward passes and under
+        torch.no_grad (the module docstring says why there); the Future returned gets its
+        result or the exception it raised, or is cancelled if the scheduler closes first."""
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        with self._wake:
+            self._calls.append((future, fn, args))
+            self._wake.notify()
+        return future
+
     def close(self) -> None:
-        """Stop the thread (waiting and active sequences get no more tokens)."""
+        """Stop the thread (waiting and active sequences get no more tokens, calls not yet
+        run are cancelled)."""
         with self._wake:
             self._closed = True
             self._wake.notify()
         self._thread.join(timeout=10)
+        for future, _, _ in self._calls:
+            future.cancel()
 
     @property
     def load(self) -> tuple[int, int]:
@@ -140,13 +171,16 @@ class Scheduler:
         with torch.no_grad():
             while True:
                 with self._wake:
-                    while not self._closed and not self._waiting and not self._active:
+                    while not (self._closed or self._waiting or self._active or self._calls):
                         self._wake.wait()
                     if self._closed:
                         return
                     joining = []
                     while self._waiting and len(self._active) + len(joining) < self.max_batch_size:
                         joining.append(self._waiting.popleft())
+                    calls, self._calls = self._calls, []
+                for future, fn, args in calls:
+                    _run_call(future, fn, args)
                 try:
                     self._admit(joining)
                     self._drop_finished()

@@ -114,10 +114,11 @@ CPU_OPTIONS = {
 def _compiled_step(model, kind: str):
     """The torch.compile'd form of a step function for this model, built on first use.
 
-    The fixed-shape step ("fixed", `generate`'s) is traced without duck sizing and, on the
-    CPU, compiled with `CPU_OPTIONS` (`_configured`): the weights are frozen into the graph (a
-    packed copy of each matrix where a template wants one), each product the fastest that
-    max-autotune times (benchmarks/README.md, "The compiled step on an AVX2 CPU").
+    Both kinds, "fixed" (a `KVCache`'s: `generate`'s) and "slots" (a `SlotKVCache`'s: the
+    server's), are fixed-shape steps, traced without duck sizing and, on the CPU, compiled
+    with `CPU_OPTIONS` (`_configured`): the weights are frozen into the graph (a packed copy
+    of each matrix where a template wants one), each product the fastest that max-autotune
+    times (benchmarks/README.md, "The compiled step on an AVX2 CPU").
 
     Its guards on the model's modules are left out (torch's
     `skip_guard_on_all_nn_modules_unsafe`): thousands for a model of 30 layers, checked at
@@ -129,17 +130,13 @@ def _compiled_step(model, kind: str):
     """
     steps = _compiled.setdefault(model, {})
     if kind not in steps:
-        function = _fixed_one_token if kind == "fixed" else _one_token
+        function = _fixed_one_token
         own = types.FunctionType(function.__code__.replace(), function.__globals__, kind)
         options = {"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe}
-        # the server's slot step (dynamic rows, graph breaks) is not frozen: frozen, it gave
-        # wrong tokens for concurrent requests of a tiny model (tests/serve/test_serve.py)
-        fixed = kind == "fixed"
-        inductor = CPU_OPTIONS if fixed and model.device.type == "cpu" else {}
+        inductor = CPU_OPTIONS if model.device.type == "cpu" else {}
         options |= {key: value for key, value in inductor.items() if key != "freezing"}
         compiled = torch.compile(own, dynamic=True, options=options)
-        freezing = inductor.get("freezing", False)
-        steps[kind] = _configured(compiled, freezing) if fixed else compiled
+        steps[kind] = _configured(compiled, inductor.get("freezing", False))
         # every module's hook dicts (registering a hook adds to them in place), for
         # `_hooked`; not the model's own: a value holding its key would keep it alive
         steps["hooks"] = _hook_dicts(m for m in model.modules() if m is not model)
@@ -189,20 +186,41 @@ def _hook_dicts(modules) -> list[dict]:
 
 
 def _compiled_one_token(model, idx, cache, positions, key_mask=None):
-    """The compiled step: fixed shapes for a `KVCache`, the growing slices of a
-    `SlotKVCache`; the eager step while a forward hook is attached to the model."""
+    """The compiled step, with fixed shapes for a `KVCache` (`KVCache.fix`) and a
+    `SlotKVCache` alike; the eager step while a forward hook is attached to the model."""
     if _hooked(model):
         return _one_token(model, idx, cache, positions, key_mask)
+    kind = "slots"  # a `SlotKVCache`'s steps have fixed shapes of their own
     if not isinstance(cache, KVCache):
-        return _timed_first_call(model, "slots", idx, cache, positions, key_mask)
-    cache.fix()
-    if key_mask is not None:  # [B, length + 1] -> [B, window], False past the new token
-        full = key_mask.new_zeros(key_mask.size(0), cache.window)
-        full[:, : key_mask.size(1)] = key_mask
-        key_mask = full
-    logits = _timed_first_call(model, "fixed", idx, cache, positions, key_mask)
+        _static_slot_dims(cache)
+    else:
+        kind = "fixed"
+        cache.fix()
+        if key_mask is not None:  # [B, length + 1] -> [B, window], False past the new token
+            full = key_mask.new_zeros(key_mask.size(0), cache.window)
+            full[:, : key_mask.size(1)] = key_mask
+            key_mask = full
+    logits = _timed_first_call(model, kind, idx, cache, positions, key_mask)
     cache.advance(idx.size(1))
     return logits
+
+
+_marked: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # SlotKVCache -> k[0]
+
+
+def _static_slot_dims(cache) -> None:
+    """A `SlotKVCache`'s buffers traced with static sizes but for their rows
+    (torch._dynamo.mark_static): n_kv_heads, max_positions + 1 and head_dim never change for
+    a cache, and traced as symbols of their own (a set for each of a model's 2 x n_layers
+    buffers) they took TorchDynamo minutes of reasoning about the window's strides. The
+    rows grow as sequences join; buffers are marked again once they have grown."""
+    if _marked.get(cache) is cache.k[0]:
+        return
+    import torch._dynamo  # imported by torch.compile anyway
+
+    for buffer in (*cache.k, *cache.v):
+        torch._dynamo.mark_static(buffer, [1, 2, 3])
+    _marked[cache] = cache.k[0]
 
 
 def _timed_first_call(model, kind: str, *args):
@@ -250,9 +268,11 @@ def decode_step(compile: bool = False):
             shapes (`KVCache.fix`): every step attends under a mask over a window of the
             cache, its filled positions rounded up to a multiple of 64, so the step's
             shapes change once every 64 tokens and the attention reads at most 63
-            positions more than the filled ones; a `SlotKVCache` runs with dynamic shapes
-            over its growing rows. Both are compiled with dynamic shapes, so a new window,
-            capacity or batch size does not compile again. The decoding paths take
+            positions more than the filled ones; a `SlotKVCache` steps over a window of its
+            own the same way (its longest row's). Both are compiled with dynamic shapes,
+            so a new window, capacity or batch size does not compile again, but for a
+            batch of one row, which torch compiles apart from larger ones. The decoding
+            paths take
             compile from the model's `precision.DecodingSetup` (`prepare_for_decoding(...,
             compile=True)`).
     """

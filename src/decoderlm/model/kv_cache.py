@@ -137,11 +137,20 @@ class SlotKVCache:
     batching): row i of the buffers holds the i-th active sequence, `lengths[i]` positions of
     it filled; sequences join (`put`) and leave (`remove`) between forward passes.
 
-    k[l], v[l]: [capacity, n_kv_heads, max_positions + 1, head_dim] in `dtype`; capacity grows
-    (doubling, up to max_rows) as sequences join. A forward pass over one new token of each
-    of the B = `rows` active sequences (DecoderLM.forward_cached with this cache) writes
-    row i's keys and values at position lengths[i] and attends over positions
+    k[l], v[l]: [capacity, n_kv_heads, P, head_dim] in `dtype`, P = max_positions rounded up
+    to a multiple of `KVCache.WINDOW`, plus 1; capacity starts at 2 rows (1 if max_rows is 1)
+    and grows (doubling, up to max_rows) as sequences join. A forward pass over one new
+    token of each of the B = `rows` active sequences (DecoderLM.forward_cached with this
+    cache) writes row i's keys and values at position lengths[i] and attends over positions
     0 .. lengths[i] of that row only (the others are masked out).
+
+    The step has fixed shapes, as a fixed `KVCache`'s: every row attends over a window of the
+    buffers, max(lengths) + 1 rounded up to a multiple of `KVCache.WINDOW` (always less than
+    P: a window as long as the buffers would get a graph of its own), whose length is the
+    size of the tensor `keys` (its positions, 0 .. window - 1), never a Python number read
+    inside the step. A step compiled with dynamic shapes (`generation.steps.decode_step`) so
+    runs unchanged as rows join and leave and as they grow, with a new window once every
+    WINDOW positions.
 
     Args:
         config: the model's ModelConfig.
@@ -154,7 +163,14 @@ class SlotKVCache:
         self.k: list[torch.Tensor] = []
         self.v: list[torch.Tensor] = []
         self.lengths = torch.zeros(0, dtype=torch.long, device=device)
-        self._grow(1)
+        # max_positions rounded up to whole windows, and a spare position that keeps every
+        # window a strict slice of the buffers (as `generation.steps.fixed_capacity`'s)
+        windows = -(-config.max_positions // KVCache.WINDOW) * KVCache.WINDOW
+        self._positions = torch.arange(windows + 1, device=device)
+        self.keys = self._positions[:0]  # [window] int64: 0 .. window - 1 (`_refresh`)
+        # two rows from the start: a compiled step traces a dimension of size 1 as the
+        # number 1, and would be compiled again once a second sequence joins
+        self._grow(min(2, max_rows))
 
     @property
     def rows(self) -> int:
@@ -163,7 +179,7 @@ class SlotKVCache:
 
     def _grow(self, capacity: int) -> None:
         c = self.config
-        shape = (capacity, c.n_kv_heads, c.max_positions + 1, c.head_dim)
+        shape = (capacity, c.n_kv_heads, self._positions.size(0), c.head_dim)
         for buffers in (self.k, self.v):
             for layer in range(c.n_layers):
                 # zeros, not empty: a masked position gets weight 0, and 0 * NaN is NaN
@@ -199,6 +215,7 @@ class SlotKVCache:
             self.lengths = torch.cat([self.lengths, self.lengths.new_tensor([n])])
         else:
             self.lengths[row] = n
+        self._refresh()
 
     def remove(self, row: int) -> None:
         """Drop row `row`; the last row moves into its place (the rows after it keep theirs
@@ -211,25 +228,35 @@ class SlotKVCache:
                 self.v[layer][row, :, :n] = self.v[layer][last, :, :n]
             self.lengths[row] = self.lengths[last]
         self.lengths = self.lengths[:last].clone()
+        self._refresh()
+
+    def _refresh(self) -> None:
+        """`keys` for the current lengths: max(lengths) + 1 rounded up to a multiple of
+        KVCache.WINDOW (the one place a step's window is read)."""
+        filled = int(self.lengths.max()) + 1 if self.rows else 0
+        window = -(-filled // KVCache.WINDOW) * KVCache.WINDOW
+        if self.keys.size(0) != window:
+            self.keys = self._positions[:window]
 
     def update(
         self, layer: int, k: torch.Tensor, v: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Write the new keys and values k, v [B, n_kv_heads, 1, head_dim] of `layer` at each
-        row's length and return the rows' filled prefixes, [B, n_kv_heads, S, head_dim] each
-        with S = max(lengths) + 1 (positions past a row's own length are masked out)."""
-        B, S = self.rows, int(self.lengths.max()) + 1
+        row's length and return the rows' windows, [B, n_kv_heads, window, head_dim] each
+        (positions past a row's own length are masked out: `attention_mask`)."""
+        B, window = self.lengths.size(0), self.keys.size(0)
         rows = torch.arange(B, device=self.device)
         self.k[layer][rows, :, self.lengths] = k[:, :, 0]
         self.v[layer][rows, :, self.lengths] = v[:, :, 0]
-        return self.k[layer][:B, :, :S], self.v[layer][:B, :, :S]
+        return self.k[layer][:B, :, :window], self.v[layer][:B, :, :window]
 
     def advance(self, T: int) -> None:
         """Count T more filled positions in every row (after a forward pass)."""
         self.lengths = self.lengths + T
+        self._refresh()
 
     def attention_mask(self, T: int, key_mask: torch.Tensor | None) -> torch.Tensor:
-        """bool [B, 1, 1, S]: row i's new token may attend to positions 0 .. lengths[i].
+        """bool [B, 1, 1, window]: row i's new token may attend to positions 0 .. lengths[i].
 
         Raises:
             UserError: T is not 1 or key_mask is given (a slot cache takes one new token per
@@ -237,5 +264,4 @@ class SlotKVCache:
         """
         if T != 1 or key_mask is not None:
             raise UserError("a SlotKVCache takes one new token per row and no key_mask")
-        S = int(self.lengths.max()) + 1
-        return (torch.arange(S, device=self.device) <= self.lengths[:, None])[:, None, None]
+        return (self.keys <= self.lengths[:, None])[:, None, None]

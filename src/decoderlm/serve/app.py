@@ -9,6 +9,7 @@ described in `routes` (the endpoints), `protocol` (the bodies), `serving_models`
 `serving_completion` (what is checked and computed) and `errors` (the error bodies).
 """
 
+import concurrent.futures
 import contextlib
 import ipaddress
 import os
@@ -221,7 +222,7 @@ def run_server(
 
     setup = decoding_setup(model)
     if setup is not None and setup.compile:
-        print("compiling the decoding step (once; 10-30 s)...", flush=True)
+        print("compiling the decoding steps of one row and of several (minutes)...", flush=True)
         app.state.serving_completion.warm_up()
     chat = ", /v1/chat/completions" if app.state.serving_chat.template is not None else ""
     print(f"serving {name} on http://{host}:{port} (POST /v1/completions{chat})")
@@ -304,7 +305,10 @@ def serve(
     from ..generation.loading import load_for_decoding
     from ..tokenizers.chat_template import chat_template_of
 
-    model, tokenizer = load_for_decoding(source, decoding)
+    # loaded on a thread that then exits: the scheduler's thread then does all of the
+    # server's torch work (generation/scheduler.py says why)
+    with concurrent.futures.ThreadPoolExecutor(1) as loader:
+        model, tokenizer = loader.submit(load_for_decoding, source, decoding).result()
     template = chat_template_of(tokenizer, chat_template)
     name = served_model_name or Path(source.path).resolve().name
     run_server(model, tokenizer, name, host, port, server_limits, api_keys, template)

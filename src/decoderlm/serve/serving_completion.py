@@ -151,26 +151,26 @@ class ServingCompletion:
         self.model, self.tokenizer = models.model, models.tokenizer
         self.scheduler = Scheduler(self.model, self.tokenizer.vocab_size, limits.max_batch_size)
         self.admission = Admission(limits.max_batch_size + limits.max_queue)
-        # one prompt scored at a time: a long prompt's logits are large (block_size x
-        # vocab_size floats), and the CPU cores are shared with decoding anyway
-        self._scoring = asyncio.Semaphore(1)
 
     def close(self) -> None:
         """Stop the scheduler."""
         self.scheduler.close()
 
     def warm_up(self) -> None:
-        """Decode a few tokens of two sequences at once, so the compiled steps exist."""
+        """Decode a few tokens of one sequence, then of two at once, so that the compiled
+        steps of both exist (a batch of one row has a graph of its own: torch.compile
+        specializes a dimension of size 1)."""
         done = threading.Semaphore(0)
 
         def emit(item) -> None:
             if item is None or isinstance(item, Exception):
                 done.release()
 
-        for prompt in ([0], [0, 0]):
-            self.scheduler.submit(Sequence(prompt, SamplingParams(3, temperature=0.0), emit))
-        done.acquire()
-        done.acquire()
+        for prompts in ([[0]], [[0], [0, 0]]):
+            for prompt in prompts:
+                self.scheduler.submit(Sequence(prompt, SamplingParams(3, temperature=0.0), emit))
+            for _ in prompts:
+                done.acquire()
 
     def check_completion(
         self, req: CompletionRequest, end_ids: tuple[int, ...] = (), id_prefix: str = "cmpl"
@@ -230,9 +230,9 @@ class ServingCompletion:
         """The prompt's piece of an echoed choice (scored into the `logprobs` builder when
         asked)."""
         text = self.tokenizer.decode(ids) if text is None else text
-        if logprobs is not None:
-            async with self._scoring:
-                await asyncio.to_thread(score_prompt, self.model, ids, req.logprobs, logprobs)
+        if logprobs is not None:  # on the decoding thread, one prompt at a time
+            scored = self.scheduler.call(score_prompt, self.model, ids, req.logprobs, logprobs)
+            await asyncio.wrap_future(scored)
             logprobs.offset = len(text)
         finish = "length" if req.max_tokens == 0 else None
         return Piece(text, logprobs and logprobs.take(), finish, 0)
