@@ -125,9 +125,7 @@ class Scheduler:
         self._active: list[Sequence] = []  # row i of the slot cache is _active[i]
         self._wake = threading.Condition()
         self._closed = False
-        self._cache = SlotKVCache(
-            model.config, max_batch_size, model.device, activation_dtype(model)
-        )
+        self._cache: SlotKVCache  # made on the scheduler's thread (`_new_cache`)
         self._thread = threading.Thread(target=self._run, name="decoderlm-scheduler", daemon=True)
         self._thread.start()
 
@@ -167,8 +165,16 @@ class Scheduler:
         """(active, waiting) sequences."""
         return len(self._active), len(self._waiting)
 
+    def _new_cache(self) -> None:
+        """An empty `SlotKVCache` (zeroing its buffers is parallel torch work: the module
+        docstring says why it belongs on this thread)."""
+        self._cache = SlotKVCache(
+            self.model.config, self.max_batch_size, self.model.device, activation_dtype(self.model)
+        )
+
     def _run(self) -> None:
         with torch.no_grad():
+            self._new_cache()
             while True:
                 with self._wake:
                     while not (self._closed or self._waiting or self._active or self._calls):
@@ -195,8 +201,7 @@ class Scheduler:
         for seq in self._active:
             seq.fail(error)
         self._active = []
-        c = self._cache
-        self._cache = SlotKVCache(self.model.config, self.max_batch_size, c.device, c.dtype)
+        self._new_cache()
 
     def _guarded(self, seq: Sequence, action) -> None:
         try:
