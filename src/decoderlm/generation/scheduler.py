@@ -15,10 +15,11 @@ sliding at one step in one forward pass). The scheduler does not change the mode
 as `precision.prepare_for_decoding` left it, compiled when its `DecodingSetup` says so.
 
 All of a server's torch work belongs on the scheduler's thread (`Scheduler.call` runs other
-work there, between forward passes): with torch's OpenMP runtime (libgomp), a second thread's
-team of OpenMP threads, the one that loaded the model say, makes the threads of every team stop
-spinning between parallel regions almost at once (more OpenMP threads than cores) and sleep
-instead, which made each decoding step 5-10x slower on 2 cores.
+work there, between forward passes; the scheduler makes its cache there too): with torch's
+OpenMP runtime (libgomp), a second thread's team of OpenMP threads, the one that loaded the
+model say, makes the threads of every team stop spinning between parallel regions almost at
+once (more OpenMP threads than cores) and sleep instead, and each decoding step then took
+several times longer on 2 cores (benchmarks/README.md, "The server's compiled step").
 
 Tokens go back through each sequence's `emit` callback as `Token`s, then None at the end (or
 the exception that ended it); a sequence ends after emitting its end-of-text token (`stop_ids`:
