@@ -120,7 +120,8 @@ class Scheduler:
     def __init__(self, model, vocab_size: int, max_batch_size: int = 8, step=None):
         self.model, self.vocab_size, self.max_batch_size = model, vocab_size, max_batch_size
         setup = decoding_setup(model)
-        self._step = step or decode_step(setup is not None and setup.compile)
+        self._compiled = step is None and setup is not None and setup.compile
+        self._step = step or decode_step(self._compiled)
         self._waiting: collections.deque[Sequence] = collections.deque()
         self._calls: list[tuple[concurrent.futures.Future, Callable, tuple]] = []
         self._active: list[Sequence] = []  # row i of the slot cache is _active[i]
@@ -169,9 +170,9 @@ class Scheduler:
     def _new_cache(self) -> None:
         """An empty `SlotKVCache` (zeroing its buffers is parallel torch work: the module
         docstring says why it belongs on this thread)."""
-        self._cache = SlotKVCache(
-            self.model.config, self.max_batch_size, self.model.device, activation_dtype(self.model)
-        )
+        m, rows = self.model, 2 if self._compiled else 1  # see SlotKVCache's rows
+        dtype = activation_dtype(m)
+        self._cache = SlotKVCache(m.config, self.max_batch_size, m.device, dtype, rows)
 
     def _run(self) -> None:
         with torch.no_grad():

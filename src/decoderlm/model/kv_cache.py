@@ -138,8 +138,8 @@ class SlotKVCache:
     it filled; sequences join (`put`) and leave (`remove`) between forward passes.
 
     k[l], v[l]: [capacity, n_kv_heads, P, head_dim] in `dtype`, P = max_positions rounded up
-    to a multiple of `KVCache.WINDOW`, plus 1; capacity starts at 2 rows (1 if max_rows is 1)
-    and grows (doubling, up to max_rows) as sequences join. A forward pass over one new
+    to a multiple of `KVCache.WINDOW`, plus 1; capacity starts at `rows` rows (at most
+    max_rows) and grows (doubling, up to max_rows) as sequences join. A forward pass over one new
     token of each of the B = `rows` active sequences (DecoderLM.forward_cached with this
     cache) writes row i's keys and values at position lengths[i] and attends over positions
     0 .. lengths[i] of that row only (the others are masked out).
@@ -156,9 +156,12 @@ class SlotKVCache:
         config: the model's ModelConfig.
         max_rows: the most sequences at once.
         device, dtype: those of the model's weights.
+        rows: the rows the buffers hold at first. A compiled step wants 2: torch traces a
+            dimension of size 1 as the number 1, and would compile again once the buffers
+            grow to a second row.
     """
 
-    def __init__(self, config: ModelConfig, max_rows: int, device, dtype):
+    def __init__(self, config: ModelConfig, max_rows: int, device, dtype, rows: int = 1):
         self.config, self.max_rows, self.device, self.dtype = config, max_rows, device, dtype
         self.k: list[torch.Tensor] = []
         self.v: list[torch.Tensor] = []
@@ -168,9 +171,7 @@ class SlotKVCache:
         windows = -(-config.max_positions // KVCache.WINDOW) * KVCache.WINDOW
         self._positions = torch.arange(windows + 1, device=device)
         self.keys = self._positions[:0]  # [window] int64: 0 .. window - 1 (`_refresh`)
-        # two rows from the start: a compiled step traces a dimension of size 1 as the
-        # number 1, and would be compiled again once a second sequence joins
-        self._grow(min(2, max_rows))
+        self._grow(min(rows, max_rows))
 
     @property
     def rows(self) -> int:
