@@ -130,8 +130,8 @@ def _compiled_step(model, kind: str):
     """
     steps = _compiled.setdefault(model, {})
     if kind not in steps:
-        function = _fixed_one_token
-        own = types.FunctionType(function.__code__.replace(), function.__globals__, kind)
+        code, names = _fixed_one_token.__code__.replace(), _fixed_one_token.__globals__
+        own = types.FunctionType(code, names, kind)
         options = {"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe}
         inductor = CPU_OPTIONS if model.device.type == "cpu" else {}
         options |= {key: value for key, value in inductor.items() if key != "freezing"}
@@ -190,16 +190,16 @@ def _compiled_one_token(model, idx, cache, positions, key_mask=None):
     `SlotKVCache` alike; the eager step while a forward hook is attached to the model."""
     if _hooked(model):
         return _one_token(model, idx, cache, positions, key_mask)
-    kind = "slots"  # a `SlotKVCache`'s steps have fixed shapes of their own
-    if not isinstance(cache, KVCache):
-        _static_slot_dims(cache)
-    else:
+    if isinstance(cache, KVCache):
         kind = "fixed"
         cache.fix()
         if key_mask is not None:  # [B, length + 1] -> [B, window], False past the new token
             full = key_mask.new_zeros(key_mask.size(0), cache.window)
             full[:, : key_mask.size(1)] = key_mask
             key_mask = full
+    else:  # a `SlotKVCache`, whose steps have fixed shapes of their own
+        kind = "slots"
+        _static_slot_dims(cache)
     logits = _timed_first_call(model, kind, idx, cache, positions, key_mask)
     cache.advance(idx.size(1))
     return logits
@@ -210,8 +210,8 @@ _marked: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # SlotKVCache 
 
 def _static_slot_dims(cache) -> None:
     """A `SlotKVCache`'s buffers traced with static sizes but for their rows
-    (torch._dynamo.mark_static): n_kv_heads, max_positions + 1 and head_dim never change for
-    a cache, and traced as symbols of their own (a set for each of a model's 2 x n_layers
+    (torch._dynamo.mark_static): n_kv_heads, the positions and head_dim never change for a
+    cache, and traced as symbols of their own (a set for each of a model's 2 x n_layers
     buffers) they took TorchDynamo minutes of reasoning about the window's strides. The
     rows grow as sequences join; buffers are marked again once they have grown."""
     if _marked.get(cache) is cache.k[0]:
