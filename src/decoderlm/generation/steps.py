@@ -285,5 +285,4 @@ def fixed_capacity(model, tokens: int) -> int:
     spare keeps every window a strict slice of the buffers: a window as long as the buffers
     would make the graph compiled for it guard on that equality (a slice that is the whole
     buffer is contiguous, a shorter one is not), compiling the step again for the others."""
-    step = KVCache.WINDOW
-    return min(model.config.max_positions + 1, -(-tokens // step) * step + 1)
+    return min(model.config.max_positions + 1, KVCache.whole_windows(tokens) + 1)

@@ -41,6 +41,11 @@ class KVCache:
 
     WINDOW = 64  # a fixed step's window grows by this many positions (whole vectors)
 
+    @classmethod
+    def whole_windows(cls, positions: int) -> int:
+        """positions rounded up to a multiple of WINDOW."""
+        return -(-positions // cls.WINDOW) * cls.WINDOW
+
     def __init__(self, config: ModelConfig, batch_size: int, device, dtype, capacity=None):
         capacity = config.max_positions + 1 if capacity is None else capacity
         shape = (batch_size, config.n_kv_heads, capacity, config.head_dim)
@@ -74,7 +79,7 @@ class KVCache:
     def window(self) -> int:
         """The positions a fixed one-token step attends over: length + 1 (the cached tokens
         and the new one) rounded up to a multiple of WINDOW, at most capacity."""
-        return min(self.capacity, -(-(self.length + 1) // self.WINDOW) * self.WINDOW)
+        return min(self.capacity, self.whole_windows(self.length + 1))
 
     def update(
         self, layer: int, k: torch.Tensor, v: torch.Tensor
@@ -168,7 +173,7 @@ class SlotKVCache:
         self.lengths = torch.zeros(0, dtype=torch.long, device=device)
         # max_positions rounded up to whole windows, and a spare position that keeps every
         # window a strict slice of the buffers (as `generation.steps.fixed_capacity`'s)
-        windows = -(-config.max_positions // KVCache.WINDOW) * KVCache.WINDOW
+        windows = KVCache.whole_windows(config.max_positions)
         self._positions = torch.arange(windows + 1, device=device)
         self.keys = self._positions[:0]  # [window] int64: 0 .. window - 1 (`_refresh`)
         self._grow(min(rows, max_rows))
@@ -235,7 +240,7 @@ class SlotKVCache:
         """`keys` for the current lengths: max(lengths) + 1 rounded up to a multiple of
         KVCache.WINDOW (the one place a step's window is read)."""
         filled = int(self.lengths.max()) + 1 if self.rows else 0
-        window = -(-filled // KVCache.WINDOW) * KVCache.WINDOW
+        window = KVCache.whole_windows(filled)
         if self.keys.size(0) != window:
             self.keys = self._positions[:window]
 
