@@ -5,12 +5,14 @@ A `Scheduler` owns the model's decoding. Requests `submit` a `Sequence` (prompt 
 scheduler admits waiting sequences (up to max_batch_size at once; the rest queue in arrival
 order) and drops finished or cancelled ones. Admitted sequences are prefilled (one forward
 pass over the prompts of each length, into a `KVCache`, `steps.prefill`) and then join the
-`SlotKVCache`; each step is one forward pass of one new token for every active sequence, each
-at its own position, and each sequence then samples with its own temperature, top-k, top-p
-and torch.Generator. A greedy
-sequence therefore gets the tokens it would get alone (up to float rounding of the batched
-products). Past max_positions the context slides as in `generate` (`steps.slide`): the
-sequence's cache is rebuilt from the max_positions - 1 tokens before its newest (the rows
+`SlotKVCache`; a prompt that starts with the tokens of a sequence that left the batch (the
+same chat template and system message, a conversation's earlier turns) is prefilled from that
+sequence's kept keys and values (`prefix_cache.PrefixCache`), its new tokens only. Each step
+is one forward pass of one new token for every active sequence, each at its own position, and
+each sequence then samples with its own temperature, top-k, top-p and torch.Generator. A
+greedy sequence therefore gets the tokens it would get alone (up to float rounding of the
+batched products). Past max_positions the context slides as in `generate` (`steps.slide`):
+the sequence's cache is rebuilt from the max_positions - 1 tokens before its newest (the rows
 sliding at one step in one forward pass). The scheduler does not change the model: it decodes
 as `precision.prepare_for_decoding` left it, compiled when its `DecodingSetup` says so.
 
@@ -38,10 +40,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..model.kv_cache import SlotKVCache
+from ..model.kv_cache import KVCache, SlotKVCache
 from .generate import end_of_text_ids, sample_next
 from .params import SamplingParams
 from .precision import activation_dtype, decoding_setup
+from .prefix_cache import PrefixCache
 from .steps import decode_step, prefill, slide
 
 __all__ = ["Scheduler", "Sequence", "Token"]
@@ -115,10 +118,13 @@ class Scheduler:
         step: the function computing one new token's logits, (model, idx [B, 1] int64,
             cache, positions [B, 1] int64) -> [B, 1, vocab_size]; default: `decode_step`'s,
             compiled when the model's `DecodingSetup` says so.
+        prefixes: the most finished sequences whose keys and values are kept for prompts
+            that start with their tokens (`PrefixCache`); None: max_batch_size; 0: none.
     """
 
-    def __init__(self, model, vocab_size: int, max_batch_size: int = 8, step=None):
+    def __init__(self, model, vocab_size: int, max_batch_size: int = 8, step=None, prefixes=None):
         self.model, self.vocab_size, self.max_batch_size = model, vocab_size, max_batch_size
+        self._prefixes = PrefixCache(max_batch_size if prefixes is None else prefixes)
         setup = decoding_setup(model)
         self._compiled = step is None and setup is not None and setup.compile
         self._step = step or decode_step(self._compiled)
@@ -216,16 +222,26 @@ class Scheduler:
         return torch.tensor(windows, dtype=torch.long, device=self.model.device)
 
     def _admit(self, joining: list[Sequence]) -> None:
-        """Prefill the joining sequences, those of one prompt length together, and add them to
-        the batch with their first token. A failed prefill fails the sequences in it only."""
+        """Prefill the joining sequences and add them to the batch with their first token.
+        A prompt that starts with a kept sequence's tokens (`PrefixCache.longest`, for prompts
+        within max_positions) is prefilled from its keys and values, its other tokens only;
+        the prompts of one length (and one kept prefix) are prefilled together. A failed
+        prefill fails the sequences in it only."""
         limit = self.model.config.max_positions
-        groups: dict[int, list[Sequence]] = {}
+        groups: dict[tuple[int, int, int], tuple[KVCache | None, list[Sequence]]] = {}
         for seq in joining:
             if not seq.cancelled:
-                groups.setdefault(min(len(seq.ids), limit), []).append(seq)
-        for group in groups.values():
+                kept, p = self._prefixes.longest(seq.ids) if len(seq.ids) <= limit else (None, 0)
+                key = (min(len(seq.ids), limit), p, id(kept))
+                groups.setdefault(key, (kept, []))[1].append(seq)
+        for (length, p, _), (kept, group) in groups.items():
             try:
-                cache, _, logits = prefill(self.model, self._ids([s.ids[-limit:] for s in group]))
+                past = None
+                if kept is not None:
+                    c = self.model.config
+                    past = KVCache.holding(c, kept.k, kept.v, 0, p, length, len(group))
+                ids = self._ids([s.ids[-limit:][p:] for s in group])
+                cache, _, logits = prefill(self.model, ids, capacity=length, past=past)
             except Exception as e:  # the requests fail; the server and the others go on
                 for seq in group:
                     seq.fail(e)
@@ -274,9 +290,15 @@ class Scheduler:
                 self._guarded(seq, lambda s, row=row: self._take(s, logits[row, -1]))
 
     def _drop_finished(self) -> None:
-        """Remove finished and cancelled sequences (the last row fills each gap)."""
+        """Remove finished and cancelled sequences (the last row fills each gap), keeping the
+        keys and values of those whose row holds all their tokens but the newest (a row that
+        slid, or whose prompt was cut to max_positions, holds others) for later prompts
+        (`PrefixCache`)."""
         for row in reversed(range(len(self._active))):
-            if self._active[row].cancelled:
+            seq = self._active[row]
+            if seq.cancelled:
+                if int(self._cache.lengths[row]) == len(seq.ids) - 1:
+                    self._prefixes.keep(seq.ids[:-1], self._cache.row(row))
                 self._cache.remove(row)
                 last = self._active.pop()
                 if row < len(self._active):

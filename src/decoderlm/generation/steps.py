@@ -28,27 +28,38 @@ __all__ = ["prefill", "slide", "decode_step", "fixed_capacity"]
 
 
 def prefill(
-    model, ids: torch.Tensor, attention_mask: torch.Tensor | None = None, capacity=None
+    model,
+    ids: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    capacity=None,
+    past: KVCache | None = None,
 ) -> tuple[KVCache, torch.Tensor, torch.Tensor]:
-    """One forward pass over ids into a new KVCache (in the model's activation dtype).
+    """One forward pass over ids into a new KVCache (in the model's activation dtype), or
+    into `past` after the tokens it holds.
 
     Args:
         model: a DecoderLM.
-        ids: [B, T] int64, T <= max_positions.
+        ids: [B, T] int64, T <= max_positions (past.length + T with past).
         attention_mask: [B, T] bool, False for left padding (positions then count real
-            tokens only), or None (no padding).
-        capacity: the cache's positions (`KVCache`), >= T; None: max_positions + 1.
+            tokens only), or None (no padding); None with past.
+        capacity: the new cache's positions (`KVCache`), >= T; None: max_positions + 1.
+        past: a KVCache of B rows holding the past.length tokens before ids in every row
+            (a prefix whose keys and values were kept, `prefix_cache.PrefixCache`), with room
+            for T more; it is the cache returned. None: a new cache.
 
     Returns:
-        (cache holding the T tokens, positions [B, T] int64 of the tokens, logits [B,
+        (cache holding the tokens, positions [B, T] int64 of the new tokens, logits [B,
         vocab_size] of the token after the last one, in the model's dtype).
     """
     B, T = ids.shape
+    start = 0 if past is None else past.length
     if attention_mask is None:
-        positions = torch.arange(T, device=ids.device).expand(B, -1)
+        positions = torch.arange(start, start + T, device=ids.device).expand(B, -1)
     else:
         positions = (attention_mask.long().cumsum(1) - 1).clamp(min=0)
-    cache = KVCache(model.config, B, ids.device, activation_dtype(model), capacity)
+    if past is None:
+        past = KVCache(model.config, B, ids.device, activation_dtype(model), capacity)
+    cache = past
     logits = model.forward_cached(ids, cache, positions, attention_mask, last_only=True)
     return cache, positions, logits[:, -1]
 

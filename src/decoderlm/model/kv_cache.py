@@ -56,6 +56,28 @@ class KVCache:
         self.keys: torch.Tensor | None = None  # [window] int64 once fixed: 0 .. window - 1
         self._positions: torch.Tensor | None = None  # [capacity] int64 once fixed, keys' base
 
+    @classmethod
+    def holding(
+        cls, config: ModelConfig, k, v, index: int, n: int, capacity: int, batch_size: int = 1
+    ) -> KVCache:
+        """A new cache whose batch_size rows each hold positions 0 .. n - 1 of sequence `index`
+        of another cache's buffers.
+
+        Args:
+            config: the model's ModelConfig.
+            k, v: per-layer buffers [B', n_kv_heads, >= n, head_dim] (a `KVCache`'s or a
+                `SlotKVCache`'s k and v); the new cache takes their device and dtype.
+            index: the sequence (row) of k and v copied.
+            n: the positions copied, the new cache's length.
+            capacity: the new cache's positions, >= n.
+            batch_size: the rows of the new cache, each a copy.
+        """
+        cache = cls(config, batch_size, k[0].device, k[0].dtype, capacity)
+        for mine, theirs in zip(cache.k + cache.v, k + v, strict=True):
+            mine[:, :, :n] = theirs[index : index + 1, :, :n]
+        cache.length = n
+        return cache
+
     @property
     def capacity(self) -> int:
         """The positions the buffers hold."""
@@ -222,6 +244,12 @@ class SlotKVCache:
         else:
             self.lengths[row] = n
         self._refresh()
+
+    def row(self, row: int) -> KVCache:
+        """A copy of row `row`'s filled positions: a KVCache of one sequence, its length and
+        capacity lengths[row]."""
+        n = int(self.lengths[row])
+        return KVCache.holding(self.config, self.k, self.v, row, n, n)
 
     def remove(self, row: int) -> None:
         """Drop row `row`; the last row moves into its place (the rows after it keep theirs
