@@ -37,10 +37,13 @@ skips it): `decoderlm serve --gguf FILE` at each of --precisions (but w8a8) and 
 llama_cpp.server --model` the matching re-encoded file (f32, f16, q8_0; its chat template is
 FILE's), each started in turn, in every one of --rounds rounds (A B A B), and sent that many
 concurrent non-streaming chat completions (different one-question conversations,
---serve-tokens at most, temperature 0); aggregate completion tokens/s (usage's completion
-tokens / wall time), medians of the rounds. Every measurement also reports the load time
-(seconds, the worker's load before its warm-up) and the worker's peak resident memory
-(VmHWM: its own, where ru_maxrss keeps the launching process's peak across exec).
+--serve-tokens at most, temperature 0), after one warm-up chat with another question (both
+servers reuse the keys and values of a prompt's start they computed before: the chat
+template and system message); aggregate completion tokens/s (usage's completion tokens /
+wall time), medians of the rounds, and the mean completion tokens of a conversation. Every
+measurement also reports the load time (seconds, the worker's load before its warm-up) and
+the worker's peak resident memory (VmHWM: its own, where ru_maxrss keeps the launching
+process's peak across exec).
 
 llama.cpp's threads spin while they wait: measure on a quiet machine. --quick: 1 round, 128
 new tokens, --precisions f32 8bit unless given, 32 tokens per stream or conversation (a few
@@ -442,14 +445,20 @@ CHAT_QUESTIONS = [
 ]
 
 
-def chat_round(url: str, conversations: int, max_tokens: int) -> float:
-    """Aggregate completion tokens/s of `conversations` concurrent chat completions."""
+WARM_UP_QUESTION = "Hello! Who are you?"
+
+
+def chat_round(
+    url: str, conversations: int, max_tokens: int, questions=CHAT_QUESTIONS
+) -> tuple[float, float]:
+    """Aggregate completion tokens/s of `conversations` concurrent chat completions (of
+    questions, in turn), and the mean completion tokens of one."""
     from concurrent.futures import ThreadPoolExecutor
 
     import httpx
 
     def ask(i: int):
-        question = CHAT_QUESTIONS[i % len(CHAT_QUESTIONS)]
+        question = questions[i % len(questions)]
         body = {"messages": [{"role": "user", "content": question}], "temperature": 0,
                 "max_tokens": max_tokens}  # fmt: skip
         return client.post(f"{url}/v1/chat/completions", json=body)
@@ -462,7 +471,8 @@ def chat_round(url: str, conversations: int, max_tokens: int) -> float:
         wall = time.perf_counter() - start
     for a in answers:
         a.raise_for_status()
-    return sum(a.json()["usage"]["completion_tokens"] for a in answers) / wall
+    tokens = sum(a.json()["usage"]["completion_tokens"] for a in answers)
+    return tokens / wall, tokens / conversations
 
 
 def chat_compare(args, files: dict[str, Path]) -> None:
@@ -473,6 +483,7 @@ def chat_compare(args, files: dict[str, Path]) -> None:
     precisions = [p for p in args.precisions if p != "w8a8"]
     contenders = [(kind, p) for p in precisions for kind in ("ours", "llama")]
     rates = {(k, p, c): [] for k, p in contenders for c in args.conversations}
+    lengths = {key: [] for key in rates}
     print(f"\nchat: {'/'.join(map(str, args.conversations))} concurrent conversations, "
           f"{args.serve_tokens} new tokens at most, greedy")  # fmt: skip
     for _ in range(args.rounds):
@@ -485,9 +496,11 @@ def chat_compare(args, files: dict[str, Path]) -> None:
             try:
                 url = f"http://127.0.0.1:{port}"
                 _wait(url, server)
-                chat_round(url, 1, 4)  # warm-up
+                chat_round(url, 1, 4, [WARM_UP_QUESTION])
                 for c in args.conversations:
-                    rates[(kind, precision, c)].append(chat_round(url, c, args.serve_tokens))
+                    rate, length = chat_round(url, c, args.serve_tokens)
+                    rates[(kind, precision, c)].append(rate)
+                    lengths[(kind, precision, c)].append(length)
             finally:
                 server.terminate()
                 server.wait(timeout=60)
@@ -498,6 +511,9 @@ def chat_compare(args, files: dict[str, Path]) -> None:
             each += ", ".join(f"{x:.1f}" for x in llama)
             ours, llama = statistics.median(ours), statistics.median(llama)
             dtype = PRECISIONS[precision][1]
+            each += "; tokens " + " / ".join(
+                f"{statistics.mean(lengths[(k, precision, c)]):.0f}" for k in ("ours", "llama")
+            )
             print(f"c={c:<2} decoderlm serve {precision:<5} {ours:7.1f} tok/s, llama_cpp.server "
                   f"{dtype:<4} {llama:7.1f} tok/s: {ours / llama:.2f}x  ({each})")  # fmt: skip
 
