@@ -5,8 +5,10 @@ prefill from scratch."""
 import pytest
 import torch
 
+from decoderlm.generation import generate as generate_module
 from decoderlm.generation import scheduler as scheduler_module
-from decoderlm.generation.generate import generate
+from decoderlm.generation.generate import generate, stream_generate
+from decoderlm.generation.params import SamplingParams
 from decoderlm.generation.prefix_cache import PrefixCache
 from decoderlm.generation.scheduler import Scheduler
 from generation.test_scheduler import _run, _sequences
@@ -16,15 +18,15 @@ from conftest import halved_random_model
 FIRST = [5, 9, 2, 7, 1, 3, 8, 4, 6, 10]
 
 
-def _prefills(monkeypatch) -> list[tuple[int, int, int]]:
-    """(rows, new tokens, kept positions) of each prefill the scheduler runs from now on."""
-    calls, prefill = [], scheduler_module.prefill
+def _prefills(monkeypatch, module=scheduler_module) -> list[tuple[int, int, int]]:
+    """(rows, new tokens, kept positions) of each prefill `module` runs from now on."""
+    calls, prefill = [], module.prefill
 
     def recorded(model, ids, *args, past=None, **kwargs):
         calls.append((ids.size(0), ids.size(1), 0 if past is None else past.length))
         return prefill(model, ids, *args, past=past, **kwargs)
 
-    monkeypatch.setattr(scheduler_module, "prefill", recorded)
+    monkeypatch.setattr(module, "prefill", recorded)
     return calls
 
 
@@ -107,6 +109,41 @@ def test_a_sequence_that_slid_past_the_context_is_not_kept(monkeypatch):
         scheduler.close()
     assert [past for _, _, past in calls if past] == []
     assert slid == _alone(model, FIRST, 20) and again == _alone(model, prompt, 3)
+
+
+@pytest.mark.parametrize("pos_encoding", ["learned", "rope"])
+def test_generate_with_prefixes_prefills_a_conversations_new_tokens_only(monkeypatch, pos_encoding):
+    """stream_generate with a PrefixCache (`decoderlm chat`'s): a prompt that extends the
+    previous prompt and its tokens is prefilled over its new ids only, its tokens are
+    generate's from scratch, and the keys and values kept equal those of one prefill from
+    scratch over the same ids."""
+    model = halved_random_model(6, pos_encoding=pos_encoding, block_size=64)
+    calls, prefixes = _prefills(monkeypatch, generate_module), PrefixCache(1)
+
+    def greedy(prompt):
+        tokens = stream_generate(
+            model, torch.tensor([prompt]), SamplingParams(8, 0.0), prefixes=prefixes
+        )
+        return [int(t[0]) for t in tokens]
+
+    reply = greedy(FIRST)
+    prompt = FIRST + reply + [11, 12]
+    second = greedy(prompt)
+    assert calls == [(1, 10, 0), (1, 3, 17)]
+    assert reply == _alone(model, FIRST, 8) and second == _alone(model, prompt, 8)
+    ids = prompt + second[:-1]  # the last token is never fed to the model
+    kept, p = prefixes.longest([*ids, 0])
+    assert p == len(ids)
+    fresh, _, _ = generate_module.prefill(model, torch.tensor([ids]))
+    for a, b in zip(kept.k + kept.v, fresh.k + fresh.v, strict=True):
+        torch.testing.assert_close(a[:, :, :p], b[:, :, :p], atol=1e-5, rtol=1e-5)
+
+
+def test_prefixes_take_one_unpadded_row():
+    model = halved_random_model(6)
+    with pytest.raises(ValueError, match="one row"):
+        two_rows = torch.tensor([[1], [2]])
+        list(stream_generate(model, two_rows, SamplingParams(2), prefixes=PrefixCache(1)))
 
 
 def test_the_longest_prefix_is_found_and_the_least_recently_used_dropped():

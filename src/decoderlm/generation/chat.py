@@ -14,6 +14,7 @@ from ..tokenizers.chat_template import ChatTemplate, chat_template_of
 from .generate import stream_text
 from .loading import load_for_decoding
 from .params import from_flags
+from .prefix_cache import PrefixCache
 
 __all__ = ["chat", "Conversation"]
 
@@ -78,7 +79,9 @@ def chat(
 
     Each message is rendered with the model's chat template together with the conversation
     so far (the oldest turns dropped when it would not fit the context) and the reply is
-    streamed until the template's end-of-turn token or the end-of-text token. In the
+    streamed until the template's end-of-turn token or the end-of-text token. The keys and
+    values of the last prompt and reply are kept: a prompt is prefilled from where it
+    leaves them (its new message, mostly; `prefix_cache.PrefixCache`). In the
     conversation: /reset starts again, /system TEXT sets the system message, Ctrl-C stops a
     reply (not the program), /exit or Ctrl-D ends. With standard input not a terminal it reads
     one message per line and prints each reply on its own line(s), so it can be scripted.
@@ -113,7 +116,7 @@ def chat(
         )
     context = model.config.max_positions or model.config.block_size
     conversation = Conversation(template, context, max_new_tokens, system)
-    interactive = sys.stdin.isatty()
+    interactive, prefixes = sys.stdin.isatty(), PrefixCache(1)
     if interactive:
         print(HELP)
     for n, message in enumerate(_messages(interactive)):
@@ -121,7 +124,7 @@ def chat(
             continue
         ids = conversation.prompt(message)
         turn_params = params if seed is None else replace(params, seed=seed + n)
-        reply = _reply(model, tokenizer, ids, turn_params, template.end_ids)
+        reply = _reply(model, tokenizer, ids, turn_params, template.end_ids, prefixes)
         conversation.turns.append({"role": "assistant", "content": reply})
     return 0
 
@@ -163,11 +166,11 @@ def _command(message: str, conversation: Conversation) -> bool:
     return False
 
 
-def _reply(model, tokenizer, ids, params, end_ids) -> str:
+def _reply(model, tokenizer, ids, params, end_ids, prefixes) -> str:
     """Stream a reply to stdout and return its text (what was written when Ctrl-C stops it)."""
     text = ""
     try:
-        for delta, *_ in stream_text(model, tokenizer, ids, params, end_ids):
+        for delta, *_ in stream_text(model, tokenizer, ids, params, end_ids, prefixes):
             text += delta
             sys.stdout.write(delta)
             sys.stdout.flush()

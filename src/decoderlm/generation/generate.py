@@ -14,8 +14,10 @@ import numbers
 import torch
 
 from ..errors import UserError
+from ..model.kv_cache import KVCache
 from .params import SamplingParams
 from .precision import decoding_setup
+from .prefix_cache import PrefixCache
 from .steps import decode_step, fixed_capacity, prefill
 
 __all__ = [
@@ -166,14 +168,27 @@ def stream_generate(
     use_cache: bool = True,
     pad_token_id: int = -1,
     slide_by: int = 1,
+    prefixes: PrefixCache | None = None,
 ):
     """Yield the next token of every row, [B] int64, up to params.max_new_tokens times; see
-    `generate` (its keywords other than the sampling settings are these). Rows that have
-    stopped (at a stop sequence or the end-of-text token) yield pad_token_id; the loop ends
-    when all have. The model is not changed (eval mode while decoding, its mode restored);
-    the one-token step is compiled when its `DecodingSetup` says so."""
+    `generate` (its keywords other than the sampling settings and `prefixes` are these). Rows
+    that have stopped (at a stop sequence or the end-of-text token) yield pad_token_id; the
+    loop ends when all have. The model is not changed (eval mode while decoding, its mode
+    restored); the one-token step is compiled when its `DecodingSetup` says so.
+
+    prefixes: a `PrefixCache` for one unpadded row with the cache (`decoderlm chat` keeps
+    one across a conversation's turns): a prompt within max_positions is prefilled from the
+    entry sharing its longest prefix, its other tokens only, and once the loop ends (or the
+    consumer stops it) the keys and values of the tokens fed to the model are kept there,
+    unless the context slid.
+
+    Raises:
+        ValueError: prefixes with several rows, an attention_mask or use_cache=False.
+    """
     limit = model.config.max_positions
     _check_generate_args(idx, attention_mask, slide_by, limit)
+    if prefixes is not None and (idx.size(0) > 1 or attention_mask is not None or not use_cache):
+        raise ValueError("prefixes take one row, no attention_mask, and the cache")
     if params.seed is not None:
         generator = torch.Generator(device=idx.device).manual_seed(params.seed)
     (B, T0), n = idx.shape, idx.size(1)  # n: tokens so far
@@ -199,8 +214,14 @@ def stream_generate(
                 cache, window = None, limit + 1 - slide_by
             if cache is None:  # the prompt, a slid window; without use_cache, every step
                 lo = max(0, n - window)
+                past = _kept_prefix(model, prefixes, ids[0, :n], capacity) if step == 0 else None
+                lo = lo if past is None else past.length
                 cache, positions, logits = prefill(
-                    model, ids[:, lo:n], None if mask is None else mask[:, lo:n], capacity
+                    model,
+                    ids[:, lo:n],
+                    None if mask is None else mask[:, lo:n],
+                    capacity,
+                    past=past,
                 )
                 cache, positions = cache if use_cache else None, positions[:, -1:]
             else:  # one new token
@@ -221,6 +242,22 @@ def stream_generate(
                     return
     finally:
         model.train(was_training)
+        if prefixes is not None and cache is not None and cache.length == n - 1:  # not slid
+            kept = KVCache.holding(model.config, cache.k, cache.v, 0, n - 1, n - 1)
+            prefixes.keep(ids[0, : n - 1].tolist(), kept)
+
+
+def _kept_prefix(model, prefixes, prompt: torch.Tensor, capacity) -> KVCache | None:
+    """A cache of `capacity` positions (None: max_positions + 1) holding the longest prefix of
+    prompt [n] kept in prefixes, or None (no prefixes, no such prefix, or a prompt past
+    max_positions)."""
+    if prefixes is None or prompt.size(0) > model.config.max_positions:
+        return None
+    kept, p = prefixes.longest(prompt.tolist())
+    if kept is None:
+        return None
+    capacity = model.config.max_positions + 1 if capacity is None else capacity
+    return KVCache.holding(model.config, kept.k, kept.v, 0, p, capacity)
 
 
 def _sampling_params(max_new_tokens, do_sample=True, stop=None, **settings) -> SamplingParams:
@@ -355,7 +392,12 @@ class TextStream:
 
 
 def stream_text(
-    model, tokenizer, prompt_ids: list[int], params: SamplingParams, end_ids: tuple[int, ...] = ()
+    model,
+    tokenizer,
+    prompt_ids: list[int],
+    params: SamplingParams,
+    end_ids: tuple[int, ...] = (),
+    prefixes: PrefixCache | None = None,
 ):
     """Sample one continuation and yield its text as it grows, as (delta, finish_reason).
 
@@ -365,7 +407,8 @@ def stream_text(
     one of `end_ids` (a chat template's end-of-turn token, say; not yielded either) with
     finish_reason "stop", or after params.max_new_tokens tokens with "length". It
     decodes one row and ends at that row's end-of-text token, so generate's pad_token_id never
-    reaches the text (tokenizers refuse ids outside the vocabulary, -1 included).
+    reaches the text (tokenizers refuse ids outside the vocabulary, -1 included). prefixes:
+    see `stream_generate`.
 
     Yields:
         (delta, None) while going, then one last (delta, "stop" | "length", n_new_tokens).
@@ -373,7 +416,7 @@ def stream_text(
     idx = torch.tensor([prompt_ids], dtype=torch.long, device=model.device)
     text = TextStream(tokenizer, list(params.stop))
     eos = end_of_text_ids(model, params.eos_token_id, params.ignore_eos)
-    for token in stream_generate(model, idx, params):
+    for token in stream_generate(model, idx, params, prefixes=prefixes):
         if int(token[0]) in eos or int(token[0]) in end_ids:
             yield text.rest(), "stop", len(text.ids) + 1
             return
