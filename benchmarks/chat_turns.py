@@ -7,7 +7,9 @@ of --rounds rounds, alternated: with a `PrefixCache` of one entry, as `decoderlm
 (each prompt prefilled from where the last prompt and reply end), and without (each prompt
 prefilled whole). Greedy, at most --max-new-tokens a reply, --threads threads. Per turn: the
 prompt's tokens and the time from the prompt to the first text of the reply (ms, median of
-the rounds); then the whole conversation's seconds. The replies of both are checked equal.
+the rounds); then the whole conversation's seconds, and in how many turns the two replies
+are equal (the keys and values kept were computed one token at a time, those of a whole
+prompt in one pass: rounding can change a greedy reply, bfloat16's more than float32's).
 
     python benchmarks/chat_turns.py --gguf "$SMOLLM2" --dtype bfloat16 [--compile]
         [--turns 8] [--max-new-tokens 64] [--rounds 3] [--threads 2]
@@ -95,11 +97,12 @@ def main() -> None:
         runs["whole prompts"].append(converse(model, tokenizer, template, args.turns, params, None))
         kept = PrefixCache(1)
         runs["kept prefix"].append(converse(model, tokenizer, template, args.turns, params, kept))
-    replies = {tuple(row[3] for row in rounds[0]) for rounds in runs.values()}
+    whole, kept = ([row[3] for row in runs[k][0]] for k in runs)
+    same = sum(a == b for a, b in zip(whole, kept, strict=True))
     compiled = " compiled" if args.compile else ""
     print(f"{gguf.name}, {args.dtype}{compiled}, {args.threads} threads, {args.turns} turns of "
-          f"at most {args.max_new_tokens} tokens, {args.rounds} rounds; replies equal: "
-          f"{len(replies) == 1}")  # fmt: skip
+          f"at most {args.max_new_tokens} tokens, {args.rounds} rounds; replies equal in "
+          f"{same} of {args.turns} turns")  # fmt: skip
     header = f"{'turn':>4} {'prompt tokens':>13} {'first text ms: whole':>21} {'kept':>8}"
     print(f"{header} {'ratio':>6}")
     for turn in range(args.turns):
