@@ -3,13 +3,14 @@ the previous turn's keys and values kept (prefix caching), batch 1.
 
 A scripted conversation of --turns user messages goes through `decoderlm chat`'s own pieces
 (its `Conversation`, rendered with the model's chat template, and `stream_text`) twice in each
-of --rounds rounds, alternated: with a `PrefixCache` of one entry, as `decoderlm chat` keeps
-(each prompt prefilled from where the last prompt and reply end), and without (each prompt
-prefilled whole). Greedy, at most --max-new-tokens a reply, --threads threads. Per turn: the
-prompt's tokens and the time from the prompt to the first text of the reply (ms, median of
-the rounds); then the whole conversation's seconds, and in how many turns the two replies
-are equal (the keys and values kept were computed one token at a time, those of a whole
-prompt in one pass: rounding can change a greedy reply, bfloat16's more than float32's).
+of --rounds rounds, each way first in every other round: with a `PrefixCache` of one entry,
+as `decoderlm chat` keeps (each prompt prefilled from where the last prompt and reply end),
+and without (each prompt prefilled whole). Greedy, at most --max-new-tokens a reply,
+--threads threads. Per turn: the prompt's tokens and the time from the prompt to the first
+text of the reply (ms, median of the rounds); then the whole conversation's seconds, and in
+how many turns the two replies are equal (the keys and values kept were computed one token
+at a time, those of a whole prompt in one pass: rounding can change a greedy reply,
+bfloat16's more than float32's).
 
     python benchmarks/chat_turns.py --gguf "$SMOLLM2" --dtype bfloat16 [--compile]
         [--turns 8] [--max-new-tokens 64] [--rounds 3] [--threads 2]
@@ -93,10 +94,10 @@ def main() -> None:
     params = SamplingParams(args.max_new_tokens, temperature=0.0)
     converse(model, tokenizer, template, 2, SamplingParams(4, 0.0), None)  # warm-up (compile)
     runs = {"whole prompts": [], "kept prefix": []}
-    for _ in range(args.rounds):  # alternated: A B A B
-        runs["whole prompts"].append(converse(model, tokenizer, template, args.turns, params, None))
-        kept = PrefixCache(1)
-        runs["kept prefix"].append(converse(model, tokenizer, template, args.turns, params, kept))
+    for i in range(args.rounds):  # alternated, each first in turn: A B B A A B ...
+        for kind in list(runs) if i % 2 == 0 else reversed(runs):
+            kept = PrefixCache(1) if kind == "kept prefix" else None
+            runs[kind].append(converse(model, tokenizer, template, args.turns, params, kept))
     whole, kept = ([row[3] for row in runs[k][0]] for k in runs)
     same = sum(a == b for a, b in zip(whole, kept, strict=True))
     compiled = " compiled" if args.compile else ""
