@@ -58,6 +58,7 @@ def test_every_benchmark_takes_help_and_fails_in_one_line_without_its_data(tmp_p
         [str(BENCHMARKS / "versions.py"), missing, missing],
         [str(BENCHMARKS / "finetune_example.py"), "--data", missing],
         [str(BENCHMARKS / "chat_finetune_example.py"), "--init-from", missing],
+        [str(BENCHMARKS / "chat_turns.py"), "--gguf", missing],
     ]
     results = _run(calls)
     for script in SCRIPTS:
