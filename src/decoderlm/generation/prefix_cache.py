@@ -2,12 +2,14 @@
 prompt starting with the same tokens (a chat's template and system message, the earlier turns
 of a conversation, a few-shot preamble) is prefilled from where they end.
 
-The server's `Scheduler` keeps each sequence that leaves its batch whole (neither failed nor
-slid past the context) and looks up each joining prompt; the tokens after the longest
-common prefix are then the only ones prefilled, as with vLLM's automatic prefix caching and
-llama.cpp's server, which reuse the longest prefix of their cache's tokens the same way. The
-keys and values of the shared prefix are those computed when it was first seen, so a greedy
-answer equals the one of a prefill from scratch up to float rounding.
+The server's `Scheduler` keeps each sequence that leaves its batch holding the keys and
+values of its own tokens (not one that slid past the context) and looks up each joining
+prompt; `decoderlm chat` (`generate.stream_generate`'s prefixes) keeps its last prompt and
+reply. The tokens after the longest common prefix are then the only ones prefilled, as with
+vLLM's automatic prefix caching and llama.cpp's server, which reuse the longest prefix of
+their cache's tokens the same way. The keys and values of the shared prefix are those
+computed when it was first seen (a reply's one token at a time), so a greedy answer equals
+the one of a prefill from scratch up to float rounding.
 """
 
 from __future__ import annotations

@@ -57,9 +57,9 @@ def prefill(
         positions = torch.arange(start, start + T, device=ids.device).expand(B, -1)
     else:
         positions = (attention_mask.long().cumsum(1) - 1).clamp(min=0)
-    if past is None:
-        past = KVCache(model.config, B, ids.device, activation_dtype(model), capacity)
     cache = past
+    if cache is None:
+        cache = KVCache(model.config, B, ids.device, activation_dtype(model), capacity)
     logits = model.forward_cached(ids, cache, positions, attention_mask, last_only=True)
     return cache, positions, logits[:, -1]
 
