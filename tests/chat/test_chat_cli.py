@@ -61,3 +61,34 @@ def test_a_model_without_a_template_is_refused_in_one_line(chat_dir, tmp_path):
     template.write_text("{% for m in messages %}{{ m['content'] }}\n{% endfor %}")
     done = _chat(bare, "hi\n", "--chat-template", str(template), "--max-new-tokens", "3")
     assert done.returncode == 0, done.stderr
+
+
+def test_at_a_terminal_a_message_too_long_is_one_line_and_the_conversation_goes_on(
+    chat_dir, monkeypatch, capsys
+):
+    # a message that cannot fit the context (128 positions) is refused in one line on stderr;
+    # the history before it is kept, so the next reply is the one to the conversation without it
+    from decoderlm.generation import chat as chat_module
+    from decoderlm.options import ModelSource
+
+    directory, hf_model = chat_dir
+    hf_tok = transformers.AutoTokenizer.from_pretrained(directory)
+    lines = iter(["Hello, how are you?", "Paris " * 200, "What is two plus two?"])
+
+    def typed(prompt=""):
+        try:
+            return next(lines)
+        except StopIteration:
+            raise EOFError from None
+
+    monkeypatch.setattr(chat_module.sys.stdin, "isatty", lambda: True, raising=False)
+    monkeypatch.setattr("builtins.input", typed)
+    assert chat_module.chat(ModelSource(hf=str(directory)), max_new_tokens=8, temperature=0) == 0
+    out, err = capsys.readouterr()
+    assert err.count("\n") == 1 and err.startswith("decoderlm: error: the message is ")
+    history = [{"role": "user", "content": "Hello, how are you?"}]
+    first = _greedy(hf_model, hf_tok, history, 8)
+    history += [{"role": "assistant", "content": first},
+                {"role": "user", "content": "What is two plus two?"}]  # fmt: skip
+    second = _greedy(hf_model, hf_tok, history, 8)
+    assert out.splitlines()[1:] == [first, second, ""]  # after the help line; "" at Ctrl-D

@@ -45,9 +45,10 @@ class Conversation:
         until prompt + reply_tokens fit the context (the new message is added to the turns).
 
         Raises:
-            UserError: the new message alone does not fit.
+            UserError: the new message alone does not fit (the turns are left as they were).
             ChatTemplateError: the template fails on the conversation.
         """
+        before = list(self.turns)
         self.turns.append({"role": "user", "content": user_text})
         while True:
             ids = self.template.encode(self.messages())
@@ -55,7 +56,7 @@ class Conversation:
                 break
             del self.turns[: 2 if len(self.turns) > 2 else 1]  # the oldest exchange
         if len(ids) + self.reply_tokens > self.context:
-            self.turns.clear()
+            self.turns = before
             raise UserError(
                 f"the message is {len(ids)} tokens with the template; with {self.reply_tokens} "
                 f"for the reply that is over the context of {self.context}: send a shorter one "
@@ -83,8 +84,10 @@ def chat(
     values of the last prompt and reply are kept: a prompt is prefilled from where it
     leaves them (its new message, mostly; `prefix_cache.PrefixCache`). In the
     conversation: /reset starts again, /system TEXT sets the system message, Ctrl-C stops a
-    reply (not the program), /exit or Ctrl-D ends. With standard input not a terminal it reads
-    one message per line and prints each reply on its own line(s), so it can be scripted.
+    reply (not the program), /exit or Ctrl-D ends; a message that does not fit the context
+    (or that the template refuses) gets one line on stderr and the conversation goes on. With
+    standard input not a terminal it reads one message per line and prints each reply on its
+    own line(s), so it can be scripted; there such a message ends the program (exit 2).
 
     Args:
         source: the model (`ModelSource`: --run, --hf or --gguf; --device, --no-verify).
@@ -122,7 +125,13 @@ def chat(
     for n, message in enumerate(_messages(interactive)):
         if _command(message, conversation):
             continue
-        ids = conversation.prompt(message)
+        try:
+            ids = conversation.prompt(message)
+        except UserError as e:  # at a terminal: say so and read the next message
+            if not interactive:
+                raise
+            print(f"decoderlm: error: {e}", file=sys.stderr)
+            continue
         turn_params = params if seed is None else replace(params, seed=seed + n)
         reply = _reply(model, tokenizer, ids, turn_params, template.end_ids, prefixes)
         conversation.turns.append({"role": "assistant", "content": reply})
