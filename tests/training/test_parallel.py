@@ -269,9 +269,12 @@ def test_compiled_training_matches_eager(tmp_path):
     assert losses[1] == pytest.approx(losses[0], abs=1e-4)
 
 
-def test_written_out_attention_is_chosen_only_for_bfloat16_on_the_cpu_up_to_128():
-    def impls(dtype, device="cpu", block_size=128):
-        model = DecoderLM(tiny_config(block_size=block_size))
+def test_written_out_attention_is_chosen_for_bfloat16_or_attention_dropout_on_the_cpu():
+    # on the CPU up to a 128-token context: bfloat16 (slow in the fused kernel) or dropout on
+    # the probabilities (the fused kernel has none on the CPU: its fallback draws one random
+    # number per probability); nowhere else
+    def impls(dtype, device="cpu", block_size=128, **dropouts):
+        model = DecoderLM(tiny_config(block_size=block_size, **dropouts))
         choose_attention(model, TrainConfig.from_dict({"dtype": dtype}), torch.device(device))
         return {getattr(block.attn, "impl", "sdpa") for block in model.blocks}
 
@@ -279,3 +282,8 @@ def test_written_out_attention_is_chosen_only_for_bfloat16_on_the_cpu_up_to_128(
     assert impls("bfloat16", block_size=129) == {"sdpa"}
     assert impls("float32") == impls("float16") == {"sdpa"}
     assert impls("bfloat16", device="meta") == {"sdpa"}
+    assert impls("float32", dropout=0.05) == {"explicit"}
+    assert impls("float32", dropout=0.05, attn_dropout=0.0) == {"sdpa"}
+    assert impls("float32", attn_dropout=0.1) == {"explicit"}
+    assert impls("float32", dropout=0.05, block_size=129) == {"sdpa"}
+    assert impls("float32", dropout=0.05, device="meta") == {"sdpa"}

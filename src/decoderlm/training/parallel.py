@@ -80,16 +80,20 @@ def init_distributed(device: str | None = None) -> tuple[DistInfo, torch.device]
 
 def choose_attention(model: DecoderLM, cfg: TrainConfig, device: torch.device) -> None:
     """Use the written-out attention for training steps (`attn.impl = "explicit"`; evaluation
-    keeps the fused kernel) in every block when training in bfloat16 on the CPU with
-    block_size <= 128.
+    keeps the fused kernel) in every block whose attention drops out probabilities, and in
+    every block when training in bfloat16, on the CPU with block_size <= 128.
 
+    On the CPU, F.scaled_dot_product_attention has no fused kernel with dropout: it falls
+    back to its written-out math, whose mask draws one random number per probability
+    (`bernoulli_`); the written-out attention draws it from 16 bits (`model.dropout`). And
     PyTorch's CPU flash-attention kernel is much slower in bfloat16 than in float32 (see
-    benchmarks/attention_backward.py), so the written-out attention wins there, and its T x T
-    probabilities are small for T <= 128. Everywhere else the fused kernel ("sdpa") keeps
-    memory linear in T.
+    benchmarks/attention_backward.py). Both written-out paths hold T x T probabilities, small
+    for T <= 128. Everywhere else the fused kernel ("sdpa") keeps memory linear in T.
     """
-    if device.type == "cpu" and cfg.compute.dtype == "bfloat16" and model.config.block_size <= 128:
-        for block in model.blocks:
+    if device.type != "cpu" or model.config.block_size > 128:
+        return
+    for block in model.blocks:
+        if cfg.compute.dtype == "bfloat16" or block.attn.dropout > 0:
             block.attn.impl = "explicit"
 
 
