@@ -48,6 +48,19 @@ def test_the_command_list_imports_no_command_module():
     assert result.returncode == 0 and result.stdout.strip() == "[]", result.stderr
 
 
+def test_the_commands_modules_leave_torch_compile_unimported():
+    # torch._dynamo (torch.compile's tracer) takes about 2 s to import: training, sampling,
+    # chat and evaluation import it only once a model is compiled or a weight packed for it
+    script = (
+        "import sys\n"
+        "import decoderlm.cli, decoderlm.evaluate, decoderlm.training.run\n"
+        "import decoderlm.generation.chat, decoderlm.generation.sample\n"
+        "print('torch._dynamo' in sys.modules)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert result.returncode == 0 and result.stdout.strip() == "False", result.stderr
+
+
 def test_train_flags_are_flat_and_keep_their_meaning(capsys):
     assert main(["train", "--help"]) == 0
     text = capsys.readouterr().out

@@ -45,6 +45,7 @@ __all__ = [
     "many_row_linear",
     "pack",
     "packed_product",
+    "eager_only",
     "packed_linear",
     "DecodeLinear",
     "install",
@@ -175,14 +176,30 @@ def pack(weight: torch.Tensor) -> torch.Tensor:
     return torch.ops.mkldnn._reorder_linear_weight(weight.detach())
 
 
-@torch.compiler.disable  # inductor cannot lower a weight packed outside it: run it eagerly
+_EAGER: dict = {}  # function -> torch.compiler.disable(function), made by eager_only
+
+
+def eager_only(fn):
+    """fn as torch.compile should meet it: run eagerly, outside any graph
+    (`torch.compiler.disable(fn)`), for a product on a weight packed outside the graph,
+    which inductor cannot lower. Made at the first call for fn and kept, so a call under
+    torch.compile finds it made (one graph break): call it once when the weight is packed.
+    torch.compiler.disable imports torch._dynamo (about 2 s), which a command that never
+    decodes from a packed weight (`decoderlm train`) then does not pay at its start."""
+    disabled = _EAGER.get(fn)
+    if disabled is None:
+        disabled = _EAGER[fn] = torch.compiler.disable(fn)
+    return disabled
+
+
 def packed_product(
     x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None = None
 ) -> torch.Tensor:
     """F.linear(x, weight, bias) through oneDNN's product on `pack(weight)`: x [..., in]
     -> [..., out], in the weight's dtype; bit for bit F.linear's in bfloat16, where F.linear
     is oneDNN's product on the weight as stored. 1.2-2.1x faster than that for one to 32 rows
-    of a decoding model's matrices (`python benchmarks/gemv.py`, benchmarks/README.md)."""
+    of a decoding model's matrices (`python benchmarks/gemv.py`, benchmarks/README.md).
+    Eager only: under torch.compile call `eager_only(packed_product)`."""
     return onednn_linear(x, packed, bias)  # the same call; a packed weight keeps its shape
 
 
@@ -200,7 +217,7 @@ def packed_linear(layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     if held is None or held[0] != key:
         held = key, pack(weight)
         _packed[layer] = held
-    return packed_product(x, held[1], layer.bias)
+    return eager_only(packed_product)(x, held[1], layer.bias)
 
 
 class DecodeLinear(nn.Linear):

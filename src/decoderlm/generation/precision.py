@@ -161,6 +161,7 @@ class W8A8Linear(nn.Module):
         self.register_buffer("weight", q)
         self.register_buffer("scales", scales.float())
         self.packed = torch.ops.onednn.qlinear_prepack(q, [1, self.in_features])
+        cpu_decode.eager_only(_w8a8_product)  # made before any torch.compile traces forward
         self._zero_points = torch.zeros(self.out_features, dtype=torch.long)
         bias = None if linear.bias is None else linear.bias.detach().to(bias_dtype).clone()
         self.register_buffer("bias", bias)
@@ -168,7 +169,8 @@ class W8A8Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features).float()
         if flat.size(0) <= INT8_GEMV_MAX_ROWS:
-            y = _w8a8_product(flat, self.packed, self.scales, self._zero_points, x.dtype)
+            product = cpu_decode.eager_only(_w8a8_product)  # opaque to torch.compile
+            y = product(flat, self.packed, self.scales, self._zero_points, x.dtype)
         else:
             levels = activation_levels()
             lo = flat.amin(1, keepdim=True).clamp(max=0)
@@ -184,7 +186,6 @@ class W8A8Linear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, w8a8"
 
 
-@torch.compiler.disable  # oneDNN's packed int8 weight is opaque to torch.compile
 def _w8a8_product(flat, packed, scales, zero_points, dtype):
     """oneDNN's int8 product of flat [rows, in] float32, quantised here with one scale."""
     levels = activation_levels()
@@ -235,11 +236,12 @@ class PackedLinear(nn.Module):
         self.in_features, self.out_features = linear.in_features, linear.out_features
         weight = linear.weight.detach().to(torch.bfloat16)
         self.weight = cpu_decode.pack(weight)
+        cpu_decode.eager_only(cpu_decode.packed_product)  # before any torch.compile trace
         bias = None if linear.bias is None else linear.bias.detach().to(torch.bfloat16)
         self.bias = bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return cpu_decode.packed_product(x, self.weight, self.bias)
+        return cpu_decode.eager_only(cpu_decode.packed_product)(x, self.weight, self.bias)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, packed"
