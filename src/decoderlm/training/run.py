@@ -34,6 +34,7 @@ from ..model.model import DecoderLM
 from ..model.weights import ADAPTER_NAME
 from ..presets import PresetName
 from ..tokenizers import CharTokenizer
+from .allocator import keep_freed_memory
 from .artifacts import write_artifacts
 from .launch import resume_command
 from .loop import TrainResult, autocast_for, resolve_dtype, train
@@ -204,6 +205,8 @@ def run_experiment(
     if info.is_main:
         prepare_run_dir(plan.out_dir, plan.resumed_step, log)
     barrier(info)
+    if device.type == "cpu":
+        keep_freed_memory()  # each step reuses the last one's activations (no page faults)
     tuner = _set_threads(threads, model, plan, device, log)
     options = run_options(device, info.world_size, threads, request.merge)
     plan = dataclasses.replace(plan, run_options=options)
