@@ -49,8 +49,9 @@ def test_the_command_list_imports_no_command_module():
 
 
 def test_the_commands_modules_leave_torch_compile_unimported():
-    # torch._dynamo (torch.compile's tracer) takes about 2 s to import: training, sampling,
-    # chat and evaluation import it only once a model is compiled or a weight packed for it
+    # torch._dynamo (torch.compile's tracer) takes about 2 s to import: importing the modules
+    # of training, sampling, chat and evaluation leaves it out (it comes with compiling, a
+    # weight packed for oneDNN, or torch.optim's first step)
     script = (
         "import sys\n"
         "import decoderlm.cli, decoderlm.evaluate, decoderlm.training.run\n"

@@ -184,8 +184,9 @@ def eager_only(fn):
     (`torch.compiler.disable(fn)`), for a product on a weight packed outside the graph,
     which inductor cannot lower. Made at the first call for fn and kept, so a call under
     torch.compile finds it made (one graph break): call it once when the weight is packed.
-    torch.compiler.disable imports torch._dynamo (about 2 s), which a command that never
-    decodes from a packed weight (`decoderlm train`) then does not pay at its start."""
+    torch.compiler.disable imports torch._dynamo (about 2 s), which a command that neither
+    compiles nor decodes from a packed weight nor takes an optimizer step (`decoderlm
+    sample` in float32) then does not pay at its start."""
     disabled = _EAGER.get(fn)
     if disabled is None:
         disabled = _EAGER[fn] = torch.compiler.disable(fn)
