@@ -34,6 +34,13 @@ def test_every_command_has_help_with_dashed_flags(capsys, command):
         assert "--config" in text
 
 
+def printed_by_fresh_process(script: str) -> str:
+    """What `python -c script` prints, stripped; its exit status must be 0."""
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    return result.stdout.strip()
+
+
 def test_the_command_list_imports_no_command_module():
     # `decoderlm --help` reads the commands' summaries from their source: no torch to import
     script = (
@@ -44,8 +51,7 @@ def test_the_command_list_imports_no_command_module():
         "assert 'Train a GPT-style model' in out.getvalue(), out.getvalue()\n"
         "print(sorted(m for m in ('torch', 'decoderlm.training.run') if m in sys.modules))\n"
     )
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
-    assert result.returncode == 0 and result.stdout.strip() == "[]", result.stderr
+    assert printed_by_fresh_process(script) == "[]"
 
 
 def test_the_commands_modules_leave_torch_compile_unimported():
@@ -58,8 +64,7 @@ def test_the_commands_modules_leave_torch_compile_unimported():
         "import decoderlm.generation.chat, decoderlm.generation.sample\n"
         "print('torch._dynamo' in sys.modules)\n"
     )
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
-    assert result.returncode == 0 and result.stdout.strip() == "False", result.stderr
+    assert printed_by_fresh_process(script) == "False"
 
 
 def test_train_flags_are_flat_and_keep_their_meaning(capsys):
