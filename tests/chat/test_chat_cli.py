@@ -92,3 +92,19 @@ def test_at_a_terminal_a_message_too_long_is_one_line_and_the_conversation_goes_
                 {"role": "user", "content": "What is two plus two?"}]  # fmt: skip
     second = _greedy(hf_model, hf_tok, history, 8)
     assert out.splitlines()[1:] == [first, second, ""]  # after the help line; "" at Ctrl-D
+
+
+def test_only_the_word_system_sets_the_system_message():
+    # "/system TEXT" is a command; a message that merely starts with those letters ("/systems
+    # ...") is a message to the model, and the history it would have cleared stays
+    from types import SimpleNamespace
+
+    from decoderlm.generation.chat import _command
+
+    turns = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]
+    conversation = SimpleNamespace(system="Be kind.", turns=list(turns))
+    assert not _command("/systems thinking, explained", conversation)
+    assert conversation.system == "Be kind." and conversation.turns == turns
+    assert _command("/system\tAnswer briefly. ", conversation)
+    assert conversation.system == "Answer briefly." and conversation.turns == []
+    assert _command("/system", conversation) and conversation.system is None

@@ -168,8 +168,9 @@ def _command(message: str, conversation: Conversation) -> bool:
     if message.strip() == "/reset":
         conversation.turns.clear()
         return True
-    if message.startswith("/system"):
-        conversation.system = message[len("/system") :].strip() or None
+    word, *text = message.split(maxsplit=1) or [""]  # "/system" and its text; not "/systems"
+    if word == "/system":
+        conversation.system = text[0].strip() if text else None
         conversation.turns.clear()
         return True
     return False
