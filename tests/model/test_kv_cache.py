@@ -255,6 +255,30 @@ def test_compiled_steps_of_two_models_of_one_depth_never_share_a_graph():
         assert torch.equal(generate(compiled, prompt, 12, do_sample=False), expected)
 
 
+def test_a_llama_shaped_step_reads_gate_and_up_in_one_product():
+    """A bias-free SwiGLU MLP's gate and up products read the same input: the compiled CPU
+    step makes them one product over their frozen weights, concatenated. The graph inductor
+    generates code from then holds 4 products a layer (qkv, output, gate and up, down) and
+    the unembedding, and the greedy tokens stay the eager model's."""
+    import torch._inductor.config as inductor_config
+
+    products = []
+
+    def count_products(graph):  # inductor's last look at the graph before its code
+        calls = [str(n.target) for n in graph.nodes if n.op == "call_function"]
+        products.append(sum("mm" in c or "linear" in c for c in calls))
+
+    torch._dynamo.reset()
+    shape = dict(mlp="swiglu", norm="rmsnorm", pos_encoding="rope", n_kv_heads=2, bias=False)
+    model = halved_random_model(4, block_size=32, n_layers=2, n_heads=4, **shape)
+    compiled = prepare_for_decoding(copy.deepcopy(model), compile=True)
+    prompt = torch.randint(0, 65, (1, 5))
+    with inductor_config.patch(post_grad_custom_post_pass=count_products):
+        tokens = generate(compiled, prompt, 12, do_sample=False)
+    assert torch.equal(tokens, generate(model, prompt, 12, do_sample=False))
+    assert products == [2 * 4 + 1]  # one graph; 2 * 5 + 1 with gate and up apart
+
+
 def test_a_hook_attached_after_compiling_still_runs_while_decoding():
     """Hooks added to a model whose compiled step already exists run at every decoding step
     (the step then runs eagerly), and the tokens stay those of the eager model."""

@@ -111,9 +111,12 @@ _compiled: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {
 # packed weights of the model first compiled, and a later model of the same shapes (another
 # seed, a fine-tuned copy, in this process or the next) would decode with them. The graph's
 # calls stay Python's: made from C++ (inductor's cpp_wrapper) they took 15-20 s more to
-# compile and decoded no faster (`python benchmarks/step_options.py`, benchmarks/README.md)
+# compile and decoded no faster (`python benchmarks/step_options.py`, benchmarks/README.md).
+# Products that read the same input (a SwiGLU MLP's gate and up) are concatenated into one
+# product over the frozen weights, which are one matrix in the graph: one GEMM fewer a layer
 CPU_OPTIONS = {
     "freezing": True,
+    "cpp.enable_concat_linear": True,
     "fx_graph_cache": False,
     "max_autotune": True,
     "max_autotune_gemm_backends": "CPP,ATEN",
