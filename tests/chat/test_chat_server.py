@@ -132,7 +132,14 @@ def test_streamed_deltas_join_to_the_plain_reply_in_vllms_chunk_order(server):
         assert text == plain["choices"][index]["message"]["content"]
         assert mine[-1]["finish_reason"] == plain["choices"][index]["finish_reason"]
         assert [ch["finish_reason"] for ch in mine[:-1]] == [None] * (len(mine) - 1)
-    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"] == plain["usage"]
+    assert chunks[-1]["choices"] == []
+    usage, cached = chunks[-1]["usage"], plain["usage"]["prompt_tokens"] - 1
+    assert usage | {"prompt_tokens_details": None} == plain["usage"] | {
+        "prompt_tokens_details": None
+    }
+    # the same conversation again: its prompt is prefilled from the plain request's keys and
+    # values but for its last token
+    assert usage["prompt_tokens_details"] == {"cached_tokens": cached}
 
 
 def test_logprobs_are_the_models_log_softmax(server):

@@ -52,7 +52,9 @@ def test_completion_matches_the_model(server):
     choice = out["choices"][0]
     ids = generate(model, torch.tensor([tok.encode("hello")]), 12, do_sample=False)
     assert choice["text"] == tok.decode(ids[0, 5:]) and choice["finish_reason"] == "length"
-    assert out["usage"] == {"prompt_tokens": 5, "completion_tokens": 12, "total_tokens": 17}
+    usage = out["usage"]
+    assert usage.pop("prompt_tokens_details").keys() == {"cached_tokens"}
+    assert usage == {"prompt_tokens": 5, "completion_tokens": 12, "total_tokens": 17}
     two = httpx.post(
         f"{url}/v1/completions",
         json={"prompt": ["ab", "cd"], "n": 2, "max_tokens": 5, "seed": 3},
@@ -333,6 +335,27 @@ def test_tokenizer_endpoints_have_vllms_shapes(server):
     assert unknown.status_code == 400 and "'!'" in unknown.json()["error"]["message"]
 
 
+def test_a_prompt_sent_again_reports_its_kept_prefix_as_cached_tokens(server):
+    # a finished sequence's keys and values are kept (prefix caching): the same prompt sent
+    # again is prefilled from them but for its last token, and usage says so, as OpenAI's
+    # prompt_tokens_details.cached_tokens; a prompt's n choices count it once, as its
+    # prompt_tokens; the streamed usage says the same
+    url, _, _ = server
+    prompt = "Reused heads: sent again."  # 25 tokens: the cache keeps what fits the context
+    body = {"prompt": prompt, "max_tokens": 3, "temperature": 0}
+    first = httpx.post(f"{url}/v1/completions", json=body, timeout=30).json()["usage"]
+    again = httpx.post(f"{url}/v1/completions", json=body | {"n": 2}, timeout=30).json()
+    assert first["prompt_tokens_details"] == {"cached_tokens": 0}
+    assert again["usage"]["prompt_tokens"] == len(prompt)
+    assert again["usage"]["prompt_tokens_details"] == {"cached_tokens": len(prompt) - 1}
+    assert again["choices"][0]["text"] == again["choices"][1]["text"]  # greedy, both choices
+    streamed = body | {"stream": True, "stream_options": {"include_usage": True}}
+    with httpx.stream("POST", f"{url}/v1/completions", json=streamed, timeout=30) as r:
+        last = [line for line in r.iter_lines() if line.startswith("data: {")][-1]
+    usage = json.loads(last.removeprefix("data: "))["usage"]
+    assert usage["prompt_tokens_details"] == {"cached_tokens": len(prompt) - 1}
+
+
 def test_echo_with_max_tokens_0_scores_a_prompt_longer_than_the_context(server):
     from decoderlm.evaluate import token_logprobs
 
@@ -342,7 +365,12 @@ def test_echo_with_max_tokens_0_scores_a_prompt_longer_than_the_context(server):
     out = httpx.post(f"{url}/v1/completions", json=body, timeout=30).json()
     choice = out["choices"][0]
     assert choice["text"] == prompt and choice["finish_reason"] == "length"
-    assert out["usage"] == {"prompt_tokens": 62, "completion_tokens": 0, "total_tokens": 62}
+    assert out["usage"] == {
+        "prompt_tokens": 62,
+        "completion_tokens": 0,
+        "total_tokens": 62,
+        "prompt_tokens_details": {"cached_tokens": 0},  # nothing generated: nothing kept
+    }
     logprobs = choice["logprobs"]
     assert logprobs["tokens"] == list(prompt) and logprobs["token_logprobs"][0] is None
     expected, _, _ = token_logprobs(model, tok.encode(prompt))

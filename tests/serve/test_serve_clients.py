@@ -90,6 +90,8 @@ def test_openai_sdk_stream_with_usage_concatenates_to_the_plain_completion(char_
     assert "".join(c.choices[0].text for c in chunks if c.choices) == plain.choices[0].text
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 12
     assert chunks[-1].usage.prompt_tokens == 4
+    # the prompt's keys and values kept from the plain request: all but its last token
+    assert chunks[-1].usage.prompt_tokens_details.cached_tokens == 3
 
 
 def test_openai_sdk_echo_logprobs_are_the_models_log_softmax(char_server):

@@ -77,6 +77,9 @@ class Sequence:
         stop_ids: set by `Scheduler.submit`: the end-of-text token ids that end the sequence
             (the one sampled is emitted, then None; (): none), `generate.end_of_text_ids` of
             the model and params.
+        cached_tokens: set as it joins the batch (before its first token is emitted): the
+            prompt's leading tokens whose keys and values came from a kept sequence
+            (`PrefixCache`), not prefilled again; 0 when none did.
     """
 
     prompt: list[int]
@@ -86,6 +89,7 @@ class Sequence:
     ids: list[int] = field(default_factory=list, init=False)  # prompt + generated so far
     generator: torch.Generator | None = field(default=None, init=False)
     cancelled: bool = field(default=False, init=False)
+    cached_tokens: int = field(default=0, init=False)
 
     def cancel(self) -> None:
         """Ask for no more tokens: the sequence leaves the batch before the next step."""
@@ -247,6 +251,7 @@ class Scheduler:
                     seq.fail(e)
                 continue
             for i, seq in enumerate(group):
+                seq.cached_tokens = p
                 self._cache.put(cache, i)
                 self._active.append(seq)
                 self._guarded(seq, lambda s, i=i: self._take(s, logits[i]))

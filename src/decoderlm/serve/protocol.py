@@ -205,12 +205,22 @@ class CompletionChoice(BaseModel):
     )
 
 
+class PromptTokensDetails(BaseModel):
+    """What became of the prompt tokens (OpenAI's usage.prompt_tokens_details)."""
+
+    cached_tokens: int = Field(
+        description="prompt tokens whose keys and values were kept from an earlier request "
+        "(prefix caching) and not computed again; once per prompt, as prompt_tokens"
+    )
+
+
 class Usage(BaseModel):
     """Token counts of a completion."""
 
     prompt_tokens: int = Field(description="tokens of every prompt (once per prompt, not per n)")
     completion_tokens: int = Field(description="tokens generated, every choice together")
     total_tokens: int = Field(description="prompt_tokens + completion_tokens")
+    prompt_tokens_details: PromptTokensDetails = Field(description="the prompt tokens' details")
 
 
 class CompletionResponse(BaseModel):

@@ -124,7 +124,7 @@ class ServingChat:
             created=job.created,
             model=self.completion.models.name,
             choices=choices,
-            usage=usage_of(job.prompt_tokens, sum(tokens for _, tokens in results)),
+            usage=usage_of(job, {c.index: counts for c, counts in results}),
         )
 
     async def stream(self, job: CheckedCompletion) -> AsyncIterator[str]:
@@ -149,13 +149,13 @@ class ServingChat:
         for index in range(job.request.n * len(job.prompts)):
             delta = ChatDelta(role="assistant", content="")
             yield event([ChatStreamChoice(index=index, delta=delta)])
-        tokens: dict[int, int] = {}
+        counts: dict[int, tuple[int, int]] = {}  # each choice's tokens so far (`usage_of`)
         async with contextlib.aclosing(self.completion.stream_pieces(job)) as pieces:
             async for index, piece in pieces:
                 if isinstance(piece, ApiError):
                     yield f"data: {json.dumps(piece.body())}\n\n"
                     continue
-                tokens[index] = piece.completion_tokens
+                counts[index] = piece.completion_tokens, piece.cached_tokens
                 logprobs = None if top is None else _chat_logprobs(piece.logprobs, top)
                 if piece.text or logprobs and logprobs.content:
                     delta = ChatDelta(content=piece.text)
@@ -166,7 +166,7 @@ class ServingChat:
                     )
                     yield event([done])
         if include_usage:
-            yield event([], usage_of(job.prompt_tokens, sum(tokens.values())))
+            yield event([], usage_of(job, counts))
         yield "data: [DONE]\n\n"
 
 

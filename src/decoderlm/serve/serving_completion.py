@@ -40,6 +40,7 @@ from .protocol import (
     CompletionRequest,
     CompletionResponse,
     CompletionStreamResponse,
+    PromptTokensDetails,
     Usage,
 )
 from .serving_models import ServingModels
@@ -101,12 +102,15 @@ class Piece:
         logprobs: the new text's tokens' logprobs (None unless asked for).
         finish_reason: "stop", "length", or None while the choice goes on.
         completion_tokens: the tokens generated for the choice so far.
+        cached_tokens: the choice's prompt tokens not computed again (prefix caching:
+            `Sequence.cached_tokens`); 0 before its first token.
     """
 
     text: str
     logprobs: CompletionLogprobs | None
     finish_reason: str | None
     completion_tokens: int
+    cached_tokens: int = 0
 
 
 def _check_settings(req: CompletionRequest, limits: ServeLimits) -> None:
@@ -283,13 +287,13 @@ class ServingCompletion:
                         finish = "stop"
                         break
                 if delta or finish:
-                    yield Piece(delta, logprobs and logprobs.take(), finish, completion_tokens)
+                    taken = logprobs and logprobs.take()
+                    yield Piece(delta, taken, finish, completion_tokens, seq.cached_tokens)
                 if finish:
                     return
             if time.monotonic() >= job.deadline:  # the time limit: what there is, as length
-                yield Piece(
-                    stream.rest(), logprobs and logprobs.take(), "length", completion_tokens
-                )
+                taken = logprobs and logprobs.take()
+                yield Piece(stream.rest(), taken, "length", completion_tokens, seq.cached_tokens)
         finally:
             seq.cancel()
 
@@ -314,28 +318,29 @@ class ServingCompletion:
             created=job.created,
             model=self.models.name,
             choices=[c for c, _ in results],
-            usage=usage(job.prompt_tokens, sum(tokens for _, tokens in results)),
+            usage=usage(job, {c.index: counts for c, counts in results}),
         )
 
     async def generate_choices(
         self, job: CheckedCompletion, disconnected: Disconnected
-    ) -> list[tuple[CompletionChoice, int]] | None:
-        """Every choice, whole, with its completion tokens (generating at once), in index
-        order; None once the client has gone (`disconnected()` is true)."""
+    ) -> list[tuple[CompletionChoice, tuple[int, int]]] | None:
+        """Every choice, whole, with its (completion tokens, cached prompt tokens)
+        (generating at once), in index order; None once the client has gone
+        (`disconnected()` is true)."""
         want_logprobs = job.request.logprobs is not None
 
-        async def collect(index, pieces) -> tuple[CompletionChoice, int]:
-            text, parts, finish, completion_tokens = "", [], None, 0
+        async def collect(index, pieces) -> tuple[CompletionChoice, tuple[int, int]]:
+            text, parts, finish, counts = "", [], None, (0, 0)
             async for piece in pieces:
                 text += piece.text
                 if piece.logprobs is not None:
                     parts.append(piece.logprobs)
-                finish, completion_tokens = piece.finish_reason, piece.completion_tokens
+                finish, counts = piece.finish_reason, (piece.completion_tokens, piece.cached_tokens)
             logprobs = joined_logprobs(parts) if want_logprobs else None
             choice = CompletionChoice(
                 text=text, index=index, logprobs=logprobs, finish_reason=finish
             )
-            return choice, completion_tokens
+            return choice, counts
 
         tasks = [asyncio.ensure_future(collect(i, p)) for i, p in self._choices(job, disconnected)]
         try:
@@ -364,13 +369,13 @@ class ServingCompletion:
             data = chunk.model_dump(exclude=None if include_usage else {"usage"})
             return f"data: {json.dumps(data)}\n\n"
 
-        tokens: dict[int, int] = {}  # each choice's completion tokens so far
+        counts: dict[int, tuple[int, int]] = {}  # each choice's tokens so far (`usage`)
         async with contextlib.aclosing(self.stream_pieces(job)) as pieces:
             async for index, piece in pieces:
                 if isinstance(piece, ApiError):
                     yield f"data: {json.dumps(piece.body())}\n\n"
                     continue
-                tokens[index] = piece.completion_tokens
+                counts[index] = piece.completion_tokens, piece.cached_tokens
                 choice = CompletionChoice(
                     text=piece.text,
                     index=index,
@@ -379,7 +384,7 @@ class ServingCompletion:
                 )
                 yield event([choice])
         if include_usage:
-            yield event([], usage(job.prompt_tokens, sum(tokens.values())))
+            yield event([], usage(job, counts))
         yield "data: [DONE]\n\n"
 
     async def stream_pieces(
@@ -399,12 +404,17 @@ class ServingCompletion:
             job.release()
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> Usage:
-    """The Usage of a completion's token counts."""
+def usage(job: CheckedCompletion, counts: dict[int, tuple[int, int]]) -> Usage:
+    """The Usage of a completion from each choice's index -> (completion tokens, cached
+    prompt tokens). Prompt tokens, and those of them cached, count once per prompt, not per
+    choice (OpenAI's and vLLM's usage): a prompt's cached tokens are its first choice's."""
+    n, completion = job.request.n, sum(tokens for tokens, _ in counts.values())
+    cached = sum(c for index, (_, c) in counts.items() if index % n == 0)
     return Usage(
-        prompt_tokens=prompt_tokens,
-        completion_tokens=completion_tokens,
-        total_tokens=prompt_tokens + completion_tokens,
+        prompt_tokens=job.prompt_tokens,
+        completion_tokens=completion,
+        total_tokens=job.prompt_tokens + completion,
+        prompt_tokens_details=PromptTokensDetails(cached_tokens=cached),
     )
 
 
