@@ -26,6 +26,7 @@ FLAGS = {
     "--max-queue": "64",
     "--request-timeout": "600.0",
     "--max-body-bytes": "4194304",
+    "--enable-prefix-caching": "true",
 }
 
 
@@ -49,10 +50,13 @@ def test_the_limit_flags_are_the_fields_of_servelimits_with_their_defaults():
 
 def test_the_limit_flags_reach_servelimits():
     argv = ["--max-tokens-limit", "5", "--max-queue", "0", "--request-timeout", "0"]
+    argv += ["--enable-prefix-caching", "false"]
     kwargs = _serve_command().parse(argv)
-    assert kwargs == {"limits": {"max_tokens_limit": 5, "max_queue": 0, "request_timeout": 0.0}}
+    given = {"max_tokens_limit": 5, "max_queue": 0, "request_timeout": 0.0}
+    assert kwargs == {"limits": given | {"enable_prefix_caching": False}}
     limits = ServeLimits(**kwargs["limits"])
     assert (limits.max_tokens_limit, limits.max_queue, limits.request_timeout) == (5, 0, 0.0)
+    assert limits.enable_prefix_caching is False
     assert limits.max_batch_size == 8  # the rest: the defaults
 
 

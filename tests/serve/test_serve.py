@@ -356,6 +356,19 @@ def test_a_prompt_sent_again_reports_its_kept_prefix_as_cached_tokens(server):
     assert usage["prompt_tokens_details"] == {"cached_tokens": len(prompt) - 1}
 
 
+def test_a_server_without_prefix_caching_prefills_every_prompt_whole(server):
+    from decoderlm.serve.app import create_app
+    from decoderlm.serve.limits import ServeLimits
+
+    _, model, tok = server
+    body = {"prompt": "Reused heads: sent again.", "max_tokens": 3, "temperature": 0}
+    limits = ServeLimits(max_tokens_limit=64, enable_prefix_caching=False)
+    with running(create_app(model, tok, "tiny", limits)) as url:
+        for _ in range(2):
+            out = httpx.post(f"{url}/v1/completions", json=body, timeout=30).json()
+            assert out["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
+
+
 def test_echo_with_max_tokens_0_scores_a_prompt_longer_than_the_context(server):
     from decoderlm.evaluate import token_logprobs
 

@@ -32,6 +32,10 @@ class ServeLimits:
         request_timeout: seconds a request may take from its arrival; then its unfinished
             choices end with the text so far and finish_reason "length" (0: no limit).
         max_body_bytes: the largest request body, in bytes (more: 413).
+        enable_prefix_caching: keep the keys and values of the last --max-batch-size
+            sequences that finished, and prefill a prompt that starts with one's tokens from
+            them (vLLM's flag of that name); false: every prompt is prefilled whole, so that
+            in bfloat16 no greedy answer depends on an earlier request.
         max_choices: the most prompts x n in one request (the same for every server: no flag).
 
     Raises:
@@ -48,6 +52,7 @@ class ServeLimits:
     max_queue: int = 64
     request_timeout: float = 600.0
     max_body_bytes: int = 4 * 2**20
+    enable_prefix_caching: bool = True
     max_choices: ClassVar[int] = 16
 
     def __post_init__(self):

@@ -153,7 +153,10 @@ class ServingCompletion:
         limits = limits or ServeLimits()
         self.models, self.limits = models, limits
         self.model, self.tokenizer = models.model, models.tokenizer
-        self.scheduler = Scheduler(self.model, self.tokenizer.vocab_size, limits.max_batch_size)
+        kept = None if limits.enable_prefix_caching else 0  # None: max_batch_size sequences
+        self.scheduler = Scheduler(
+            self.model, self.tokenizer.vocab_size, limits.max_batch_size, prefixes=kept
+        )
         self.admission = Admission(limits.max_batch_size + limits.max_queue)
 
     def close(self) -> None:
