@@ -158,6 +158,7 @@ def test_converter_layout_file_gives_transformers_logits(tmp_path, family, tied,
         4, 2, tied, family == "qwen2"
     )  # fmt: skip
     assert (c.rope_scaling is not None) == (scaling is not None)
+    assert (model.lm_head.weight is model.tok_emb.weight) == tied  # one parameter, not two
     ids = torch.randint(0, 257, (2, 40), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         theirs = hf(ids).logits

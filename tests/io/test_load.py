@@ -67,6 +67,29 @@ def test_every_source_gives_the_same_model_tokenizer_and_end_of_text(sources):
                 assert (model(idx)[0] - expected).abs().max() < 1e-4, kind
 
 
+def test_every_source_fills_its_weights_without_a_random_start_and_keeps_them_tied(
+    sources, monkeypatch
+):
+    # a loader builds the model with its parameters unallocated and takes the tensors it read
+    # as them: no random initialisation (seconds at 10^8 parameters) and no second copy; a
+    # tied unembedding stays one parameter (counted once) from every format
+    paths, written, _ = sources
+    normal = torch.nn.init.normal_
+
+    def refuse_filled(tensor, *args, **kwargs):
+        assert tensor.is_meta, "a loader initialised weights it was about to overwrite"
+        return normal(tensor, *args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.init, "normal_", refuse_filled)
+    for kind, path in paths.items():
+        model = load_model(path)
+        assert not any(p.is_meta for p in model.parameters()), kind
+        assert {p.dtype for p in model.parameters()} == {torch.float32}, kind
+        tied = model.lm_head.weight is model.tok_emb.weight
+        assert tied == written.config.tie_embeddings, kind
+        assert model.num_parameters() == written.num_parameters(), kind
+
+
 def test_each_flag_reads_its_own_kind_only(sources, capsys):
     paths, _, _ = sources
     with pytest.raises(UserError, match="give one of --run or --hf or --gguf"):

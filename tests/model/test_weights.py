@@ -6,7 +6,7 @@ import torch
 from safetensors.torch import load_file
 
 from decoderlm import DecoderLM
-from decoderlm.model.weights import normalize_state_dict, save_model
+from decoderlm.model.weights import load_state, normalize_state_dict, save_model
 
 from conftest import randomize, tiny_model, write_weights_by_hand
 
@@ -152,3 +152,36 @@ def test_a_config_that_does_not_match_the_weights_is_refused_before_building(tmp
     (tmp_path / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match="do not belong together"):
         DecoderLM.from_pretrained(tmp_path)
+
+
+def test_an_unfilled_model_takes_the_tensors_read_as_its_weights():
+    # DecoderLM.unfilled allocates no parameter; load_state makes the read tensors the
+    # parameters: float32 ones the loader owns as they are (no copy), others converted, a
+    # tensor that is part of a larger one given storage of its own; the tie survives and the
+    # logits are the model's. Tensors not owned (a file's mapping) are copied once.
+    model = randomize(tiny_model(pos_encoding="rope"))
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    state["blocks.0.mlp.proj.weight"] = state["blocks.0.mlp.proj.weight"].bfloat16()
+    fused = torch.cat([state["blocks.1.attn.proj.weight"], torch.zeros(3, 64)])
+    state["blocks.1.attn.proj.weight"] = fused[:64]
+    unfilled = DecoderLM.unfilled(model.config)
+    assert all(p.is_meta for p in unfilled.parameters())
+    assert not unfilled.rope_cos.is_meta and torch.equal(unfilled.rope_cos, model.rope_cos)
+    loaded = load_state(unfilled, state, "the test's state", owned=True).eval()
+    qkv = loaded.blocks[0].attn.qkv.weight
+    assert qkv.data_ptr() == state["blocks.0.attn.qkv.weight"].data_ptr()
+    copied = load_state(DecoderLM.unfilled(model.config), state, "the test's state")
+    copy_of_qkv = copied.blocks[0].attn.qkv.weight
+    assert copy_of_qkv.data_ptr() != qkv.data_ptr() and torch.equal(copy_of_qkv, qkv)
+    assert copied.lm_head.weight is copied.tok_emb.weight
+    down = loaded.blocks[0].mlp.proj.weight
+    assert down.dtype == torch.float32
+    assert torch.equal(down, state["blocks.0.mlp.proj.weight"].float())
+    proj = loaded.blocks[1].attn.proj.weight
+    assert proj.untyped_storage().nbytes() == proj.numel() * 4 and torch.equal(proj, fused[:64])
+    assert loaded.lm_head.weight is loaded.tok_emb.weight
+    assert loaded.num_parameters() == model.num_parameters()
+    model.blocks[0].mlp.proj.weight.data = state["blocks.0.mlp.proj.weight"].float()
+    idx = torch.randint(0, 65, (2, 16))
+    with torch.no_grad():
+        assert torch.equal(loaded(idx)[0], model.eval()(idx)[0])

@@ -50,12 +50,7 @@ from ..config import ModelConfig
 from ..errors import MissingFileError, UserError
 from ..files import atomic_write
 from ..model.model import DecoderLM
-from ..model.positions import (
-    rope_cos_sin,
-    rope_half_to_interleaved,
-    rope_interleaved_to_half,
-    rope_inv_freq,
-)
+from ..model.positions import rope_half_to_interleaved, rope_interleaved_to_half, rope_inv_freq
 from ..model.weights import VERIFY_HINT, load_state, unwrap_model
 from ..tokenizers import ByteTokenizer, CharTokenizer, GPT2Tokenizer, Tokenizer
 from ..tokenizers.gguf_vocab import gguf_tokenizer
@@ -396,8 +391,11 @@ def _read(path: Path, verify: bool = True):
         if data.dtype == np.uint8:  # blocks: one row, dequantised in one vectorised call
             data = data.reshape(1, -1)
         values = gguf.quants.dequantize(data, t.tensor_type)
+        # a new float32 array (dequantised) as it is; the file's own memory (float32 data,
+        # read-only) copied
+        values = np.require(values, np.float32, ["C_CONTIGUOUS", "WRITEABLE"])
         shape = [int(n) for n in reversed(t.shape)]
-        tensors[t.name] = torch.from_numpy(np.array(values, dtype=np.float32).reshape(shape))
+        tensors[t.name] = torch.from_numpy(values.reshape(shape))
     return metadata, tensors
 
 
@@ -544,24 +542,6 @@ def _tokenizer(meta: dict, source: Path) -> Tokenizer:
     return gguf_tokenizer(meta, str(source))
 
 
-def _unfilled(config: ModelConfig) -> DecoderLM:
-    """A DecoderLM of `config` whose parameters are allocated but not initialised (all of
-    them are loaded next; a random initialisation costs seconds at 10^8 parameters), its
-    fixed rotary tables built as DecoderLM builds them."""
-    with torch.device("meta"):
-        model = DecoderLM(config)
-    model.to_empty(device="cpu")
-    stored = model.state_dict()
-    tables = {name for name, _ in model.named_buffers() if name not in stored}
-    if tables - {"rope_cos", "rope_sin"}:  # a fixed table not built here
-        return DecoderLM(config)
-    if tables:
-        model.rope_cos, model.rope_sin = rope_cos_sin(
-            config.max_positions, config.head_dim, config.rope_base, config.rope_scaling
-        )
-    return model
-
-
 def load_gguf(
     path: str | Path, map_location: str = "cpu", verify: bool = True
 ) -> tuple[DecoderLM, Tokenizer]:
@@ -608,7 +588,8 @@ def load_gguf(
         state[key] = torch.cat(
             [parts.get(n, torch.empty(0)) for n in ("attn_q", "attn_k", "attn_v")]
         )
-    model = load_state(_unfilled(config), state, path, file_keys, "its metadata")
+    # the tensors read are arrays of their own (dequantised, or copied from the file)
+    model = load_state(DecoderLM.unfilled(config), state, path, file_keys, "its metadata", True)
     tokenizer = _tokenizer(meta, path)
     if tokenizer.vocab_size != config.vocab_size:
         raise UserError(

@@ -168,7 +168,7 @@ def load_gpt2(
     if tie_embeddings is not None:
         config = dataclasses.replace(config, tie_embeddings=tie_embeddings)
     config, state = _with_vocab(config, state, vocab_size, padded_vocab_size)
-    model = load_state(DecoderLM(config), state, directory, file_keys)
+    model = load_state(DecoderLM.unfilled(config), state, directory, file_keys)
     model.set_end_of_text(_eos_of(hf_config, config.vocab_size))
     return model.to(map_location).eval()
 

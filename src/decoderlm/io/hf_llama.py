@@ -341,9 +341,9 @@ def load_llama(directory: str | Path, map_location: str = "cpu", verify: bool = 
     tensors = read_hf_weights(directory, hf, verify)
     config = llama_config(hf, directory / "config.json", "lm_head.weight" in tensors)
     state, names = _our_state(tensors)
-    model = DecoderLM(config)
+    model = DecoderLM.unfilled(config)
     if config.bias:  # Llama's attention_bias / mlp_bias: the biases the file lacks are zeros
         for key, tensor in model.state_dict().items():
             if key.endswith(".bias"):
-                state.setdefault(key, torch.zeros_like(tensor))
+                state.setdefault(key, torch.zeros(tensor.shape))
     return load_state(model, state, directory, names).to(map_location).eval()

@@ -438,15 +438,8 @@ class DecoderLM(nn.Module):
         if config.pos_encoding == "learned":
             self.pos_emb = nn.Embedding(config.block_size, config.d_model)
         # fixed tables are buffers, rebuilt from the config, not stored in checkpoints
-        if config.pos_encoding == "sinusoidal":
-            table = sinusoidal_positions(config.max_positions, config.d_model)
-            self.register_buffer("pos_table", table, persistent=False)
-        if config.pos_encoding == "rope":
-            cos, sin = rope_cos_sin(
-                config.max_positions, config.head_dim, config.rope_base, config.rope_scaling
-            )
-            self.register_buffer("rope_cos", cos, persistent=False)
-            self.register_buffer("rope_sin", sin, persistent=False)
+        for name, table in _fixed_tables(config).items():
+            self.register_buffer(name, table, persistent=False)
         self.hook_embed = HookPoint()
         if config.pos_encoding in ("learned", "sinusoidal"):
             self.hook_pos_embed = HookPoint()
@@ -469,6 +462,19 @@ class DecoderLM(nn.Module):
             if config.zero_init_proj:
                 nn.init.zeros_(block.attn.proj.weight)
                 nn.init.zeros_(block.mlp.proj.weight)
+
+    @classmethod
+    def unfilled(cls, config: ModelConfig) -> DecoderLM:
+        """A model of `config` whose parameters are on the meta device (no memory, no random
+        initialisation), for a loader to fill with tensors it has read: `weights.load_state`
+        then makes those tensors the parameters instead of copying them, so loading holds
+        each weight once. Its fixed tables (rotary or sinusoidal positions) are built on the
+        CPU as in a model built from the config."""
+        with torch.device("meta"):
+            model = cls(config)
+        for name, table in _fixed_tables(config).items():
+            setattr(model, name, table)
+        return model
 
     @staticmethod
     def _init_weights(module: nn.Module) -> None:
@@ -682,7 +688,7 @@ class DecoderLM(nn.Module):
         config, state = read_model_dir(directory, map_location, verify)
         if tie_embeddings is not None:
             config = dataclasses.replace(config, tie_embeddings=tie_embeddings)
-        model = load_state(cls(config), state, Path(directory) / "model.safetensors")
+        model = load_state(cls.unfilled(config), state, Path(directory) / "model.safetensors")
         model.set_end_of_text(read_end_of_text_id(directory))
         return model.to(map_location).eval()
 
@@ -708,6 +714,20 @@ class DecoderLM(nn.Module):
         self.eos_token_ids = ids
         self.eos_token_id = ids[0] if ids else None
         return self
+
+
+def _fixed_tables(config: ModelConfig) -> dict[str, Tensor]:
+    """The position tables a model of `config` computes rather than learns, float32 on the
+    CPU: pos_table [max_positions, d_model] (sinusoidal), or rope_cos and rope_sin
+    [max_positions, head_dim // 2] (rotary); none for learned positions."""
+    if config.pos_encoding == "sinusoidal":
+        return {"pos_table": sinusoidal_positions(config.max_positions, config.d_model)}
+    if config.pos_encoding == "rope":
+        cos, sin = rope_cos_sin(
+            config.max_positions, config.head_dim, config.rope_base, config.rope_scaling
+        )
+        return {"rope_cos": cos, "rope_sin": sin}
+    return {}
 
 
 def _resolve_tied_on_load(model: DecoderLM, state_dict, prefix: str, *args) -> None:

@@ -330,14 +330,24 @@ def load_state(
     source,
     file_keys: dict | None = None,
     described_by: str = "config.json",
+    owned: bool = False,
 ) -> torch.nn.Module:
     """Load `state` (our key names) into `model` (a DecoderLM), checked key by key and shape
     by shape first; tied or not, the token embedding or the unembedding may stand for both
     (see `resolve_tied`). Returns the model.
 
+    A model whose parameters are on the meta device (`DecoderLM.unfilled`) gets no memory of
+    its own first (`torch.nn.Module.load_state_dict(assign=True)`): each tensor converted to
+    the parameter's dtype (float32) becomes the parameter, and one already in that dtype
+    becomes it as it is where `owned`, else a copy of it; a tied unembedding is then tied
+    again. Any other model gets copies of the tensors.
+
     file_keys: our key -> the file's name for it, for messages.
     described_by: what describes the model, for messages ("config.json"; a GGUF file's
     reader: "its metadata").
+    owned: the tensors are this process's own memory, each its own storage, which the model
+    may keep. Tensors read by safetensors are a mapping of the file (copy-on-write): kept as
+    parameters, they would change when the file is changed in place.
 
     Raises:
         UserError: the tensors do not match the model (the message lists missing,
@@ -359,8 +369,29 @@ def load_state(
             f"{source} does not match {described_by}: missing {missing}, "
             f"unexpected {unexpected}, shape mismatches {shapes}"
         )
-    model.load_state_dict(state)
+    if any(p.is_meta for p in model.parameters()):
+        _assign(model, state, expected, owned)
+    else:
+        model.load_state_dict(state)
     return model
+
+
+def _assign(model: torch.nn.Module, state: dict, expected: dict, owned: bool) -> None:
+    """Make the tensors of `state` (checked against `expected`, the model's state dict) the
+    parameters and persistent buffers of `model`, whose own are on the meta device: converted
+    or copied as `load_state` says."""
+    own: dict[int, torch.Tensor] = {}  # id -> the tensor as assigned (a tied pair once)
+    for key, tensor in state.items():
+        if id(tensor) not in own:
+            fitted = tensor.to(expected[key].dtype).contiguous()
+            whole = fitted.untyped_storage().nbytes() == fitted.numel() * fitted.element_size()
+            if fitted is tensor and not (owned and whole):
+                fitted = fitted.clone()  # a file's mapping, or part of a larger tensor
+            own[id(tensor)] = fitted
+        state[key] = own[id(tensor)]
+    model.load_state_dict(state, assign=True)
+    if model.config.tie_embeddings:
+        model.lm_head.weight = model.tok_emb.weight
 
 
 def list_checkpoints(run_dir: str | Path) -> list[Path]:
