@@ -42,6 +42,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
+from ..allocator import give_back_freed_memory
 from ..arguments import DecodeDType, Quantize
 from ..errors import UserError
 from . import cpu_decode
@@ -387,6 +388,7 @@ def prepare_for_decoding(
         )
     if not kept:
         _lower_precision(model, target, quantize, compile)
+        give_back_freed_memory()  # the float32 weights just replaced
     if cpu:
         cpu_decode.install(model)
     model.decoding_setup = setup

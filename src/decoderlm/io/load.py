@@ -27,6 +27,7 @@ import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..allocator import give_back_freed_memory
 from ..errors import UserError, checked_device, one_of
 from ..files import read_json
 from ..model.analysis import out_of_memory_as_user_error
@@ -158,6 +159,7 @@ def _load(kind: str, source, map_location: str, merge: bool, verify: bool, base=
     else:
         model = load_run(source, map_location, merge, verify=verify, base=base)
         tokenizer = read_tokenizer(source)
+    give_back_freed_memory()  # the weights' forms before the model's (dequantised, converted)
     return _paired(model, tokenizer, source)
 
 

@@ -20,6 +20,7 @@ from typing import Annotated, Any
 
 import torch
 
+from ..allocator import keep_freed_memory
 from ..arguments import Fields, NonNegativeInt, NotEmptyPath, PositiveInt
 from ..config import ModelConfig, TrainConfig
 from ..data.conversations import Conversations
@@ -34,7 +35,6 @@ from ..model.model import DecoderLM
 from ..model.weights import ADAPTER_NAME
 from ..presets import PresetName
 from ..tokenizers import CharTokenizer
-from .allocator import keep_freed_memory
 from .artifacts import write_artifacts
 from .launch import resume_command
 from .loop import TrainResult, autocast_for, resolve_dtype, train

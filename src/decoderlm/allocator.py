@@ -1,4 +1,5 @@
-"""The C allocator of a CPU training process: `keep_freed_memory`.
+"""The C allocator (glibc's malloc) of a CPU process: `keep_freed_memory` for training,
+`give_back_freed_memory` after loading a model.
 
 A CPU training step allocates and frees the same activations, a few MB each, at every step.
 glibc's malloc gives a freed block back to the operating system when the block is above its
@@ -11,6 +12,12 @@ thresholds raised (benchmarks/README.md, "The main job on an AVX2 EPYC").
 `keep_freed_memory` raises both thresholds through mallopt(3), so a step reuses the memory
 the last step freed. Blocks of MMAP_THRESHOLD or more are still given back when freed, and
 the process's peak memory does not change; it keeps what its peak step held.
+
+Loading a model works the other way: the weights read (dequantised, converted to float32)
+and then converted once more (to bfloat16 or int8 for decoding) leave freed blocks below the
+ones that live on, which the top-of-heap rule never gives back: the process stays as large
+as the largest form its weights took. `give_back_freed_memory` hands every free page back
+(malloc_trim(3)) once the model is ready.
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ import ctypes.util
 import functools
 import platform
 
-__all__ = ["keep_freed_memory", "MMAP_THRESHOLD", "TRIM_THRESHOLD"]
+__all__ = ["keep_freed_memory", "give_back_freed_memory", "MMAP_THRESHOLD", "TRIM_THRESHOLD"]
 
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # mallopt's parameter numbers (malloc.h)
 MMAP_THRESHOLD = 32 * 2**20  # bytes: the most glibc takes on 64-bit (4 * 1024 * 1024 * 8)
@@ -32,10 +39,31 @@ def keep_freed_memory() -> bool:
     """Raise glibc's mmap threshold to MMAP_THRESHOLD and its trim threshold to
     TRIM_THRESHOLD for this process (mallopt), once. Returns whether both were set: False
     with another C library (musl, macOS, Windows), where nothing changes."""
-    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+    libc = _glibc()
+    if libc is None:
         return False
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
     mallopt = libc.mallopt
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     mmap_set = mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1
     return mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD) == 1 and mmap_set
+
+
+def give_back_freed_memory() -> bool:
+    """Return the free memory of this process's heap to the operating system (glibc's
+    malloc_trim(0): the free space at the top of the heap and every whole free page below
+    it), so that what it keeps resident is what lives. Returns whether memory was given back:
+    False when there was none to give, and with another C library, where nothing is done."""
+    libc = _glibc()
+    if libc is None:
+        return False
+    trim = libc.malloc_trim
+    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    return trim(0) == 1
+
+
+@functools.cache
+def _glibc():
+    """The C library as a ctypes.CDLL where it is glibc on Linux, else None."""
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        return None
+    return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
