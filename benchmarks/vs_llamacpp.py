@@ -44,7 +44,8 @@ template and system message); aggregate generated tokens/s (as above), medians o
 and the mean generated tokens of a conversation. Every
 measurement also reports the load time (seconds, the worker's load before its warm-up) and
 the worker's peak resident memory (VmHWM: its own, where ru_maxrss keeps the launching
-process's peak across exec).
+process's peak across exec) and, for decoding, the memory it holds after its timed call
+(VmRSS: "held MB"; the peak includes loading and, with --compile, compiling).
 
 llama.cpp's threads spin while they wait: measure on a quiet machine. --quick: 1 round, 128
 new tokens, --precisions f32 8bit unless given, 32 tokens per stream or conversation (a few
@@ -154,14 +155,16 @@ def worker(argv: list[str]) -> None:
     run(model_path, options, prompt, 8, threads)  # load and warm-up
     load_s = time.perf_counter() - start
     got = run(model_path, options, prompt, new, threads)
-    print(json.dumps({**got, "load_and_warmup_s": load_s, "peak_rss_mb": peak_rss_mb()}))
+    memory = {"peak_rss_mb": rss_mb("VmHWM"), "rss_mb": rss_mb("VmRSS")}
+    print(json.dumps({**got, "load_and_warmup_s": load_s, **memory}))
 
 
-def peak_rss_mb() -> float:
-    """This process's peak resident memory in MB (Linux VmHWM; ru_maxrss would report the
-    launching process's peak where that was higher: Linux keeps it across exec)."""
+def rss_mb(field: str) -> float:
+    """This process's resident memory in MB from /proc/self/status: "VmHWM" its peak (Linux's;
+    ru_maxrss would report the launching process's peak where that was higher: Linux keeps it
+    across exec), "VmRSS" what it holds now."""
     with open("/proc/self/status") as status:
-        line = next(line for line in status if line.startswith("VmHWM:"))
+        line = next(line for line in status if line.startswith(field + ":"))
     return int(line.split()[1]) / 1024  # kB
 
 
@@ -336,7 +339,7 @@ def report_decode(results: dict, bandwidth: float) -> None:
         f"\nbatch 1, {PROMPT_TOKENS}-token prompt, greedy; medians; bandwidth {bandwidth:.1f} GB/s"
     )
     head = "shape       precision  new  contender   prompt tok/s  decode tok/s  GB/token  share"
-    print(head + "  load s  peak MB  ours/llama  same first 16 ids")
+    print(head + "  load s  peak MB  held MB  ours/llama  same first 16 ids")
     for (shape, precision, new, kind), rs in results.items():
         prompt = statistics.median(r["prompt_tps"] for r in rs)
         decode = statistics.median(r["decode_tps"] for r in rs)
@@ -345,6 +348,7 @@ def report_decode(results: dict, bandwidth: float) -> None:
         line += f"  {gb:8.3f}  {gb * decode / bandwidth:5.0%}"
         load = statistics.median(r["load_and_warmup_s"] for r in rs)
         line += f"  {load:6.2f}  {max(r['peak_rss_mb'] for r in rs):7.0f}"
+        line += f"  {max(r['rss_mb'] for r in rs):7.0f}"
         if kind == "llama":
             ours = results[(shape, precision, new, "ours")]
             ratio = statistics.median(r["decode_tps"] for r in ours) / decode
