@@ -108,3 +108,40 @@ def test_only_the_word_system_sets_the_system_message():
     assert _command("/system\tAnswer briefly. ", conversation)
     assert conversation.system == "Answer briefly." and conversation.turns == []
     assert _command("/system", conversation) and conversation.system is None
+
+
+def test_commands_say_what_they_did_and_a_mistyped_one_is_not_sent(capsys):
+    # /reset and /system confirm themselves on stderr; /help prints the commands; one word
+    # starting with "/" that is no command (a typo of /reset) is refused rather than sent to
+    # the model, unless the line starts with a space; a command word with more text is a message
+    from types import SimpleNamespace
+
+    from decoderlm.errors import UserError
+    from decoderlm.generation.chat import HELP, _command
+
+    turns = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]
+    conversation = SimpleNamespace(system=None, turns=list(turns))
+    with pytest.raises(UserError, match=r"^unknown command /rest \(/reset: .*start the line with"):
+        _command("/rest", conversation)
+    assert conversation.turns == turns
+    assert not _command(" /rest", conversation) and not _command("/reset the story", conversation)
+    assert _command("/help", conversation)
+    assert capsys.readouterr() == (HELP + "\n", "")
+    assert _command("/system Be brief.", conversation) and conversation.turns == []
+    assert (
+        capsys.readouterr().err == "decoderlm: system message set; the conversation starts again\n"
+    )
+    conversation.turns = list(turns)
+    assert _command("/reset", conversation) and conversation.turns == []
+    assert capsys.readouterr().err == "decoderlm: the conversation starts again\n"
+
+
+def test_a_mistyped_command_in_piped_input_ends_the_program_in_one_line(chat_dir):
+    directory, _ = chat_dir
+    done = _chat(directory, "/rset\nHello\n", "--max-new-tokens", "3")
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.strip().splitlines() == [
+        "decoderlm: error: unknown command /rset (/reset: start again; /system TEXT: set the "
+        "system message; /help: this line; /exit or Ctrl-D: end); to send it to the model, "
+        "start the line with a space"
+    ]

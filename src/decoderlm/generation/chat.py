@@ -18,7 +18,10 @@ from .prefix_cache import PrefixCache
 
 __all__ = ["chat", "Conversation"]
 
-HELP = "/reset: start again; /system TEXT: set the system message; /exit or Ctrl-D: end"
+HELP = (
+    "/reset: start again; /system TEXT: set the system message; /help: this line; "
+    "/exit or Ctrl-D: end"
+)
 
 
 class Conversation:
@@ -83,11 +86,13 @@ def chat(
     streamed until the template's end-of-turn token or the end-of-text token. The keys and
     values of the last prompt and reply are kept: a prompt is prefilled from where it
     leaves them (its new message, mostly; `prefix_cache.PrefixCache`). In the
-    conversation: /reset starts again, /system TEXT sets the system message, Ctrl-C stops a
-    reply (not the program), /exit or Ctrl-D ends; a message that does not fit the context
-    (or that the template refuses) gets one line on stderr and the conversation goes on. With
-    standard input not a terminal it reads one message per line and prints each reply on its
-    own line(s), so it can be scripted; there such a message ends the program (exit 2).
+    conversation: /reset starts again, /system TEXT sets the system message (each says so on
+    stderr), /help prints the commands, Ctrl-C stops a reply (not the program), /exit or
+    Ctrl-D ends. A message that does not fit the context (or that the template refuses), or
+    one word starting with "/" that is no command (a typo: /rest), gets one line on stderr
+    and the conversation goes on; a line starting with a space goes to the model as it is.
+    With standard input not a terminal it reads one message per line and prints each reply on
+    its own line(s), so it can be scripted; there such a message ends the program (exit 2).
 
     Args:
         source: the model (`ModelSource`: --run, --hf or --gguf; --device, --no-verify).
@@ -123,9 +128,9 @@ def chat(
     if interactive:
         print(HELP)
     for n, message in enumerate(_messages(interactive)):
-        if _command(message, conversation):
-            continue
         try:
+            if _command(message, conversation):
+                continue
             ids = conversation.prompt(message)
         except UserError as e:  # at a terminal: say so and read the next message
             if not interactive:
@@ -164,16 +169,32 @@ def _messages(interactive: bool):
 
 
 def _command(message: str, conversation: Conversation) -> bool:
-    """Carry out /reset or /system TEXT; whether `message` was one."""
-    if message.strip() == "/reset":
+    """Carry out a command (a message starting with "/"): /reset, /system [TEXT] (no TEXT: no
+    system message), each confirmed in one line on stderr, or /help; whether `message` was
+    one. A message that merely starts with a command's letters ("/systems ...") is not one.
+
+    Raises:
+        UserError: one word starting with "/" that is no command (a typo such as /rest),
+            which is not sent to the model.
+    """
+    word, *text = message.split(maxsplit=1) if message.startswith("/") else [""]
+    if word == "/reset" and not text:
         conversation.turns.clear()
-        return True
-    word, *text = message.split(maxsplit=1) or [""]  # "/system" and its text; not "/systems"
-    if word == "/system":
+        print("decoderlm: the conversation starts again", file=sys.stderr)
+    elif word == "/system":
         conversation.system = text[0].strip() if text else None
         conversation.turns.clear()
-        return True
-    return False
+        said = "system message set" if conversation.system else "no system message"
+        print(f"decoderlm: {said}; the conversation starts again", file=sys.stderr)
+    elif word == "/help" and not text:
+        print(HELP)
+    elif word.startswith("/") and not text:
+        raise UserError(
+            f"unknown command {word} ({HELP}); to send it to the model, start the line with a space"
+        )
+    else:
+        return False
+    return True
 
 
 def _reply(model, tokenizer, ids, params, end_ids, prefixes) -> str:
