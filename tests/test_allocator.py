@@ -35,12 +35,14 @@ print(kept, faults() - before)
 PAGES = 5 * 10 * 6 * 2**20 // 4096  # pages the 5 counted steps write
 
 
-def faults(mode: str) -> tuple[str, int]:
+def fresh_process(script: str, mode: str) -> tuple[str, int]:
+    """What `script` prints in a fresh interpreter given `mode`: the setting's return value
+    and a count of pages."""
     result = subprocess.run(
-        [sys.executable, "-c", STEPS, mode], capture_output=True, text=True, check=True
+        [sys.executable, "-c", script, mode], capture_output=True, text=True, check=True
     )
-    kept, count = result.stdout.split()
-    return kept, int(count)
+    said, count = result.stdout.split()
+    return said, int(count)
 
 
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallopt is glibc's")
@@ -48,8 +50,8 @@ def test_kept_memory_is_reused_by_the_next_step_without_page_faults():
     # by default glibc gives the freed 60 MiB back to the kernel (the free space at the top of
     # the heap passes its trim threshold) and each step faults every page in again; with
     # keep_freed_memory the next step writes into the pages the last one freed
-    kept, with_kept = faults("keep")
-    _, by_default = faults("default")
+    kept, with_kept = fresh_process(STEPS, "keep")
+    _, by_default = fresh_process(STEPS, "default")
     assert kept == "True"
     assert by_default > 0.9 * PAGES, (by_default, PAGES)  # what the setting removes
     assert with_kept < 0.05 * PAGES, (with_kept, PAGES)
@@ -81,19 +83,11 @@ print(given, before - resident())
 HOLE_PAGES = 1999 * 64 * 2**10 // 4096  # the pages freed below the live block
 
 
-def pages_returned(mode: str) -> tuple[str, int]:
-    result = subprocess.run(
-        [sys.executable, "-c", HOLE, mode], capture_output=True, text=True, check=True
-    )
-    given, count = result.stdout.split()
-    return given, int(count)
-
-
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="malloc_trim is glibc's")
 def test_freed_memory_below_a_live_block_is_given_back_only_when_asked():
     # what a loaded model leaves: its weights' earlier forms freed beneath the ones that live on
-    given, returned = pages_returned("give")
-    _, unasked = pages_returned("keep")
+    given, returned = fresh_process(HOLE, "give")
+    _, unasked = fresh_process(HOLE, "keep")
     assert given == "True"
     assert returned > 0.9 * HOLE_PAGES, (returned, HOLE_PAGES)
     assert unasked < 0.05 * HOLE_PAGES, (unasked, HOLE_PAGES)
