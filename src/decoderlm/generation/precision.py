@@ -336,7 +336,9 @@ def prepare_for_decoding(
     Lower-precision matrices read fewer bytes per decoded token (see the module docstring),
     a CPU model gets `cpu_decode`'s one-row kernels, and `model.decoding_setup` records the
     `DecodingSetup`, whose `compile` the decoding paths (`generate`, the `Scheduler`) read.
-    Preparing a prepared model again with the same settings does nothing.
+    Preparing a prepared model again with the same settings does nothing. The float32
+    weights a lower precision replaces are freed and their memory handed back to the
+    operating system (`decoderlm.allocator.give_back_freed_memory`).
 
     Args:
         model: a DecoderLM (eval mode, any device; int8 only on the CPU).
