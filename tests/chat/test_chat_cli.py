@@ -95,15 +95,17 @@ def test_at_a_terminal_a_message_too_long_is_one_line_and_the_conversation_goes_
 
 
 def test_only_the_word_system_sets_the_system_message():
-    # "/system TEXT" is a command; a message that merely starts with those letters ("/systems
-    # ...") is a message to the model, and the history it would have cleared stays
+    # "/system TEXT" is a command; a line that merely starts with those letters ("/systems
+    # ...") is not one: it is refused, and the history it would have cleared stays
     from types import SimpleNamespace
 
+    from decoderlm.errors import UserError
     from decoderlm.generation.chat import _command
 
     turns = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]
     conversation = SimpleNamespace(system="Be kind.", turns=list(turns))
-    assert not _command("/systems thinking, explained", conversation)
+    with pytest.raises(UserError, match="^unknown command /systems; the commands are /reset"):
+        _command("/systems thinking, explained", conversation)
     assert conversation.system == "Be kind." and conversation.turns == turns
     assert _command("/system\tAnswer briefly. ", conversation)
     assert conversation.system == "Answer briefly." and conversation.turns == []
@@ -111,9 +113,10 @@ def test_only_the_word_system_sets_the_system_message():
 
 
 def test_commands_say_what_they_did_and_a_mistyped_one_is_not_sent(capsys):
-    # /reset and /system confirm themselves on stderr; /help prints the commands; one word
-    # starting with "/" that is no command (a typo of /reset) is refused rather than sent to
-    # the model, unless the line starts with a space; a command word with more text is a message
+    # /reset and /system confirm themselves on stderr and /help prints the commands there
+    # (standard output holds the replies alone); a line starting with "/" that is no command
+    # (a typo of /reset, /sytem with its text) or a command that takes no text given some is
+    # refused rather than sent to the model, unless the line starts with a space
     from types import SimpleNamespace
 
     from decoderlm.errors import UserError
@@ -121,19 +124,27 @@ def test_commands_say_what_they_did_and_a_mistyped_one_is_not_sent(capsys):
 
     turns = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]
     conversation = SimpleNamespace(system=None, turns=list(turns))
-    with pytest.raises(UserError, match=r"^unknown command /rest \(/reset: .*start the line with"):
-        _command("/rest", conversation)
-    assert conversation.turns == turns
-    assert not _command(" /rest", conversation) and not _command("/reset the story", conversation)
+    refusals = {
+        "/rest": "unknown command /rest; the commands are /reset, /system TEXT, /help and /exit",
+        "/sytem Be brief.": "unknown command /sytem;",
+        "/reset the story": "/reset takes no text;",
+        "/help me": "/help takes no text;",
+        "/exit now": "/exit takes no text;",
+    }
+    for line, start in refusals.items():
+        with pytest.raises(UserError) as refused:
+            _command(line, conversation)
+        assert str(refused.value).startswith(start), str(refused.value)
+    assert conversation.turns == turns and conversation.system is None
+    assert not _command(" /rest", conversation) and not _command("Hi /reset", conversation)
     assert _command("/help", conversation)
-    assert capsys.readouterr() == (HELP + "\n", "")
+    assert capsys.readouterr() == ("", HELP + "\n")
     assert _command("/system Be brief.", conversation) and conversation.turns == []
-    assert (
-        capsys.readouterr().err == "decoderlm: system message set; the conversation starts again\n"
-    )
+    said = "decoderlm: system message set; the conversation starts again\n"
+    assert capsys.readouterr() == ("", said)
     conversation.turns = list(turns)
     assert _command("/reset", conversation) and conversation.turns == []
-    assert capsys.readouterr().err == "decoderlm: the conversation starts again\n"
+    assert capsys.readouterr() == ("", "decoderlm: the conversation starts again\n")
 
 
 def test_a_mistyped_command_in_piped_input_ends_the_program_in_one_line(chat_dir):
@@ -141,7 +152,6 @@ def test_a_mistyped_command_in_piped_input_ends_the_program_in_one_line(chat_dir
     done = _chat(directory, "/rset\nHello\n", "--max-new-tokens", "3")
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr.strip().splitlines() == [
-        "decoderlm: error: unknown command /rset (/reset: start again; /system TEXT: set the "
-        "system message; /help: this line; /exit or Ctrl-D: end); to send it to the model, "
-        "start the line with a space"
+        "decoderlm: error: unknown command /rset; the commands are /reset, /system TEXT, /help "
+        'and /exit (to send a line starting with "/" to the model, start it with a space)'
     ]

@@ -19,9 +19,10 @@ from .prefix_cache import PrefixCache
 __all__ = ["chat", "Conversation"]
 
 HELP = (
-    "/reset: start again; /system TEXT: set the system message; /help: this line; "
-    "/exit or Ctrl-D: end"
+    "/reset: start again; /system TEXT: set the system message (/system alone: none); "
+    "/help: the commands; Ctrl-C: stop a reply; /exit or Ctrl-D: end"
 )
+COMMANDS = "/reset, /system TEXT, /help and /exit"
 
 
 class Conversation:
@@ -86,11 +87,12 @@ def chat(
     streamed until the template's end-of-turn token or the end-of-text token. The keys and
     values of the last prompt and reply are kept: a prompt is prefilled from where it
     leaves them (its new message, mostly; `prefix_cache.PrefixCache`). In the
-    conversation: /reset starts again, /system TEXT sets the system message (each says so on
-    stderr), /help prints the commands, Ctrl-C stops a reply (not the program), /exit or
-    Ctrl-D ends. A message that does not fit the context (or that the template refuses), or
-    one word starting with "/" that is no command (a typo: /rest), gets one line on stderr
-    and the conversation goes on; a line starting with a space goes to the model as it is.
+    conversation: /reset starts again, /system TEXT sets the system message (/system alone
+    removes it; each says so on stderr), /help prints the commands on stderr, Ctrl-C stops a
+    reply (not the program), /exit or Ctrl-D ends. A message that does not fit the context
+    (or that the template refuses), or a line starting with "/" that is no command (a typo:
+    /rest, /sytem TEXT; /reset with text), gets one line on stderr and the conversation goes
+    on; a line starting with a space goes to the model as it is.
     With standard input not a terminal it reads one message per line and prints each reply on
     its own line(s), so it can be scripted; there such a message ends the program (exit 2).
 
@@ -169,31 +171,35 @@ def _messages(interactive: bool):
 
 
 def _command(message: str, conversation: Conversation) -> bool:
-    """Carry out a command (a message starting with "/"): /reset, /system [TEXT] (no TEXT: no
-    system message), each confirmed in one line on stderr, or /help; whether `message` was
-    one. A message that merely starts with a command's letters ("/systems ...") is not one.
+    """Carry out a command, a line starting with "/": /reset, /system [TEXT] (no TEXT: no
+    system message), each confirmed in one line on stderr, or /help (the commands, on
+    stderr); whether `message` was one (False: a message for the model).
 
     Raises:
-        UserError: one word starting with "/" that is no command (a typo such as /rest),
-            which is not sent to the model.
+        UserError: a line starting with "/" that is no command (a typo such as /rest or
+            /sytem TEXT), or /reset, /help or /exit with text; it is not sent to the model.
     """
-    word, *text = message.split(maxsplit=1) if message.startswith("/") else [""]
-    if word == "/reset" and not text:
-        conversation.turns.clear()
-        print("decoderlm: the conversation starts again", file=sys.stderr)
-    elif word == "/system":
+    if not message.startswith("/"):
+        return False
+    word, *text = message.split(maxsplit=1)
+    if word == "/system":
         conversation.system = text[0].strip() if text else None
         conversation.turns.clear()
         said = "system message set" if conversation.system else "no system message"
         print(f"decoderlm: {said}; the conversation starts again", file=sys.stderr)
-    elif word == "/help" and not text:
-        print(HELP)
-    elif word.startswith("/") and not text:
+        return True
+    if word not in ("/reset", "/help", "/exit"):  # /exit alone ends before (`_messages`)
         raise UserError(
-            f"unknown command {word} ({HELP}); to send it to the model, start the line with a space"
+            f"unknown command {word}; the commands are {COMMANDS} (to send a line starting "
+            'with "/" to the model, start it with a space)'
         )
+    if text:
+        raise UserError(f"{word} takes no text; the commands are {COMMANDS}")
+    if word == "/reset":
+        conversation.turns.clear()
+        print("decoderlm: the conversation starts again", file=sys.stderr)
     else:
-        return False
+        print(HELP, file=sys.stderr)
     return True
 
 
