@@ -589,7 +589,9 @@ def load_gguf(
             [parts.get(n, torch.empty(0)) for n in ("attn_q", "attn_k", "attn_v")]
         )
     # the tensors read are arrays of their own (dequantised, or copied from the file)
-    model = load_state(DecoderLM.unfilled(config), state, path, file_keys, "its metadata", True)
+    model = load_state(
+        DecoderLM.unfilled(config), state, path, file_keys, "its metadata", owned=True
+    )
     tokenizer = _tokenizer(meta, path)
     if tokenizer.vocab_size != config.vocab_size:
         raise UserError(
