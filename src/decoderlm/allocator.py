@@ -1,5 +1,5 @@
 """The C allocator (glibc's malloc) of a CPU process: `keep_freed_memory` for training,
-`give_back_freed_memory` after loading a model.
+`give_back_freed_memory` after loading or compiling a model.
 
 A CPU training step allocates and frees the same activations, a few MB each, at every step.
 glibc's malloc gives a freed block back to the operating system when the block is above its
@@ -17,7 +17,8 @@ Loading a model works the other way: the weights read (dequantised, converted to
 and then converted once more (to bfloat16 or int8 for decoding) leave freed blocks below the
 ones that live on, which the top-of-heap rule never gives back: the process stays as large
 as the largest form its weights took. `give_back_freed_memory` hands every free page back
-(malloc_trim(3)) once the model is ready.
+(malloc_trim(3)) once the model is ready, and again once its decoding step is compiled
+(compiling frees the traced graphs and autotuning's buffers the same way).
 """
 
 from __future__ import annotations

@@ -6,6 +6,7 @@ import re
 import pytest
 import torch
 
+from decoderlm.generation import steps
 from decoderlm.generation.generate import generate
 from decoderlm.generation.precision import prepare_for_decoding
 from decoderlm.model.kv_cache import KVCache, SlotKVCache
@@ -132,9 +133,11 @@ def test_left_padded_batch_matches_each_prompt_alone(pos):
 
 
 @pytest.mark.parametrize("pos", ["learned", "sinusoidal", "rope"])
-def test_compiled_decoding_gives_the_tokens_of_the_full_forward(pos, capfd):
+def test_compiled_decoding_gives_the_tokens_of_the_full_forward(pos, capfd, monkeypatch):
     from torch._dynamo.utils import counters
 
+    trims = []  # the memory compiling freed is given back once, after the compile
+    monkeypatch.setattr(steps, "give_back_freed_memory", lambda: trims.append(1) or True)
     torch._dynamo.reset()  # compile afresh: torch keeps at most 8 variants of the step
     counters.clear()
     model = halved_random_model(3, block_size=16, pos_encoding=pos)
@@ -147,6 +150,7 @@ def test_compiled_decoding_gives_the_tokens_of_the_full_forward(pos, capfd):
     assert said[0] == "decoderlm: compiling the decoding step (once per model in this process)..."
     assert re.fullmatch(r"decoderlm: decoding step compiled in \d+\.\d s", said[1])
     assert len(said) == 2  # the compile is paid (and said) once per model
+    assert trims == [1]
     batch, mask = torch.randint(0, 65, (2, 6)), torch.ones(2, 6, dtype=torch.long)
     mask[0, :3] = 0  # left padding: compiled with a key mask
     assert torch.equal(

@@ -21,6 +21,7 @@ import weakref
 
 import torch
 
+from ..allocator import give_back_freed_memory
 from ..model.kv_cache import KVCache
 from .precision import activation_dtype
 
@@ -240,7 +241,10 @@ def _static_slot_dims(cache) -> None:
 def _timed_first_call(model, kind: str, *args):
     """The compiled step of this kind called on args; its first call for a model, which
     compiles, says so on stderr with the seconds it took (torch keeps the compiled kernels
-    in its cache directory, so a later process compiles the same step faster)."""
+    in its cache directory, so a later process compiles the same step faster), then hands
+    the memory compiling freed back to the operating system
+    (`decoderlm.allocator.give_back_freed_memory`; figures: benchmarks/README.md, "Memory
+    of a loaded model")."""
     first = kind not in _compiled.get(model, {})
     step = _compiled_step(model, kind)
     if not first:
@@ -255,6 +259,7 @@ def _timed_first_call(model, kind: str, *args):
         out = step(model, *args)
     seconds = time.perf_counter() - start
     print(f"decoderlm: decoding step compiled in {seconds:.1f} s", file=sys.stderr)
+    give_back_freed_memory()  # the traced graphs, autotuning's buffers and the like
     return out
 
 
