@@ -38,6 +38,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..cpu import native_bfloat16
+
 __all__ = [
     "rowwise_linear",
     "reduction_linear",
@@ -49,7 +51,6 @@ __all__ = [
     "packed_linear",
     "DecodeLinear",
     "install",
-    "native_bfloat16",
     "prompt_dtype",
     "rowwise_wins_here",
     "onednn_wins_here",
@@ -59,14 +60,6 @@ ROWWISE_MIN_WEIGHT = 2**18  # elements; smaller weights gain nothing from the sp
 ROWWISE_MAX_ROWS = 4  # rows of x up to which the split wins for every such weight
 PROMPT_MIN_ROWS = 16  # rows from which a bfloat16 product is a prompt's (`prompt_dtype`)
 PACKED_MIN_WEIGHT = 2**15  # elements; oneDNN's call costs more than it saves on smaller ones
-
-
-@functools.cache
-def native_bfloat16() -> bool:
-    """Whether this CPU multiplies bfloat16 matrices natively: oneDNN's bfloat16 kernels
-    (AVX-512 with BF16, or AMX). Elsewhere (AVX2) torch's bfloat16 matrix products convert
-    every element in a slow generic loop."""
-    return torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
 @functools.cache

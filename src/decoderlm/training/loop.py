@@ -34,10 +34,10 @@ import torch
 from tqdm.auto import tqdm
 
 from ..config import TrainConfig
+from ..cpu import native_bfloat16
 from ..data.corpus import check_split, scored_windows, window_count, window_length, windows
 from ..errors import UserError
 from ..evaluate import LN2, evaluate
-from ..generation.cpu_decode import native_bfloat16
 from ..lens.lens import default_probe, probe_metrics
 from ..model.model import DecoderLM
 from ..model.weights import list_checkpoints
@@ -66,7 +66,7 @@ class TrainResult:
 def resolve_dtype(cfg: TrainConfig, device: torch.device) -> TrainConfig:
     """cfg with compute.dtype "auto" replaced by the format training runs in on `device`:
     "bfloat16" on a GPU that supports it and on a CPU that multiplies it natively
-    (`cpu_decode.native_bfloat16`: AVX-512 BF16 or AMX), "float16" on older GPUs, "float32"
+    (`decoderlm.cpu.native_bfloat16`: AVX-512 BF16 or AMX), "float16" on older GPUs, "float32"
     on other CPUs (AVX2, where a bfloat16 training step of the default preset takes about
     4x a float32 one). Any other dtype: cfg itself."""
     if cfg.compute.dtype != "auto":

@@ -13,8 +13,8 @@ import math
 import torch
 
 from ..config import OptimConfig, TrainConfig
+from ..cpu import native_bfloat16
 from ..errors import UserError
-from ..generation.cpu_decode import native_bfloat16
 
 __all__ = [
     "lr_at",
@@ -129,7 +129,7 @@ NS_STEPS = 5
 
 def muon_dtype(device: torch.device) -> torch.dtype:
     """The dtype of Muon's Newton-Schulz products on `device`: bfloat16 on CUDA and on CPUs
-    that multiply it natively (`cpu_decode.native_bfloat16`), else float32 (there, bfloat16
+    that multiply it natively (`decoderlm.cpu.native_bfloat16`), else float32 (there, bfloat16
     products are converted element by element: 567 against 17 ms per step for the default
     preset's 12 matrices on a 2-core AVX2 EPYC)."""
     if device.type == "cpu" and not native_bfloat16():
