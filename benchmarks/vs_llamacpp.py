@@ -68,7 +68,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import arguments, require_file
+from common import arguments, refuse, require_file
 
 INSTALL = (
     "vs_llamacpp.py: error: llama_cpp is not installed; build it from source for this CPU, "
@@ -563,7 +563,7 @@ def main() -> None:
     parser.add_argument("--no-decode", action="store_true", help="with --gguf: chat serving only")
     args = parser.parse_args()
     if args.prompt_tokens < 1:
-        parser.error("--prompt-tokens must be 1 or more")
+        refuse("--prompt-tokens must be 1 or more")
     if args.quick:
         args.rounds, args.new_tokens, args.serve_tokens = 1, [128], 32
         args.precisions = args.precisions or ["f32", "8bit"]

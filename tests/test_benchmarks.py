@@ -116,6 +116,11 @@ def test_decode_profile_step_options_and_gemv_refuse_bad_flags_in_one_line(tmp_p
         (options, "--a", "no_such=1"): "step_options.py: error: 'no_such' is not one of",
         (options, "--a-checkout", missing): "step_options.py: error: ",
         (str(BENCHMARKS / "chat_turns.py"), "--threads", "0"): "chat_turns.py: error: --turns,",
+        (
+            str(BENCHMARKS / "vs_llamacpp.py"),
+            "--prompt-tokens",
+            "0",
+        ): "vs_llamacpp.py: error: --prompt-tokens must be 1 or more",
     }
     results = _run([list(call) for call in cases])
     for call, said in cases.items():
