@@ -98,9 +98,14 @@ def test_a_benchmark_without_its_peer_or_corpus_says_how_to_get_it(tmp_path):
 def test_decode_profile_step_options_and_gemv_refuse_bad_flags_in_one_line(tmp_path):
     # before anything is compiled: kernel rows exist only in a compiled step, a table or a
     # product needs at least one row, a model is a GGUF file or a shape, not both, a missing
-    # or unreadable GGUF file is named, an inductor option must exist, exit 2 each
+    # or unreadable GGUF file is named, an inductor option must exist, a timing needs a call
+    # and a prompt a token, exit 2 each
     profile, gemv = str(BENCHMARKS / "decode_profile.py"), str(BENCHMARKS / "gemv.py")
     options = str(BENCHMARKS / "step_options.py")
+    attention, llama = (
+        str(BENCHMARKS / "attention_one_query.py"),
+        str(BENCHMARKS / "vs_llamacpp.py"),
+    )
     missing, text = str(tmp_path / "missing.gguf"), tmp_path / "text.gguf"
     text.write_text("not a GGUF file")
     cases = {
@@ -116,11 +121,8 @@ def test_decode_profile_step_options_and_gemv_refuse_bad_flags_in_one_line(tmp_p
         (options, "--a", "no_such=1"): "step_options.py: error: 'no_such' is not one of",
         (options, "--a-checkout", missing): "step_options.py: error: ",
         (str(BENCHMARKS / "chat_turns.py"), "--threads", "0"): "chat_turns.py: error: --turns,",
-        (
-            str(BENCHMARKS / "vs_llamacpp.py"),
-            "--prompt-tokens",
-            "0",
-        ): "vs_llamacpp.py: error: --prompt-tokens must be 1 or more",
+        (attention, "--calls", "0"): "attention_one_query.py: error: --calls must be 1 or more",
+        (llama, "--prompt-tokens", "0"): "vs_llamacpp.py: error: --prompt-tokens must be 1 or",
     }
     results = _run([list(call) for call in cases])
     for call, said in cases.items():

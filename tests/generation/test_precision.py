@@ -356,12 +356,46 @@ def test_prepared_models_decode_under_torch_compile(trained, options):
     assert torch.equal(eager[0, 8 : 8 + first_tie], compiled[0, 8 : 8 + first_tie])
 
 
-def test_bfloat16_decoding_over_many_keys_takes_the_written_out_attention(monkeypatch):
-    # past 2^15 key elements a bfloat16 step runs `one_query_attention`; its logits are the
-    # full forward's to bfloat16 rounding
+@pytest.mark.parametrize("keys", [8, 520])  # short, and past the written-out threshold
+def test_bfloat16_one_query_attention_runs_in_float32_where_bfloat16_is_not_native(
+    monkeypatch, keys
+):
+    # on an AVX2 CPU torch's bfloat16 attention kernel is slower than float32 copies plus the
+    # float32 kernel: an eager one-token bfloat16 step hands scaled_dot_product_attention
+    # float32 q, k and v at every cache length (never the written-out attention), returns
+    # bfloat16, and its logits are the full forward's to bfloat16 rounding; the prompt's pass
+    # (many queries) stays in bfloat16
     import decoderlm.model.model as model_module
     from decoderlm.model.kv_cache import KVCache
 
+    monkeypatch.setattr(model_module, "native_bfloat16", lambda: False)
+    seen, real = [], F.scaled_dot_product_attention
+    monkeypatch.setattr(model_module.F, "scaled_dot_product_attention",
+                        lambda q, k, v, **kw: seen.append((q.size(2), q.dtype, k.dtype))
+                        or real(q, k, v, **kw))  # fmt: skip
+    monkeypatch.setattr(model_module, "one_query_attention",
+                        lambda *a: pytest.fail("the written-out attention ran"))  # fmt: skip
+    model = prepare_for_decoding(tiny_model(block_size=600), dtype="bfloat16")
+    idx = torch.randint(0, 65, (1, keys))
+    cache = KVCache(model.config, 1, "cpu", torch.bfloat16)
+    with torch.no_grad():
+        model.forward_cached(idx[:, :-1], cache, torch.arange(keys - 1)[None])
+        step = model.forward_cached(idx[:, -1:], cache, torch.tensor([[keys - 1]]))[0, -1]
+        full = model(idx)[0][0, -1].float()
+    n = model.config.n_layers
+    assert seen[:n] == [(keys - 1, torch.bfloat16, torch.bfloat16)] * n  # the prompt's pass
+    assert seen[n : 2 * n] == [(1, torch.float32, torch.float32)] * n  # the one-token step
+    assert step.dtype == torch.bfloat16
+    assert (F.log_softmax(step.float(), -1) - F.log_softmax(full, -1)).abs().max() < 0.1
+
+
+def test_bfloat16_decoding_over_many_keys_takes_the_written_out_attention(monkeypatch):
+    # on a CPU with native bfloat16 kernels, past 2^15 key elements a bfloat16 step runs
+    # `one_query_attention`; its logits are the full forward's to bfloat16 rounding
+    import decoderlm.model.model as model_module
+    from decoderlm.model.kv_cache import KVCache
+
+    monkeypatch.setattr(model_module, "native_bfloat16", lambda: True)
     calls = []
     real = model_module.one_query_attention
     monkeypatch.setattr(model_module, "one_query_attention", lambda *a: calls.append(1) or real(*a))

@@ -209,6 +209,7 @@ def test_compiled_bfloat16_decoding_compiles_once_across_the_attention_threshold
     torch._dynamo.reset()
     model = halved_random_model(4, block_size=32).to(torch.bfloat16)
     c = model.config
+    monkeypatch.setattr(model_module, "native_bfloat16", lambda: True)  # where it is chosen
     monkeypatch.setattr(model_module, "ONE_QUERY_MIN_ELEMENTS", c.n_kv_heads * 12 * c.head_dim)
     ids = torch.randint(0, 65, (1, 24))
     tokens = {}

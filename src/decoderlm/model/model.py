@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..config import ModelConfig
+from ..cpu import native_bfloat16
 from ..errors import UserError
 from ..tokenizers.load import read_end_of_text_id
 from .dropout import Dropout, dropout
@@ -172,9 +173,10 @@ ONE_QUERY_MIN_ELEMENTS = 2**15  # n_kv_heads x keys x head_dim; below it the fus
 
 
 def _written_out_wins(q: Tensor, k: Tensor) -> bool:
-    """Whether `one_query_attention` beats scaled_dot_product_attention: bfloat16 on the CPU
-    once a sequence's keys hold 2^15 elements or more (n_kv_heads x S x head_dim: 43 keys of
-    GPT-2 small's 12 x 64, 256 of 4 x 32), past which torch's CPU flash-attention kernel
+    """Whether `one_query_attention` beats scaled_dot_product_attention: bfloat16 on a CPU
+    with native bfloat16 kernels (`decoderlm.cpu.native_bfloat16`) once a sequence's keys
+    hold 2^15 elements or more (n_kv_heads x S x head_dim: 43 keys of GPT-2 small's 12 x 64,
+    256 of 4 x 32), past which torch's CPU flash-attention kernel
     (aten::_scaled_dot_product_flash_attention_for_cpu in `python benchmarks/decode_profile.py
     --shape small`) takes up to several times longer for one query; its cost grows about
     twice as fast with S as the written-out product's. Under torch.compile it is chosen in
@@ -185,7 +187,35 @@ def _written_out_wins(q: Tensor, k: Tensor) -> bool:
         return False
     if torch.compiler.is_compiling():
         return True
-    return q.dtype == torch.bfloat16 and k[0].numel() >= ONE_QUERY_MIN_ELEMENTS
+    return (
+        q.dtype == torch.bfloat16 and native_bfloat16() and k[0].numel() >= ONE_QUERY_MIN_ELEMENTS
+    )
+
+
+def _float32_wins(q: Tensor) -> bool:
+    """Whether one query's bfloat16 attention runs faster as scaled_dot_product_attention on
+    float32 copies of q, k and v: eagerly on a CPU without native bfloat16 kernels (AVX2),
+    where torch's flash-attention kernel in bfloat16 takes 1.4-4x as long as the copies and
+    the float32 kernel together from 64 keys on (a few microseconds less below), and the
+    written-out attention longer still (`python benchmarks/attention_one_query.py`; figures
+    in benchmarks/README.md)."""
+    return (
+        q.device.type == "cpu"
+        and q.dtype == torch.bfloat16
+        and not torch.compiler.is_compiling()
+        and not native_bfloat16()
+    )
+
+
+def _sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout_p: float) -> Tensor:
+    """F.scaled_dot_product_attention over grouped heads: q [B, n_heads, T, head_dim], k, v
+    [B, n_kv_heads, S, head_dim] -> [B, n_heads, T, head_dim]; under mask (bool [B, 1, T, S],
+    True where allowed), or causal where mask is None and T > 1."""
+    grouped = {"enable_gqa": True} if k.size(1) != q.size(1) else {}
+    causal = mask is None and q.size(2) > 1
+    return F.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=causal, **grouped
+    )
 
 
 def one_query_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
@@ -287,17 +317,10 @@ class CausalSelfAttention(nn.Module):
             z = _weighted(att.to(v.dtype), v)
         elif cache is not None and T == 1 and _written_out_wins(q, k):
             z = one_query_attention(q, k, v, mask)
+        elif cache is not None and T == 1 and _float32_wins(q):
+            z = _sdpa(q.float(), k.float(), v.float(), mask, dropout_p).to(v.dtype)
         else:
-            grouped = {"enable_gqa": True} if H_kv != H else {}
-            z = F.scaled_dot_product_attention(
-                q,
-                k,
-                v,
-                attn_mask=mask,
-                dropout_p=dropout_p,
-                is_causal=mask is None and T > 1,
-                **grouped,
-            )
+            z = _sdpa(q, k, v, mask, dropout_p)
         y = self.hook_z(z.transpose(1, 2)).reshape(B, T, H * D)  # z [B, T, n_heads, head_dim]
         return self.resid_dropout(self.proj(y))
 
