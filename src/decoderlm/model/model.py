@@ -261,8 +261,9 @@ class CausalSelfAttention(nn.Module):
     cache: a `KVCache` (decoding); this layer's new keys and values are appended to it and
     attention runs over all of them under `mask` (bool [B, 1, T, S], True where query t may
     see key s; None: plain causal, see `KVCache.attention_mask`); one new bfloat16 token over
-    many cached keys on the CPU, or any one new token under torch.compile, runs
-    `one_query_attention` (the same product, faster there).
+    many cached keys on a CPU with native bfloat16 kernels, or any one new token under
+    torch.compile, runs `one_query_attention` (the same product, faster there), and one new
+    bfloat16 token on a CPU without them runs the fused kernel on float32 copies.
 
     `impl` picks the training kernel: "sdpa" (F.scaled_dot_product_attention, memory linear in
     T) or "explicit" (`attention_scores` and the softmax written out, in training mode; eval
