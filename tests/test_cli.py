@@ -209,13 +209,13 @@ def test_bad_flags_and_values_are_one_line(tmp_path, capsys):
     one_line_error(
         capsys,
         ["params", "--preset", "gpt2", "--run", "x"],
-        "give one of --preset or --run or --model-config",
+        "give only one of --preset, --run or --model-config, not --preset and --run",
     )
     one_line_error(capsys, ["params"], "give one of --preset")
     one_line_error(capsys, ["params", "--model-config", str(tmp_path / "no.json")], "no.json")
-    one_line_error(capsys, ["sample"], "give one of --run or --hf")
+    one_line_error(capsys, ["sample"], "give one of --run, --hf or --gguf")
     one_line_error(capsys, ["prepare", "--data", "x"], "missing --out")
-    one_line_error(capsys, ["eval"], "give one of --run or --hf or --gguf")
+    one_line_error(capsys, ["eval"], "give one of --run, --hf or --gguf")
     one_line_error(capsys, ["eval", "--gguf", "m.gguf"], "--gguf m.gguf records no data to score")
     one_line_error(capsys, ["train", "--n-layers"], "--n-layers: expected one argument")
     one_line_error(

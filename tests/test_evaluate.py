@@ -221,7 +221,9 @@ def test_eval_scores_a_gguf_file_and_a_hugging_face_directory_on_data(tmp_path, 
     for flag in ("--gguf", "--hf"):  # no run, so no recorded data: --data is needed
         message = f"{flag} {paths[flag]} records no data to score; give --data PATH"
         one_line_error(capsys, ["eval", flag, str(paths[flag])], message)
-    one_line_error(capsys, ["eval", "--run", "r", "--hf", "h", "--data", "t"], "give one of --run")
+    one_line_error(
+        capsys, ["eval", "--run", "r", "--hf", "h", "--data", "t"], "give only one of --run"
+    )
 
 
 def test_eval_of_a_gpt2_bpe_run_gives_bits_per_byte(tmp_path, capsys):

@@ -27,12 +27,20 @@ def flag_name(name: str) -> str:
 
 
 def one_of(**flags) -> None:
-    """Raise UserError unless exactly one of the keyword arguments is not None (their flags
-    are named in the message)."""
-    given = [name for name, value in flags.items() if value is not None]
+    """Raise UserError unless exactly one of the keyword arguments is not None: "give one of
+    --a, --b or --c" when none is, "give only one of --a, --b or --c, not --a and --b" when
+    several are."""
+    given = [flag_name(name) for name, value in flags.items() if value is not None]
     if len(given) != 1:
-        names = " or ".join(flag_name(name) for name in flags)
-        raise UserError(f"give one of {names}" + (f", not {len(given)}" if given else ""))
+        names = _listed([flag_name(name) for name in flags], "or")
+        if not given:
+            raise UserError(f"give one of {names}")
+        raise UserError(f"give only one of {names}, not {_listed(given, 'and')}")
+
+
+def _listed(items: list[str], last: str) -> str:
+    """["a", "b", "c"] -> "a, b {last} c"."""
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + f" {last} {items[-1]}"
 
 
 def checked_device(text: str | None) -> str | None:

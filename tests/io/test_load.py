@@ -92,10 +92,14 @@ def test_every_source_fills_its_weights_without_a_random_start_and_keeps_them_ti
 
 def test_each_flag_reads_its_own_kind_only(sources, capsys):
     paths, _, _ = sources
-    with pytest.raises(UserError, match="give one of --run or --hf or --gguf"):
+    with pytest.raises(UserError, match="give one of --run, --hf or --gguf"):
         load_from_flags()
-    with pytest.raises(UserError, match="not 2"):
+    with pytest.raises(
+        UserError, match="^give only one of --run, --hf or --gguf, not --run and --hf$"
+    ):
         load_from_flags(run=paths["run"], hf=paths["hf"])
+    with pytest.raises(UserError, match=", not --run, --hf and --gguf$"):
+        load_from_flags(run=paths["run"], hf=paths["hf"], gguf=paths["gguf"])
     with pytest.raises(UserError, match="has no 'model' entry"):
         load_from_flags(run=paths["hf"])
     with pytest.raises(UserError, match="no 'model_type'.*use --run"):
