@@ -29,13 +29,14 @@ def flag_name(name: str) -> str:
 def one_of(**flags) -> None:
     """Raise UserError unless exactly one of the keyword arguments is not None: "give one of
     --a, --b or --c" when none is, "give only one of --a, --b or --c, not --a and --b" when
-    several are."""
+    several are ("give only one of --a or --b, not both")."""
     given = [flag_name(name) for name, value in flags.items() if value is not None]
     if len(given) != 1:
         names = _listed([flag_name(name) for name in flags], "or")
         if not given:
             raise UserError(f"give one of {names}")
-        raise UserError(f"give only one of {names}, not {_listed(given, 'and')}")
+        extra = "both" if len(given) == len(flags) == 2 else _listed(given, "and")
+        raise UserError(f"give only one of {names}, not {extra}")
 
 
 def _listed(items: list[str], last: str) -> str:

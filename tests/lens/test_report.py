@@ -127,6 +127,10 @@ def test_decoderlm_inspect_looks_at_the_model_as_it_decodes_at_a_precision(tmp_p
         (["--text", "Quixotic"], "Q"),  # not in the run's characters
         (["--text", "abc", "--corrupt", "ab"], "as many tokens"),
         ([], "give one of --text or --text-file"),
+        (
+            ["--text", "abc", "--text-file", "t.txt"],
+            "give only one of --text or --text-file, not both",
+        ),
         (["--text", "abc", "--layers", "5"], "--layers must be in 0..1"),
     ],
 )
