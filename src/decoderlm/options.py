@@ -135,8 +135,9 @@ class Precision:
     """
 
     dtype: DecodeDtypeName | None = None
-    """the weights' and activations' dtype while decoding: float32 (f32) or bfloat16 (bf16,
-    half the bytes per token); by default (or none) float32, and bfloat16 with --quantize."""
+    """the weights' and activations' dtype while decoding: float32 (f32, fp32) or bfloat16
+    (bf16, half the bytes per token); by default (or none) float32, and bfloat16 with
+    --quantize."""
     quantize: Quantize | None = None
     """int8: weight-only int8 block matrices and unembedding, a scale per row (CPU; input
     widths multiples of 16); w8a8: the same int8 weights multiplied with activations
