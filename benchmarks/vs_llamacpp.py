@@ -562,8 +562,8 @@ def main() -> None:
                         help="with --gguf: concurrent chats (0: none)")  # fmt: skip
     parser.add_argument("--no-decode", action="store_true", help="with --gguf: chat serving only")
     args = parser.parse_args()
-    if args.prompt_tokens < 1:
-        refuse("--prompt-tokens must be 1 or more")
+    if args.prompt_tokens < 1 or min(args.new_tokens) < 1:
+        refuse("--prompt-tokens and --new-tokens must be 1 or more")
     if args.quick:
         args.rounds, args.new_tokens, args.serve_tokens = 1, [128], 32
         args.precisions = args.precisions or ["f32", "8bit"]

@@ -122,7 +122,8 @@ def test_decode_profile_step_options_and_gemv_refuse_bad_flags_in_one_line(tmp_p
         (options, "--a-checkout", missing): "step_options.py: error: ",
         (str(BENCHMARKS / "chat_turns.py"), "--threads", "0"): "chat_turns.py: error: --turns,",
         (attention, "--calls", "0"): "attention_one_query.py: error: --calls must be 1 or more",
-        (llama, "--prompt-tokens", "0"): "vs_llamacpp.py: error: --prompt-tokens must be 1 or",
+        (llama, "--prompt-tokens", "0"): "vs_llamacpp.py: error: --prompt-tokens and --new-",
+        (llama, "--new-tokens", "128", "0"): "vs_llamacpp.py: error: --prompt-tokens and --new-",
     }
     results = _run([list(call) for call in cases])
     for call, said in cases.items():
