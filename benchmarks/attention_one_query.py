@@ -18,13 +18,10 @@ kernels (`decoderlm.cpu.native_bfloat16`) decides which one the eager step takes
     python benchmarks/attention_one_query.py [--calls 200]
 """
 
-import statistics
-import time
-
 import torch
 import torch.nn.functional as F
 
-from common import arguments, refuse
+from common import arguments, median_seconds, refuse
 from decoderlm.allocator import keep_freed_memory
 from decoderlm.cpu import native_bfloat16
 from decoderlm.model.model import one_query_attention
@@ -32,17 +29,6 @@ from decoderlm.model.model import one_query_attention
 LAYOUTS = {"SmolLM2-135M, 9 / 3 heads": (9, 3), "GPT-2 small, 12 / 12 heads": (12, 12)}
 KEYS = [16, 64, 256, 512, 1024]
 HEAD_DIM = 64
-
-
-def median_us(fn, calls: int) -> float:
-    for _ in range(10):
-        fn()
-    times = []
-    for _ in range(calls):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e6
 
 
 def contenders(q, k, v) -> dict:
@@ -73,7 +59,10 @@ def main() -> None:
         for keys in KEYS:
             q = torch.randn(1, heads, 1, HEAD_DIM, dtype=torch.bfloat16)
             k, v = (torch.randn(1, kv_heads, keys, HEAD_DIM, dtype=torch.bfloat16) for _ in "kv")
-            us = {label: median_us(fn, args.calls) for label, fn in contenders(q, k, v).items()}
+            us = {
+                label: median_seconds(fn, args.calls, warmups=10) * 1e6
+                for label, fn in contenders(q, k, v).items()
+            }
             cells = [f"{us[label]:{len(label) if len(label) > 10 else 10}.1f}" for label in us]
             print(f"{keys:>5}  " + "  ".join(cells) + f"  {min(us, key=us.get)}")
 

@@ -162,6 +162,18 @@ def steady_tokens_per_s(records: list[dict]) -> float:
     return records[-1]["tokens_per_s"]
 
 
+def median_seconds(job, rounds: int = 3, warmups: int = 1) -> float:
+    """Median wall time of job() in seconds over `rounds` runs, after `warmups` untimed ones."""
+    for _ in range(warmups):
+        job()
+    times = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        job()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
 def spread(values: list[float]) -> str:
     """ "mean ± half the range" of the values (± 0 for one value)."""
     if not values:

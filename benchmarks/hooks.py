@@ -27,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from common import median_seconds
 from decoderlm import CharTokenizer, DecoderLM, GPT2Tokenizer, ModelConfig
 from decoderlm.generation.generate import generate
 from decoderlm.generation.precision import prepare_for_decoding
@@ -76,17 +77,6 @@ def calls_and_seconds(job) -> tuple[int, float]:
         job()
         times.append(time.perf_counter() - start)
     return count[0], statistics.median(times)
-
-
-def median_seconds(job, rounds: int = 3) -> float:
-    """Median wall time of job() over `rounds` runs, after one warm-up run."""
-    job()
-    times = []
-    for _ in range(rounds):
-        start = time.perf_counter()
-        job()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def lens_part(quick: bool) -> None:
