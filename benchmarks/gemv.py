@@ -6,7 +6,8 @@ product in float32, oneDNN's in bfloat16), `decoderlm.generation.cpu_decode.oned
 `decoderlm.generation.cpu_decode.rowwise_linear` (a 2-way batched matmul) and
 `decoderlm.generation.cpu_decode.reduction_linear` under torch.compile (one fused
 multiply-and-sum kernel), against torch.sum over the same weights (a pure read), for the
-unembeddings and block matrices of the decoding benchmark, float32 and bfloat16.
+unembeddings and block matrices of the decoding benchmark, float32 and bfloat16 (on a CPU
+without native bfloat16, AVX2, torch's oneDNN has no bfloat16 product: those cells are "-").
 
 Each shape cycles through enough copies of its weight (>= 256 MiB) that every product reads
 it from memory, not from the 32 MiB L3, as decoding a real model does. Prints milliseconds
@@ -29,6 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from common import arguments, refuse
+from decoderlm.cpu import native_bfloat16
 from decoderlm.generation.cpu_decode import (
     onednn_linear,
     pack,
@@ -83,7 +85,10 @@ def main() -> None:
             nbytes = out * inp * torch.finfo(dtype).bits // 8
             weights = [torch.randn(out, inp, dtype=dtype) for _ in range(-(-(2**28) // nbytes))]
             row = f"{str(dtype)[6:]:>9} {str([out, inp]):>16}"
-            for fn, prepare in contenders.values():
+            for name, (fn, prepare) in contenders.items():
+                if name.startswith("oneDNN") and dtype == torch.bfloat16 and not native_bfloat16():
+                    row += f" {'-':>22} {'-':>5}"  # torch's oneDNN has no bfloat16 here (AVX2)
+                    continue
                 operands = [prepare(w) for w in weights] if prepare else weights
 
                 def each():
