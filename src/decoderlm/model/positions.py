@@ -86,7 +86,8 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     signs, four operators in x's dtype (the tables converted to it), each product rounded
     as in the written-out form.
     """
-    cos, sin = cos.to(x.dtype), sin.to(x.dtype)  # no copy when the tables are in x's dtype
+    if cos.dtype != x.dtype:  # the model converts its tables once a forward (autocast: here)
+        cos, sin = cos.to(x.dtype), sin.to(x.dtype)
     return x * cos + x.roll(x.size(-1) // 2, dims=-1) * sin
 
 
