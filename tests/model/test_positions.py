@@ -9,7 +9,6 @@ import torch
 from decoderlm.model.positions import (
     apply_rope,
     rope_cos_sin,
-    rope_tables,
     rope_half_to_interleaved,
     rope_interleaved_to_half,
     sinusoidal_positions,
@@ -29,7 +28,7 @@ def test_rope_is_a_rotation_that_depends_only_on_relative_position():
     # a rotation: the identity at position 0, norms kept, and the q.k score depends only on
     # the distance between the two positions
     torch.manual_seed(0)
-    cos, sin = rope_tables(*rope_cos_sin(32, 16))
+    cos, sin = rope_cos_sin(32, 16)
     q, k = torch.randn(2, 1, 1, 1, 16).unbind(0)  # the same q and k at every position
     q = q.expand(1, 1, 32, 16).contiguous()
     k = k.expand(1, 1, 32, 16).contiguous()
@@ -44,24 +43,6 @@ def test_rope_is_a_rotation_that_depends_only_on_relative_position():
     assert score(5, 3) != pytest.approx(score(5, 4), abs=1e-3)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_rope_equals_the_pair_rotation_written_out_bit_for_bit(dtype):
-    # apply_rope's four operators give exactly the half-split rotation of Su et al. written
-    # out pair by pair (x1 cos - x2 sin, x1 sin + x2 cos), each product rounded to the dtype
-    # as there, with the tables in float32 or already in the dtype
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(2, 3, 7, 16, generator=g).to(dtype)
-    cos, sin = rope_cos_sin(7, 16, base=500.0)
-    x1, x2 = x[..., :8], x[..., 8:]
-    c, s = cos.to(dtype), sin.to(dtype)
-    written = torch.cat([x1 * c - x2 * s, x1 * s + x2 * c], dim=-1)
-    tables = rope_tables(cos, sin)
-    assert apply_rope(x, *tables).dtype == dtype
-    assert torch.equal(apply_rope(x, *tables), written)
-    assert torch.equal(apply_rope(x, *(t.to(dtype) for t in tables)), written)
-    assert not torch.equal(apply_rope(x, *rope_tables(sin, cos)), written)
-
-
 def test_interleaved_rope_weights_convert_to_the_half_split_layout():
     # rotary embeddings pair dimensions either as adjacent pairs (interleaved) or as the two
     # halves; weights of one layout give the same scores in the other once the q/k rows are
@@ -71,7 +52,6 @@ def test_interleaved_rope_weights_convert_to_the_half_split_layout():
     Wq, Wk = torch.randn(2, n_heads * head_dim, d_in).unbind(0)
     x = torch.randn(T, d_in)
     cos, sin = rope_cos_sin(T, head_dim)
-    tables = rope_tables(cos, sin)
 
     def interleaved(W):  # rotate pairs (2j, 2j + 1) by m * theta_j, written out
         h = (x @ W.T).view(T, n_heads, head_dim // 2, 2)
@@ -81,7 +61,7 @@ def test_interleaved_rope_weights_convert_to_the_half_split_layout():
 
     def half(W):
         h = (x @ rope_interleaved_to_half(W, n_heads).T).view(T, n_heads, head_dim)
-        return apply_rope(h.transpose(0, 1)[None], *tables)[0].transpose(0, 1)
+        return apply_rope(h.transpose(0, 1)[None], cos, sin)[0].transpose(0, 1)
 
     scores_interleaved = torch.einsum("thd,shd->hts", interleaved(Wq), interleaved(Wk))
     scores_half = torch.einsum("thd,shd->hts", half(Wq), half(Wk))
@@ -91,7 +71,7 @@ def test_interleaved_rope_weights_convert_to_the_half_split_layout():
         torch.einsum(
             "thd,shd->hts",
             *(
-                apply_rope((x @ W.T).view(T, n_heads, head_dim).transpose(0, 1)[None], *tables)[
+                apply_rope((x @ W.T).view(T, n_heads, head_dim).transpose(0, 1)[None], cos, sin)[
                     0
                 ].transpose(0, 1)
                 for W in (Wq, Wk)
@@ -122,7 +102,7 @@ def test_rope_permutation_keeps_scores():
         q, k = ((x @ w.T).view(T, n_heads, head_dim).transpose(0, 1) for w in (wq, wk))
         return rope(q, cos, sin) @ rope(k, cos, sin).transpose(-1, -2)
 
-    half = scores(wq, wk, lambda h, cos, sin: apply_rope(h, *rope_tables(cos, sin)))
+    half = scores(wq, wk, apply_rope)
     perm = [rope_half_to_interleaved(w, n_heads) for w in (wq, wk)]
     assert torch.allclose(scores(*perm, _rope_interleaved), half, atol=1e-4)
     assert torch.equal(rope_interleaved_to_half(perm[0], n_heads), wq)

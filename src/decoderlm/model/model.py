@@ -33,7 +33,7 @@ from ..tokenizers.load import read_end_of_text_id
 from .dropout import Dropout, dropout
 from .hooks import HeadsHookPoint, HookPoint
 from .kv_cache import KVCache
-from .positions import apply_rope, rope_cos_sin, rope_tables, sinusoidal_positions
+from .positions import apply_rope, rope_cos_sin, sinusoidal_positions
 from .weights import load_state, read_model_dir, resolve_tied, save_model
 
 __all__ = [
@@ -257,8 +257,7 @@ class CausalSelfAttention(nn.Module):
     h // (n_heads / n_kv_heads) (Hugging Face's repeat_kv order).
 
     forward(x [B, T, d_model], rope=None, cache=None, mask=None) -> [B, T, d_model].
-    rope: (cos, sin) [T or B x 1 x T, head_dim] (`positions.rope_tables`) when the config's
-    pos_encoding is "rope".
+    rope: (cos, sin) [T or B x 1 x T, head_dim / 2] when the config's pos_encoding is "rope".
     cache: a `KVCache` (decoding); this layer's new keys and values are appended to it and
     attention runs over all of them under `mask` (bool [B, 1, T, S], True where query t may
     see key s; None: plain causal, see `KVCache.attention_mask`); one new bfloat16 token over
@@ -540,8 +539,7 @@ class DecoderLM(nn.Module):
         self._check_input(idx)
         x, rope = self.hook_embed(self.tok_emb(idx)), None  # [B, T, d_model]
         if self.config.pos_encoding == "rope":
-            # in the embeddings' dtype once, not in every layer (autocast's q and k convert)
-            cos, sin = self.rope_cos[pos].to(x.dtype), self.rope_sin[pos].to(x.dtype)
+            cos, sin = self.rope_cos[pos], self.rope_sin[pos]
             rope = (cos[:, None], sin[:, None]) if pos.dim() == 2 else (cos, sin)
         else:  # learned or sinusoidal: [T or B x T, d_model]
             p = self.pos_emb(pos) if self.pos_emb is not None else self.pos_table[pos]
@@ -745,14 +743,13 @@ class DecoderLM(nn.Module):
 def _fixed_tables(config: ModelConfig) -> dict[str, Tensor]:
     """The position tables a model of `config` computes rather than learns, float32 on the
     CPU: pos_table [max_positions, d_model] (sinusoidal), or rope_cos and rope_sin
-    [max_positions, head_dim] (rotary, `positions.rope_tables`); none for learned positions."""
+    [max_positions, head_dim // 2] (rotary); none for learned positions."""
     if config.pos_encoding == "sinusoidal":
         return {"pos_table": sinusoidal_positions(config.max_positions, config.d_model)}
     if config.pos_encoding == "rope":
         cos, sin = rope_cos_sin(
             config.max_positions, config.head_dim, config.rope_base, config.rope_scaling
         )
-        cos, sin = rope_tables(cos, sin)
         return {"rope_cos": cos, "rope_sin": sin}
     return {}
 

@@ -13,7 +13,6 @@ __all__ = [
     "sinusoidal_positions",
     "rope_inv_freq",
     "rope_cos_sin",
-    "rope_tables",
     "apply_rope",
     "rope_interleaved_to_half",
     "rope_half_to_interleaved",
@@ -70,25 +69,16 @@ def rope_cos_sin(
     return torch.cos(angle).float(), torch.sin(angle).float()
 
 
-def rope_tables(cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The tables `apply_rope` multiplies by, from `rope_cos_sin`'s cos and sin [..., head_dim
-    / 2]: cos for both halves of head_dim, and sin negated for the first half: two [...,
-    head_dim], in cos's dtype."""
-    return torch.cat([cos, cos], dim=-1), torch.cat([-sin, sin], dim=-1)
-
-
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate x [B, heads, T, head_dim] by position; cos, sin [T, head_dim] (`rope_tables`).
+    """Rotate x [B, heads, T, head_dim] by position (cos, sin: [T, head_dim / 2]).
 
-    Half-split layout (GPT-NeoX, Hugging Face Llama): feature j of the first half x1 and
-    feature j of the second half x2 form the pair rotated by angle m * theta_j, giving
-    [x1 cos - x2 sin, x2 cos + x1 sin]; computed as x cos + [x2, x1] sin with the tables'
-    signs, four operators in x's dtype (the tables converted to it), each product rounded
-    as in the written-out form.
+    Half-split layout (GPT-NeoX, Hugging Face Llama): feature j of the first half and feature
+    j of the second half form the pair rotated by angle m * theta_j.
     """
-    if cos.dtype != x.dtype:  # the model converts its tables once a forward (autocast: here)
-        cos, sin = cos.to(x.dtype), sin.to(x.dtype)
-    return x * cos + x.roll(x.size(-1) // 2, dims=-1) * sin
+    half = x.size(-1) // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
 
 
 def rope_interleaved_to_half(weight: torch.Tensor, n_heads: int) -> torch.Tensor:
