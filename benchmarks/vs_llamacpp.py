@@ -10,11 +10,12 @@ f32, `--dtype bfloat16` against f16, `--quantize int8` and `--quantize w8a8` aga
 eagerly or with --compile (its warm-up call compiles).
 
 Decoding: a --prompt-tokens prompt (32 ids, fixed pseudo-random), --new-tokens new ones (128
-and 512), greedy, both
-with --threads threads; each measurement is a fresh subprocess (load, one warm-up call, one
-timed call), and the contenders alternate A B A B over --rounds rounds (medians reported). The
-prompt's time is the first token's (one batched pass over the prompt, then a sample); the
-decode rate is the tokens after it over the time after it. The machine's read bandwidth
+and 512), greedy, both with --threads threads; each measurement is a fresh subprocess (load,
+one warm-up call, one timed call, then 4 calls of one new token), and the contenders alternate
+A B A B over --rounds rounds (medians reported). A prompt's time is its first token's (one
+batched pass over the prompt, then a sample); a worker's prompt rate is the median of its 5
+calls' (the timed one's and the 4 after it); the decode rate is the tokens after the first
+over the time after it. The machine's read bandwidth
 (torch.sum over 1 GiB float32, best of 5, --threads threads) is measured before every round
 and the highest is used: a contender's share is the bytes of weights it reads per token x its
 decode tokens/s / that bandwidth (decoderlm: its prepared matrices; llama.cpp: the GGUF's
@@ -144,9 +145,12 @@ def gguf_bytes_per_token(path: Path) -> int:
     return sum(n for name, n in tensors.items() if name not in skip)
 
 
+PROMPT_PASSES = 5  # a worker's prompt figure: the median of this many first tokens
+
+
 def worker(argv: list[str]) -> None:
-    """One timed run in this process: --worker ours|llama MODEL OPTIONS_JSON NEW THREADS; prints
-    one JSON line."""
+    """One timed run in this process: --worker ours|llama MODEL OPTIONS_JSON NEW THREADS, then
+    PROMPT_PASSES - 1 runs of one new token (prompt passes alone); prints one JSON line."""
     kind, model_path, options, new, threads = argv
     new, threads, options = int(new), int(threads), json.loads(options)
     prompt = [(17 * i + 5) % options["vocab_size"] for i in range(options["prompt_tokens"])]
@@ -156,6 +160,8 @@ def worker(argv: list[str]) -> None:
     load_s = time.perf_counter() - start
     got = run(model_path, options, prompt, new, threads)
     memory = {"peak_rss_mb": rss_mb("VmHWM"), "rss_mb": rss_mb("VmRSS")}
+    firsts = [run(model_path, options, prompt, 1, threads) for _ in range(PROMPT_PASSES - 1)]
+    got["prompt_tps"] = statistics.median([got["prompt_tps"]] + [r["prompt_tps"] for r in firsts])
     print(json.dumps({**got, "load_and_warmup_s": load_s, **memory}))
 
 

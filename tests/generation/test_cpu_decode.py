@@ -137,6 +137,32 @@ def test_many_row_float32_products_take_onednn_where_it_wins(monkeypatch, onednn
         assert torch.equal(small(x[..., :128]), F.linear(x[..., :128], small.weight, small.bias))
 
 
+def test_a_compiled_models_float32_prompt_reads_a_packed_copy_bit_for_bit(monkeypatch):
+    # install(pack_float32=True) (a model whose step is compiled): float32 products of more
+    # than 4 rows go through oneDNN's packed copy of the weight where oneDNN wins, the same
+    # sums as its product on the weight as stored, so a prompt's logits do not change; one or
+    # a few rows (decoding) keep their own kernel, and the state dict never sees the copy
+    from decoderlm.generation import cpu_decode
+
+    if not torch.backends.mkldnn.is_available():
+        pytest.skip("this torch has no oneDNN")
+    monkeypatch.setattr(cpu_decode, "onednn_wins_here", lambda: True)
+    monkeypatch.setattr(cpu_decode, "rowwise_wins_here", lambda: True)
+    layer = cpu_decode.DecodeLinear(768, 2304)
+    model = cpu_decode.install(torch.nn.Sequential(layer), pack_float32=True)
+    assert layer.packs_float32 and cpu_decode.DecodeLinear.packs_float32 is False
+    x = torch.randn(2, 16, 768)
+    with torch.no_grad():
+        got = model(x)
+        assert layer in cpu_decode._packed  # the copy was made, outside the module
+        assert torch.equal(got, cpu_decode.onednn_linear(x, layer.weight, layer.bias))
+        one = x[:1, :1]
+        assert layer(one).equal(cpu_decode.rowwise_linear(one, layer.weight, layer.bias))
+        layer.weight.mul_(3)  # changed in place: packed again, never stale
+        assert torch.equal(layer(x), cpu_decode.onednn_linear(x, layer.weight, layer.bias))
+    assert set(layer.state_dict()) == {"weight", "bias"}
+
+
 def test_onednn_is_chosen_on_amd_cpus_only(monkeypatch):
     from decoderlm.generation import cpu_decode
 

@@ -72,6 +72,11 @@ def test_prepare_records_what_it_did_and_installs_the_cpu_kernels():
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     low = prepare_for_decoding(tiny_model().eval(), dtype="bfloat16", compile=True)
     assert low.decoding_setup == DecodingSetup(torch.bfloat16, None, True, True)
+    # float32 prompts read a packed copy only where the step is compiled (memory elsewhere)
+    assert not any(m.packs_float32 for m in linears)
+    compiled = prepare_for_decoding(tiny_model().eval(), compile=True)
+    compiled_linears = [m for m in compiled.modules() if isinstance(m, DecodeLinear)]
+    assert compiled_linears and all(m.packs_float32 for m in compiled_linears)
 
 
 def test_preparing_twice_is_a_no_op_with_the_same_settings_and_refused_otherwise():

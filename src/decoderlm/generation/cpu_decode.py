@@ -22,6 +22,8 @@ on the weight as stored: `precision.PackedLinear` holds only that copy (a model 
 eagerly); `DecodeLinear` keeps a packed copy beside its weight (`packed_linear`), for the
 eager passes of a model whose decoding step is compiled (its prompt), where the plain
 weight is what the compiled step freezes; that is one more copy of each matrix in memory.
+Such a model's float32 prompts read a packed copy too (`install(model, pack_float32=True)`),
+where oneDNN wins (`onednn_wins_here`).
 
 `install(model)` turns every nn.Linear of a model into a `DecodeLinear`, which uses these
 for products without autograd on the CPU and is exactly nn.Linear everywhere else (training
@@ -190,8 +192,8 @@ def packed_product(
     x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None = None
 ) -> torch.Tensor:
     """F.linear(x, weight, bias) through oneDNN's product on `pack(weight)`: x [..., in]
-    -> [..., out], in the weight's dtype; bit for bit F.linear's in bfloat16, where F.linear
-    is oneDNN's product on the weight as stored. 1.2-2.1x faster than that for one to 32 rows
+    -> [..., out], in the weight's dtype; bit for bit `onednn_linear` on the weight as stored
+    (in bfloat16 that is F.linear). 1.2-2.1x faster than that for one to 32 rows
     of a decoding model's matrices (`python benchmarks/gemv.py`, benchmarks/README.md).
     Eager only: under torch.compile call `eager_only(packed_product)`."""
     return onednn_linear(x, packed, bias)  # the same call; a packed weight keeps its shape
@@ -203,8 +205,9 @@ _packed: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # layer -> (ke
 def packed_linear(layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     """layer(x) as `packed_product` on a packed copy of layer.weight, made at the first call
     and again whenever the weight is replaced or changed in place (its version counter): x
-    [..., in] -> [..., out], bfloat16. The copy is kept outside the module (state dicts,
-    copies and pickles never see it) as long as the layer lives. Without autograd only."""
+    [..., in] -> [..., out], in the weight's dtype (bfloat16 or float32). The copy is kept
+    outside the module (state dicts, copies and pickles never see it) as long as the layer
+    lives. Without autograd only."""
     weight = layer.weight
     key = (weight.data_ptr(), weight._version, weight.dtype)
     held = _packed.get(layer)
@@ -217,11 +220,22 @@ def packed_linear(layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
 class DecodeLinear(nn.Linear):
     """nn.Linear with the decoding products on the CPU without autograd, run eagerly: float32
     with a weight of 2^18 elements or more runs as `rowwise_linear` up to 4 rows where the
-    split wins on this CPU (`rowwise_wins_here`), and as `many_row_linear` with more rows;
-    bfloat16 with a weight of 2^15 elements or more runs as `packed_linear` where bfloat16 is
-    native (`native_bfloat16`), and elsewhere with 16 rows or more (a prompt) in float32
-    (`prompt_dtype()`) through `many_row_linear`. Everything else, and everything under
-    torch.compile, is nn.Linear (`benchmarks/gemv.py --rows N` measures where each wins)."""
+    split wins on this CPU (`rowwise_wins_here`), and with more rows as `packed_linear` where
+    the layer packs float32 (`packs_float32`) and oneDNN wins (`onednn_wins_here`), else as
+    `many_row_linear`; bfloat16 with a weight of 2^15 elements or more runs as `packed_linear`
+    where bfloat16 is native (`native_bfloat16`), and elsewhere with 16 rows or more (a
+    prompt) in float32 (`prompt_dtype()`) through `many_row_linear`. Everything else, and
+    everything under torch.compile, is nn.Linear (`benchmarks/gemv.py --rows N` measures
+    where each wins).
+
+    packs_float32: False unless `install` was asked to pack float32 (a model whose decoding
+    step is compiled: its eager passes are its prompts). The packed copy is bit for bit the
+    same product as oneDNN's on the weight as stored, about 1.4x faster for a 32-token prompt
+    of SmolLM2-135M's matrices on a 2-core AVX-512 AMD EPYC, and one more float32 copy of
+    each block matrix in memory (benchmarks/README.md).
+    """
+
+    packs_float32 = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.device.type != "cpu" or torch.is_grad_enabled() or torch.compiler.is_compiling():
@@ -230,6 +244,8 @@ class DecodeLinear(nn.Linear):
         if x.dtype == torch.float32 and self.weight.numel() >= ROWWISE_MIN_WEIGHT:
             if rows <= ROWWISE_MAX_ROWS and rowwise_wins_here():
                 return rowwise_linear(x, self.weight, self.bias)
+            if self.packs_float32 and onednn_wins_here():
+                return packed_linear(self, x)
             return many_row_linear(x, self.weight, self.bias)
         if x.dtype != torch.bfloat16:
             return super().forward(x)
@@ -243,10 +259,14 @@ class DecodeLinear(nn.Linear):
         return super().forward(x)
 
 
-def install(model: nn.Module) -> nn.Module:
+def install(model: nn.Module, pack_float32: bool = False) -> nn.Module:
     """Make every nn.Linear of `model` a `DecodeLinear`, in place (same parameters, same
-    state dict, same results up to float rounding); idempotent. Returns the model."""
+    state dict, same results up to float rounding); idempotent. pack_float32: its float32
+    products of more than 4 rows read a packed copy of the weight (`DecodeLinear`'s
+    packs_float32). Returns the model."""
     for module in model.modules():
         if type(module) is nn.Linear:
             module.__class__ = DecodeLinear
+        if isinstance(module, DecodeLinear) and pack_float32:
+            module.packs_float32 = True
     return model

@@ -392,7 +392,7 @@ def prepare_for_decoding(
         _lower_precision(model, target, quantize, compile)
         give_back_freed_memory()  # the float32 weights just replaced
     if cpu:
-        cpu_decode.install(model)
+        cpu_decode.install(model, pack_float32=compile)
     model.decoding_setup = setup
     return model
 
