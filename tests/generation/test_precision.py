@@ -199,6 +199,36 @@ def test_int8_linear_is_the_dequantized_product(bias):
     assert torch.allclose(layer(x[:1, :1]), expected[:1, :1], rtol=1e-2, atol=1e-2)
 
 
+@pytest.mark.skipif(not packing_available(), reason="no oneDNN bfloat16 products on this CPU")
+def test_a_compiled_int8_models_prompt_reads_a_bfloat16_copy_with_the_same_sums():
+    # a model whose step is compiled keeps, per int8 matrix, oneDNN's packed copy of the
+    # weight in bfloat16 (exact) for its prompts: the same logits as converting the weight at
+    # every prompt, outside the state dict, made again when the weight changes; a model
+    # decoded eagerly converts at every prompt as before (no copy held)
+    from decoderlm.generation import cpu_decode
+    from decoderlm.generation.precision import dequantised_product
+
+    model = prepare_for_decoding(tiny_model(d_model=64).eval(), quantize="int8", compile=True)
+    int8 = [m for m in model.modules() if isinstance(m, Int8Linear)]
+    assert int8 and all(m.packs_prompts for m in int8)
+    eager = prepare_for_decoding(tiny_model(d_model=64).eval(), quantize="int8")
+    assert not any(m.packs_prompts for m in eager.modules() if isinstance(m, Int8Linear))
+    layer = Int8Linear(torch.nn.Linear(64, 50), torch.bfloat16)
+    layer.packs_prompts = True
+    x = torch.randn(2, 16, 64, dtype=torch.bfloat16)
+    with torch.no_grad():
+        expected = dequantised_product(x.reshape(-1, 64), layer.weight, layer.scales)
+        assert torch.equal(layer(x), expected.view(2, 16, 50) + layer.bias)
+        assert layer in cpu_decode._packed and set(layer.state_dict()) == {
+            "weight",
+            "scales",
+            "bias",
+        }
+        layer.weight.neg_()  # in place: the copy is made again, never stale
+        expected = dequantised_product(x.reshape(-1, 64), layer.weight, layer.scales)
+        assert torch.equal(layer(x), expected.view(2, 16, 50) + layer.bias)
+
+
 @pytest.mark.parametrize("rows", [1, 3, 15])  # 15: the written-out path of more than 8 rows
 def test_w8a8_linear_is_the_dequantized_product_of_quantized_inputs(rows):
     linear = torch.nn.Linear(64, 50)

@@ -50,6 +50,7 @@ __all__ = [
     "pack",
     "packed_product",
     "eager_only",
+    "packed_copy",
     "packed_linear",
     "DecodeLinear",
     "install",
@@ -202,19 +203,25 @@ def packed_product(
 _packed: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # layer -> (key, packed)
 
 
-def packed_linear(layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    """layer(x) as `packed_product` on a packed copy of layer.weight, made at the first call
-    and again whenever the weight is replaced or changed in place (its version counter): x
-    [..., in] -> [..., out], in the weight's dtype (bfloat16 or float32). The copy is kept
-    outside the module (state dicts, copies and pickles never see it) as long as the layer
-    lives. Without autograd only."""
-    weight = layer.weight
-    key = (weight.data_ptr(), weight._version, weight.dtype)
+def packed_copy(layer: nn.Module, weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """`pack(weight.to(dtype))`, kept for `layer`: made at the first call and again whenever
+    the weight is replaced or changed in place (its version counter), or asked in another
+    dtype. The copy is kept outside the module (state dicts, copies and pickles never see it)
+    as long as the layer lives. weight [out, in] (any dtype exactly representable in dtype:
+    an int8 weight in bfloat16, say); dtype bfloat16 or float32."""
+    key = (weight.data_ptr(), weight._version, weight.dtype, dtype)
     held = _packed.get(layer)
     if held is None or held[0] != key:
-        held = key, pack(weight)
+        held = key, pack(weight.to(dtype))
         _packed[layer] = held
-    return eager_only(packed_product)(x, held[1], layer.bias)
+    return held[1]
+
+
+def packed_linear(layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """layer(x) as `packed_product` on `packed_copy` of layer.weight: x [..., in] -> [..., out],
+    in the weight's dtype (bfloat16 or float32). Without autograd only."""
+    packed = packed_copy(layer, layer.weight, layer.weight.dtype)
+    return eager_only(packed_product)(x, packed, layer.bias)
 
 
 class DecodeLinear(nn.Linear):

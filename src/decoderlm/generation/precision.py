@@ -109,11 +109,18 @@ class Int8Linear(nn.Module):
     float32 and supports in_features that are multiples of 16 only (`prepare_for_decoding`
     refuses others); with more rows (a prompt, an evaluation), whose cost in that kernel grows
     with the rows, it is `dequantised_product`, in `cpu_decode.prompt_dtype()` (bfloat16
-    where the CPU multiplies it natively, else float32).
+    where the CPU multiplies it natively, else float32). A layer that packs its prompts
+    (`packs_prompts`, set by `prepare_for_decoding` for a model whose decoding step is
+    compiled) multiplies them where bfloat16 is native by oneDNN's packed copy of the weight
+    in bfloat16 (`cpu_decode.packed_copy`, exact: |q| <= 127): the same sums as
+    `dequantised_product`'s, without converting the weight at every prompt, for one bfloat16
+    copy of the weight in memory.
 
     Buffers: weight [out, in] int8, scales [out] bfloat16; bias [out] (the activation dtype)
     or None.
     """
+
+    packs_prompts = False
 
     def __init__(self, linear: nn.Linear, bias_dtype: torch.dtype):
         super().__init__()
@@ -128,6 +135,9 @@ class Int8Linear(nn.Module):
         flat = x.reshape(-1, self.in_features).to(torch.bfloat16)
         if flat.size(0) <= INT8_GEMV_MAX_ROWS:  # decoding: one pass over the int8 weight
             y = torch.ops.aten._weight_int8pack_mm(flat, self.weight, self.scales)
+        elif self.packs_prompts and cpu_decode.prompt_dtype() == torch.bfloat16:
+            packed = cpu_decode.packed_copy(self, self.weight, torch.bfloat16)
+            y = cpu_decode.eager_only(cpu_decode.packed_product)(flat, packed) * self.scales
         else:  # a prompt or an evaluation: the kernel's time grows with the rows; dequantise
             y = dequantised_product(flat, self.weight, self.scales)
         y = y.view(*x.shape[:-1], self.out_features).to(x.dtype)
@@ -353,7 +363,10 @@ def prepare_for_decoding(
             compile=False). bfloat16 matrices stay plain tensors, which the compiled
             step freezes and packs for inductor's own products (a weight packed outside
             it would run outside the compiled graph); the eager prompt pass multiplies a
-            packed copy of each (`cpu_decode.packed_linear`) where bfloat16 is native.
+            packed copy of each (`cpu_decode.packed_linear`) where bfloat16 is native, of
+            each float32 block matrix where oneDNN wins (`cpu_decode.install`'s
+            pack_float32), and of each int8 matrix in bfloat16 (`Int8Linear`'s
+            packs_prompts): one more copy of the matrices in memory.
 
     Returns:
         The model. In float32 its weights and state dict are unchanged (on the CPU its
@@ -408,6 +421,8 @@ def _lower_precision(model: nn.Module, target: torch.dtype, quantize, compile: b
         # built from the float32 weights, before the rest of the model changes dtype
         kind = {"int8": Int8Linear, "w8a8": W8A8Linear}.get(quantize)
         new = [(p, n, kind(x, target) if kind else PackedLinear(x)) for p, n, x in linears]
+        for _, _, layer in new if quantize == "int8" and compile else []:
+            layer.packs_prompts = True  # a compiled model's prompts: a packed bfloat16 copy
     model.to(target)  # embeddings, norms, biases, position tables: the activation dtype
     for parent, name, layer in new if quantize or pack else []:
         setattr(parent, name, layer)
