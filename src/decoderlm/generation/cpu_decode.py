@@ -237,9 +237,9 @@ class DecodeLinear(nn.Linear):
 
     packs_float32: False unless `install` was asked to pack float32 (a model whose decoding
     step is compiled: its eager passes are its prompts). The packed copy is bit for bit the
-    same product as oneDNN's on the weight as stored, about 1.4x faster for a 32-token prompt
-    of SmolLM2-135M's matrices on a 2-core AVX-512 AMD EPYC, and one more float32 copy of
-    each block matrix in memory (benchmarks/README.md).
+    same product as oneDNN's on the weight as stored, 1.2-1.3x faster for 32 rows of GPT-2
+    small's block matrices on a 2-core AVX-512 AMD EPYC (`python benchmarks/gemv.py --rows
+    32`), and one more float32 copy of each block matrix in memory (benchmarks/README.md).
     """
 
     packs_float32 = False
