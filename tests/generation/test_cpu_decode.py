@@ -161,6 +161,11 @@ def test_a_compiled_models_float32_prompt_reads_a_packed_copy_bit_for_bit(monkey
         layer.weight.mul_(3)  # changed in place: packed again, never stale
         assert torch.equal(layer(x), cpu_decode.onednn_linear(x, layer.weight, layer.bias))
     assert set(layer.state_dict()) == {"weight", "bias"}
+    with torch.inference_mode():  # its tensors have no version counter: packed, never kept
+        made = cpu_decode.DecodeLinear(768, 2304)
+        cpu_decode.install(made, pack_float32=True)
+        assert torch.equal(made(x), cpu_decode.onednn_linear(x, made.weight, made.bias))
+        assert made not in cpu_decode._packed
 
 
 def test_onednn_is_chosen_on_amd_cpus_only(monkeypatch):
@@ -199,7 +204,7 @@ def test_eager_bfloat16_products_read_a_packed_copy_that_follows_the_weight():
             y = layer(rows)
             assert y.dtype == torch.bfloat16 and y.shape == (*rows.shape[:-1], 960)
             assert torch.allclose(y.double(), exact(rows), atol=0.05, rtol=0.02)
-        packed = cpu_decode._packed[layer][1]
+        packed = cpu_decode._packed[layer][-1]
         assert layer(x).equal(cpu_decode.packed_product(x, packed, layer.bias))
         assert set(layer.state_dict()) == {"weight", "bias"}
         assert copy.deepcopy(layer)(x).equal(layer(x))

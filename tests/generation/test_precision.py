@@ -227,6 +227,12 @@ def test_a_compiled_int8_models_prompt_reads_a_bfloat16_copy_with_the_same_sums(
         layer.weight.neg_()  # in place: the copy is made again, never stale
         expected = dequantised_product(x.reshape(-1, 64), layer.weight, layer.scales)
         assert torch.equal(layer(x), expected.view(2, 16, 50) + layer.bias)
+    # with autograd the product stays differentiable in x: no packed copy is made or read
+    fresh = Int8Linear(torch.nn.Linear(64, 50), torch.bfloat16)
+    fresh.packs_prompts = True
+    x = torch.randn(2, 16, 64, requires_grad=True)
+    fresh(x).float().sum().backward()
+    assert x.grad is not None and fresh not in cpu_decode._packed
 
 
 @pytest.mark.parametrize("rows", [1, 3, 15])  # 15: the written-out path of more than 8 rows

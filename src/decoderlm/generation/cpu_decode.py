@@ -50,6 +50,7 @@ __all__ = [
     "pack",
     "packed_product",
     "eager_only",
+    "eager_inference",
     "packed_copy",
     "packed_linear",
     "DecodeLinear",
@@ -172,6 +173,14 @@ def pack(weight: torch.Tensor) -> torch.Tensor:
     return torch.ops.mkldnn._reorder_linear_weight(weight.detach())
 
 
+def eager_inference(x: torch.Tensor) -> bool:
+    """Whether a product of x may take this module's kernels: x on the CPU, autograd off
+    and not under torch.compile (a packed weight cannot be traced nor differentiated)."""
+    return (
+        x.device.type == "cpu" and not torch.is_grad_enabled() and not torch.compiler.is_compiling()
+    )
+
+
 _EAGER: dict = {}  # function -> torch.compiler.disable(function), made by eager_only
 
 
@@ -194,8 +203,9 @@ def packed_product(
 ) -> torch.Tensor:
     """F.linear(x, weight, bias) through oneDNN's product on `pack(weight)`: x [..., in]
     -> [..., out], in the weight's dtype; bit for bit `onednn_linear` on the weight as stored
-    (in bfloat16 that is F.linear). 1.2-2.1x faster than that for one to 32 rows
-    of a decoding model's matrices (`python benchmarks/gemv.py`, benchmarks/README.md).
+    (in bfloat16 that is F.linear). In bfloat16 1.2-2.1x faster than that for one to 32 rows
+    of a decoding model's matrices, in float32 1.2-1.3x for 32 rows (`python
+    benchmarks/gemv.py`, benchmarks/README.md).
     Eager only: under torch.compile call `eager_only(packed_product)`."""
     return onednn_linear(x, packed, bias)  # the same call; a packed weight keeps its shape
 
@@ -205,16 +215,19 @@ _packed: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # layer -> (ke
 
 def packed_copy(layer: nn.Module, weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """`pack(weight.to(dtype))`, kept for `layer`: made at the first call and again whenever
-    the weight is replaced or changed in place (its version counter), or asked in another
-    dtype. The copy is kept outside the module (state dicts, copies and pickles never see it)
-    as long as the layer lives. weight [out, in] (any dtype exactly representable in dtype:
-    an int8 weight in bfloat16, say); dtype bfloat16 or float32."""
-    key = (weight.data_ptr(), weight._version, weight.dtype, dtype)
+    the layer's weight is another tensor or was changed in place (its version counter; a
+    change through `.data` bypasses it, as it does autograd's checks), or dtype differs. The
+    copy is kept outside the module (state dicts, copies and pickles never see it) as long
+    as the layer lives; a weight made under torch.inference_mode (no version counter) is
+    packed at every call, never kept. weight [out, in] (any dtype exactly representable in
+    dtype: an int8 weight in bfloat16, say); dtype bfloat16 or float32."""
+    if weight.is_inference():
+        return pack(weight.to(dtype))
     held = _packed.get(layer)
-    if held is None or held[0] != key:
-        held = key, pack(weight.to(dtype))
+    if held is None or held[0]() is not weight or held[1] != (weight._version, dtype):
+        held = weakref.ref(weight), (weight._version, dtype), pack(weight.to(dtype))
         _packed[layer] = held
-    return held[1]
+    return held[-1]
 
 
 def packed_linear(layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
@@ -245,7 +258,7 @@ class DecodeLinear(nn.Linear):
     packs_float32 = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.device.type != "cpu" or torch.is_grad_enabled() or torch.compiler.is_compiling():
+        if not eager_inference(x):
             return super().forward(x)
         rows = x.numel() // x.size(-1)
         if x.dtype == torch.float32 and self.weight.numel() >= ROWWISE_MIN_WEIGHT:
@@ -268,9 +281,9 @@ class DecodeLinear(nn.Linear):
 
 def install(model: nn.Module, pack_float32: bool = False) -> nn.Module:
     """Make every nn.Linear of `model` a `DecodeLinear`, in place (same parameters, same
-    state dict, same results up to float rounding); idempotent. pack_float32: its float32
-    products of more than 4 rows read a packed copy of the weight (`DecodeLinear`'s
-    packs_float32). Returns the model."""
+    state dict, same results up to float rounding); idempotent. pack_float32: the layers'
+    eager float32 products of more than 4 rows read a packed copy of a weight of 2^18
+    elements or more where oneDNN wins (`DecodeLinear`'s packs_float32). Returns the model."""
     for module in model.modules():
         if type(module) is nn.Linear:
             module.__class__ = DecodeLinear

@@ -111,10 +111,11 @@ class Int8Linear(nn.Module):
     with the rows, it is `dequantised_product`, in `cpu_decode.prompt_dtype()` (bfloat16
     where the CPU multiplies it natively, else float32). A layer that packs its prompts
     (`packs_prompts`, set by `prepare_for_decoding` for a model whose decoding step is
-    compiled) multiplies them where bfloat16 is native by oneDNN's packed copy of the weight
-    in bfloat16 (`cpu_decode.packed_copy`, exact: |q| <= 127): the same sums as
-    `dequantised_product`'s, without converting the weight at every prompt, for one bfloat16
-    copy of the weight in memory.
+    compiled) multiplies them, eagerly on the CPU without autograd
+    (`cpu_decode.eager_inference`) where bfloat16 is native, by oneDNN's packed copy of the
+    weight in bfloat16 (`cpu_decode.packed_copy`, exact: |q| <= 127): the same sums as
+    `dequantised_product`'s, without converting the weight at every prompt, for one
+    bfloat16 copy of the weight in memory.
 
     Buffers: weight [out, in] int8, scales [out] bfloat16; bias [out] (the activation dtype)
     or None.
@@ -135,7 +136,7 @@ class Int8Linear(nn.Module):
         flat = x.reshape(-1, self.in_features).to(torch.bfloat16)
         if flat.size(0) <= INT8_GEMV_MAX_ROWS:  # decoding: one pass over the int8 weight
             y = torch.ops.aten._weight_int8pack_mm(flat, self.weight, self.scales)
-        elif self.packs_prompts and cpu_decode.prompt_dtype() == torch.bfloat16:
+        elif self.packs_prompts and cpu_decode.eager_inference(x) and packing_available():
             packed = cpu_decode.packed_copy(self, self.weight, torch.bfloat16)
             y = cpu_decode.eager_only(cpu_decode.packed_product)(flat, packed) * self.scales
         else:  # a prompt or an evaluation: the kernel's time grows with the rows; dequantise
