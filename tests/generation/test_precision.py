@@ -392,6 +392,25 @@ def test_prepared_models_decode_under_torch_compile(trained, options):
     assert torch.equal(eager[0, 8 : 8 + first_tie], compiled[0, 8 : 8 + first_tie])
 
 
+def test_a_compiled_int8_step_takes_more_than_8_rows():
+    # a batch of 12 rows (generate's rows, or a server's --max-batch-size above 8) takes the
+    # int8 layers' many-row product inside the compiled step: it compiles (it once stopped
+    # with a NameError inside inductor), and its logits are the eager step's on a copy of the
+    # same cache (to bfloat16 rounding)
+    from decoderlm.generation.steps import decode_step, fixed_capacity, prefill
+
+    torch._dynamo.reset()
+    model = prepare_for_decoding(tiny_model(d_model=64).eval(), quantize="int8", compile=True)
+    ids = torch.randint(0, 65, (12, 5), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        cache, positions, logits = prefill(model, ids, None, fixed_capacity(model, 20))
+        nxt, positions = logits.argmax(-1, keepdim=True), positions[:, -1:] + 1
+        eager = decode_step(False)(model, nxt, copy.deepcopy(cache), positions)
+        compiled = decode_step(True)(model, nxt, cache, positions)
+    assert compiled.shape == eager.shape == (12, 1, 65)
+    assert torch.allclose(compiled.float(), eager.float(), atol=0.05, rtol=0.02)
+
+
 @pytest.mark.parametrize("keys", [8, 520])  # short, and past the written-out threshold
 def test_bfloat16_one_query_attention_runs_in_float32_where_bfloat16_is_not_native(
     monkeypatch, keys
