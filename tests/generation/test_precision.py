@@ -394,9 +394,9 @@ def test_prepared_models_decode_under_torch_compile(trained, options):
 
 def test_a_compiled_int8_step_takes_more_than_8_rows():
     # a batch of 12 rows (generate's rows, or a server's --max-batch-size above 8) takes the
-    # int8 layers' many-row product inside the compiled step: it compiles (it once stopped
-    # with a NameError inside inductor), and its logits are the eager step's on a copy of the
-    # same cache (to bfloat16 rounding)
+    # int8 layers' many-row product inside the compiled step: it compiles (a graph break
+    # there makes inductor stop with a NameError), and its logits are the eager step's on a
+    # copy of the same cache (to bfloat16 rounding)
     from decoderlm.generation.steps import decode_step, fixed_capacity, prefill
 
     torch._dynamo.reset()

@@ -110,10 +110,10 @@ class Int8Linear(nn.Module):
     float32 and supports in_features that are multiples of 16 only (`prepare_for_decoding`
     refuses others); with more rows (a prompt, an evaluation), whose cost in that kernel grows
     with the rows, it is `dequantised_product`, in `cpu_decode.prompt_dtype()` (bfloat16
-    where the CPU multiplies it natively, else float32), but under torch.compile (a compiled
-    step of more than 8 rows), where it is F.linear on the weight in bfloat16 (asking the CPU
-    for prompt_dtype() breaks the graph, and inductor then failed to compile the rest of the
-    step for such a batch). A layer that packs its prompts
+    where the CPU multiplies it natively, else float32); under torch.compile (a compiled
+    step of more than 8 rows) it is F.linear on the weight in bfloat16, as asking the CPU for
+    prompt_dtype() would break the graph, and inductor cannot compile the rest of such a
+    step. A layer that packs its prompts
     (`packs_prompts`, set by `prepare_for_decoding` for a model whose decoding step is
     compiled) multiplies them, eagerly on the CPU without autograd
     (`cpu_decode.eager_inference`) where bfloat16 is native, by oneDNN's packed copy of the
@@ -144,7 +144,7 @@ class Int8Linear(nn.Module):
             y = F.linear(flat, self.weight.to(torch.bfloat16)) * self.scales
         elif self.packs_prompts and cpu_decode.eager_inference(x) and packing_available():
             packed = cpu_decode.packed_copy(self, self.weight, torch.bfloat16)
-            y = cpu_decode.eager_only(cpu_decode.packed_product)(flat, packed) * self.scales
+            y = cpu_decode.packed_product(flat, packed) * self.scales  # eager: no trace
         else:  # a prompt or an evaluation: the kernel's time grows with the rows; dequantise
             y = dequantised_product(flat, self.weight, self.scales)
         y = y.view(*x.shape[:-1], self.out_features).to(x.dtype)
