@@ -11,6 +11,7 @@ around the kernels) or of a GGUF file's model (--gguf), batch 1, 32-token prompt
     python benchmarks/decode_profile.py --gguf "$SMOLLM2" --compile --kernels
     python benchmarks/decode_profile.py --shape thin --compile   # a token's fixed cost
     python benchmarks/decode_profile.py --gguf "$SMOLLM2" --compile --split
+    python benchmarks/decode_profile.py --gguf "$SMOLLM2" --compile --prompt
 
 --compile profiles the compiled one-token step, whose graph is one row unless --kernels
 makes each of its C++ kernels a row of its own (inductor's `cpp.enable_kernel_profile`;
@@ -25,6 +26,11 @@ the rest of `stream_generate`'s loop, in ms a token, the median of the 3. In
 float32 the block products and the unembedding are aten::bmm / aten::addmm / aten::mm rows; in
 bfloat16 mkldnn::_linear_pointwise (oneDNN's packed products); with int8
 aten::_weight_int8pack_mm; with w8a8 onednn::qlinear_pointwise.
+
+--prompt, instead: the 32-token prompt's pass alone (`steps.prefill` into a new cache, as
+`generate` runs it: eagerly, with --compile too, whose model then multiplies from the
+packed copies `prepare_for_decoding(..., compile=True)` makes; the step is not compiled),
+its tokens/s (the median of 15 passes after 3 warm-ups), then the profile of 5 more.
 """
 
 from __future__ import annotations
@@ -95,6 +101,29 @@ def split(model, prompt: torch.Tensor, rounds: int = 3, new: int = 128) -> None:
         print(f"{name}: {sorted(values)[len(values) // 2] * 1e3:.3f} ms")
 
 
+def prompt_pass(model, prompt: torch.Tensor, rows: int) -> None:
+    """Print the prompt's pass's tokens/s and its operators (module docstring, --prompt)."""
+    from decoderlm.generation.steps import prefill
+
+    def once():
+        with torch.inference_mode():
+            prefill(model, prompt, capacity=prompt.size(1) + 1)
+
+    for _ in range(3):
+        once()
+    times = []
+    for _ in range(15):
+        start = time.perf_counter()
+        once()
+        times.append(time.perf_counter() - start)
+    median = sorted(times)[len(times) // 2]
+    print(f"prompt of {prompt.size(1)} tokens: {prompt.size(1) / median:.1f} tokens/s")
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(5):
+            once()
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=rows))
+
+
 def main() -> None:
     parser = arguments(__doc__)
     add = parser.add_argument
@@ -110,6 +139,7 @@ def main() -> None:
     add("--kernels", action="store_true", help="with --compile: one row per compiled kernel")
     add("--rows", type=int, default=12, help="rows of the profiler's table (default: 12)")
     add("--split", action="store_true", help="time a token's parts instead of profiling")
+    add("--prompt", action="store_true", help="time and profile the prompt's pass instead")
     args = parser.parse_args()
     refusal = None
     if args.gguf and args.shape:
@@ -118,6 +148,8 @@ def main() -> None:
         refusal = "--kernels needs --compile"
     elif args.kernels and args.split:
         refusal = "give --kernels or --split, not both (--split runs without the profiler)"
+    elif args.prompt and (args.kernels or args.split):
+        refusal = "--prompt times the prompt's eager pass: give it without --kernels or --split"
     elif args.rows < 1:
         refusal = "--rows must be >= 1"
     if refusal:
@@ -136,6 +168,9 @@ def main() -> None:
         model = DecoderLM(config).eval()
     model = prepare_for_decoding(model, args.dtype, args.quantize, args.compile)
     prompt = torch.randint(0, model.config.vocab_size, (1, 32))
+    if args.prompt:
+        prompt_pass(model, prompt, args.rows)
+        return
     for _ in range(2):
         loop.generate(model, prompt, 64, do_sample=False)
     start = time.perf_counter()

@@ -168,6 +168,35 @@ def test_a_compiled_models_float32_prompt_reads_a_packed_copy_bit_for_bit(monkey
         assert made not in cpu_decode._packed
 
 
+def test_without_native_bfloat16_a_compiled_models_prompt_reads_a_float32_copy(monkeypatch):
+    # on an AMD CPU without native bfloat16 (AVX2), a compiled model's bfloat16 and int8
+    # prompts are multiplied in float32 from a packed float32 copy of each block-sized weight,
+    # made at the first prompt: bit for bit the sums of converting the weight to float32 at
+    # every prompt (what an eagerly decoded model does); a small weight keeps being converted
+    from decoderlm.generation import cpu_decode
+    from decoderlm.generation.precision import Int8Linear
+
+    if not torch.backends.mkldnn.is_available():
+        pytest.skip("this torch has no oneDNN")
+    monkeypatch.setattr(cpu_decode, "native_bfloat16", lambda: False)
+    monkeypatch.setattr(cpu_decode, "onednn_wins_here", lambda: True)
+    layer = cpu_decode.DecodeLinear(768, 2304, dtype=torch.bfloat16)
+    int8 = Int8Linear(torch.nn.Linear(768, 2304), torch.bfloat16)
+    small = cpu_decode.DecodeLinear(64, 48, dtype=torch.bfloat16)
+    x = torch.randn(2, 16, 768, dtype=torch.bfloat16)
+    with torch.no_grad():
+        converted = [layer(x), int8(x), small(x[..., :64])]
+        assert not {layer, int8, small} & set(cpu_decode._packed)
+        layer.packs_float32 = small.packs_float32 = int8.packs_prompts = True
+        copied = [layer(x), int8(x), small(x[..., :64])]
+    for layer_of, held in [(layer, True), (int8, True), (small, False)]:
+        assert (layer_of in cpu_decode._packed) == held
+        if held:
+            assert cpu_decode._packed[layer_of][1][1] == torch.float32
+    for before, after in zip(converted, copied, strict=True):
+        assert after.dtype == torch.bfloat16 and torch.equal(before, after)
+
+
 def test_onednn_is_chosen_on_amd_cpus_only(monkeypatch):
     from decoderlm.generation import cpu_decode
 

@@ -23,7 +23,9 @@ eagerly); `DecodeLinear` keeps a packed copy beside its weight (`packed_linear`)
 eager passes of a model whose decoding step is compiled (its prompt), where the plain
 weight is what the compiled step freezes; that is one more copy of each matrix in memory.
 Such a model's float32 prompts read a packed copy too (`install(model, pack_float32=True)`),
-where oneDNN wins (`onednn_wins_here`).
+where oneDNN wins (`onednn_wins_here`), and so do its bfloat16 and int8 ones on such a CPU
+without native bfloat16: a packed float32 copy, not the weight converted at every prompt
+(`prompt_copy_dtype`).
 
 `install(model)` turns every nn.Linear of a model into a `DecodeLinear`, which uses these
 for products without autograd on the CPU and is exactly nn.Linear everywhere else (training
@@ -56,6 +58,7 @@ __all__ = [
     "DecodeLinear",
     "install",
     "prompt_dtype",
+    "prompt_copy_dtype",
     "rowwise_wins_here",
     "onednn_wins_here",
 ]
@@ -106,6 +109,20 @@ def prompt_dtype() -> torch.dtype:
     float32, the weights converted for the product (figures: benchmarks/README.md, "The
     compiled step on an AVX2 CPU")."""
     return torch.bfloat16 if native_bfloat16() else torch.float32
+
+
+def prompt_copy_dtype(weight: torch.Tensor) -> torch.dtype | None:
+    """The dtype of the packed copy (`packed_copy`) from which a compiled model's prompt
+    multiplies a bfloat16 or int8 weight [out, in]: bfloat16 where it is native
+    (`native_bfloat16`); float32 elsewhere for a weight of 2^18 elements or more where
+    oneDNN wins (`onednn_wins_here`: an AVX2 AMD CPU), the product `many_row_linear` takes on
+    the weight converted to float32 at every prompt, bit for bit; None where neither holds
+    (the weight is converted at every prompt, `prompt_dtype`)."""
+    if native_bfloat16():
+        return torch.bfloat16
+    if weight.numel() >= ROWWISE_MIN_WEIGHT and onednn_wins_here():
+        return torch.float32
+    return None
 
 
 def rowwise_linear(
@@ -230,11 +247,16 @@ def packed_copy(layer: nn.Module, weight: torch.Tensor, dtype: torch.dtype) -> t
     return held[-1]
 
 
-def packed_linear(layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    """layer(x) as `packed_product` on `packed_copy` of layer.weight: x [..., in] -> [..., out],
-    in the weight's dtype (bfloat16 or float32). Without autograd only."""
-    packed = packed_copy(layer, layer.weight, layer.weight.dtype)
-    return eager_only(packed_product)(x, packed, layer.bias)
+def packed_linear(
+    layer: nn.Linear, x: torch.Tensor, dtype: torch.dtype | None = None
+) -> torch.Tensor:
+    """layer(x) as `packed_product` on `packed_copy` of layer.weight in dtype (None: the
+    weight's own, bfloat16 or float32), x and the bias converted to it: x [..., in] ->
+    [..., out] in dtype. Without autograd only."""
+    dtype = dtype or layer.weight.dtype
+    packed = packed_copy(layer, layer.weight, dtype)
+    bias = None if layer.bias is None else layer.bias.to(dtype)
+    return eager_only(packed_product)(x.to(dtype), packed, bias)
 
 
 class DecodeLinear(nn.Linear):
@@ -244,15 +266,17 @@ class DecodeLinear(nn.Linear):
     the layer packs float32 (`packs_float32`) and oneDNN wins (`onednn_wins_here`), else as
     `many_row_linear`; bfloat16 with a weight of 2^15 elements or more runs as `packed_linear`
     where bfloat16 is native (`native_bfloat16`), and elsewhere with 16 rows or more (a
-    prompt) in float32 (`prompt_dtype()`) through `many_row_linear`. Everything else, and
-    everything under torch.compile, is nn.Linear (`benchmarks/gemv.py --rows N` measures
-    where each wins).
+    prompt) in float32 (`prompt_dtype()`): as `packed_linear` on a float32 copy where the
+    layer packs float32 and `prompt_copy_dtype` says float32, else through
+    `many_row_linear` on the weight converted. Everything else, and everything under
+    torch.compile, is nn.Linear (`benchmarks/gemv.py --rows N` measures where each wins).
 
     packs_float32: False unless `install` was asked to pack float32 (a model whose decoding
     step is compiled: its eager passes are its prompts). The packed copy is bit for bit the
-    same product as oneDNN's on the weight as stored, 1.2-1.3x faster for 32 rows of GPT-2
-    small's block matrices on a 2-core AVX-512 AMD EPYC (`python benchmarks/gemv.py --rows
-    32`), and one more float32 copy of each block matrix in memory (benchmarks/README.md).
+    same product as oneDNN's on the weight as stored (as converted to float32, for a
+    bfloat16 weight), 1.2-1.3x faster for 32 rows of GPT-2 small's block matrices on a
+    2-core AVX-512 AMD EPYC (`python benchmarks/gemv.py --rows 32`), and one more float32
+    copy of each block matrix in memory (benchmarks/README.md).
     """
 
     packs_float32 = False
@@ -273,6 +297,8 @@ class DecodeLinear(nn.Linear):
         if weight.dtype == x.dtype and weight.numel() >= PACKED_MIN_WEIGHT and native_bfloat16():
             return packed_linear(self, x)
         if rows >= PROMPT_MIN_ROWS:
+            if self.packs_float32 and prompt_copy_dtype(weight) == torch.float32:
+                return packed_linear(self, x, torch.float32).to(x.dtype)
             dtype = prompt_dtype()
             bias = None if self.bias is None else self.bias.to(dtype)
             return many_row_linear(x.to(dtype), weight.to(dtype), bias).to(x.dtype)
@@ -282,8 +308,9 @@ class DecodeLinear(nn.Linear):
 def install(model: nn.Module, pack_float32: bool = False) -> nn.Module:
     """Make every nn.Linear of `model` a `DecodeLinear`, in place (same parameters, same
     state dict, same results up to float rounding); idempotent. pack_float32: the layers'
-    eager float32 products of more than 4 rows read a packed copy of a weight of 2^18
-    elements or more where oneDNN wins (`DecodeLinear`'s packs_float32). Returns the model."""
+    eager float32 products of more than 4 rows read a packed float32 copy of a weight of
+    2^18 elements or more where oneDNN wins, and so do their bfloat16 prompts on such a CPU
+    without native bfloat16 (`DecodeLinear`'s packs_float32). Returns the model."""
     for module in model.modules():
         if type(module) is nn.Linear:
             module.__class__ = DecodeLinear

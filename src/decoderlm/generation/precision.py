@@ -116,10 +116,11 @@ class Int8Linear(nn.Module):
     step. A layer that packs its prompts
     (`packs_prompts`, set by `prepare_for_decoding` for a model whose decoding step is
     compiled) multiplies them, eagerly on the CPU without autograd
-    (`cpu_decode.eager_inference`) where bfloat16 is native, by oneDNN's packed copy of the
-    weight in bfloat16 (`cpu_decode.packed_copy`, exact: |q| <= 127): the same sums as
-    `dequantised_product`'s, without converting the weight at every prompt, for one
-    bfloat16 copy of the weight in memory.
+    (`cpu_decode.eager_inference`), by oneDNN's packed copy of the weight
+    (`cpu_decode.packed_copy`, exact: |q| <= 127) in bfloat16 where it is native, in float32
+    on an AMD CPU without it (`cpu_decode.prompt_copy_dtype`): the same sums as
+    `dequantised_product`'s, without converting the weight at every prompt, for one copy of
+    the weight in memory.
 
     Buffers: weight [out, in] int8, scales [out] bfloat16; bias [out] (the activation dtype)
     or None.
@@ -142,13 +143,21 @@ class Int8Linear(nn.Module):
             y = torch.ops.aten._weight_int8pack_mm(flat, self.weight, self.scales)
         elif torch.compiler.is_compiling():  # a compiled step of many rows (see above)
             y = F.linear(flat, self.weight.to(torch.bfloat16)) * self.scales
-        elif self.packs_prompts and cpu_decode.eager_inference(x) and packing_available():
-            packed = cpu_decode.packed_copy(self, self.weight, torch.bfloat16)
-            y = cpu_decode.packed_product(flat, packed) * self.scales  # eager: no trace
-        else:  # a prompt or an evaluation: the kernel's time grows with the rows; dequantise
-            y = dequantised_product(flat, self.weight, self.scales)
+        else:  # a prompt or an evaluation: the kernel's time grows with the rows
+            y = self._many_rows(flat, cpu_decode.eager_inference(x))
         y = y.view(*x.shape[:-1], self.out_features).to(x.dtype)
         return y if self.bias is None else y + self.bias
+
+    def _many_rows(self, flat: torch.Tensor, eager: bool) -> torch.Tensor:
+        """The product of many rows flat [rows, in] bfloat16 -> [rows, out] (class
+        docstring): from the packed copy where the layer packs its prompts, runs eagerly
+        (`cpu_decode.eager_inference`) and the CPU has a copy dtype
+        (`cpu_decode.prompt_copy_dtype`), else `dequantised_product`; the same sums."""
+        dtype = cpu_decode.prompt_copy_dtype(self.weight) if self.packs_prompts else None
+        if dtype is None or not eager:
+            return dequantised_product(flat, self.weight, self.scales)
+        packed = cpu_decode.packed_copy(self, self.weight, dtype)
+        return cpu_decode.packed_product(flat.to(dtype), packed) * self.scales.to(dtype)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, int8"
@@ -373,7 +382,9 @@ def prepare_for_decoding(
             packed copy of each (`cpu_decode.packed_linear`) where bfloat16 is native, of
             each float32 block matrix where oneDNN wins (`cpu_decode.install`'s
             pack_float32), and of each int8 matrix in bfloat16 (`Int8Linear`'s
-            packs_prompts): one more copy of the matrices in memory.
+            packs_prompts); on an AMD CPU without native bfloat16 (AVX2) a float32 copy of
+            each bfloat16 and int8 block matrix (`cpu_decode.prompt_copy_dtype`): one more
+            copy of the matrices in memory.
 
     Returns:
         The model. In float32 its weights and state dict are unchanged (on the CPU its
