@@ -20,10 +20,12 @@ per product (best of 5 passes, after a warm-up) and the weight bytes read per se
 stores them) with bfloat16 inputs of 1 to 512 rows: torch's `_weight_int8pack_mm` (which
 `Int8Linear` runs up to `INT8_GEMV_MAX_ROWS` rows), `dequantised_product` (its many-row
 product: (x @ q.T) * scales in `prompt_dtype()`), the weight dequantised first
-(F.linear(x, scales[:, None] * q)) and, where bfloat16 is native, oneDNN's product on a
-packed bfloat16 copy of q made beforehand (what a compiled int8 model's prompts read,
-`Int8Linear.packs_prompts`), for GPT-2 small's block matrices and unembedding; milliseconds
-per product (best of 3 passes), and which is fastest at each row count.
+(F.linear(x, scales[:, None] * q)) and oneDNN's product on a packed copy of q in
+prompt_dtype() made beforehand (in bfloat16, what a compiled int8 model's prompts read where
+it is native, `Int8Linear.packs_prompts`; in float32, the copy such a model does not keep
+on a CPU without it, `cpu_decode.prompt_copy_dtype`), for GPT-2 small's block matrices and
+unembedding; milliseconds per product (best of 3 passes), and which is fastest at each row
+count.
 """
 
 import time
@@ -114,21 +116,19 @@ def int8_rows() -> None:
         "weight dequantised": lambda x, q, s: F.linear(
             x.to(dtype), q.to(dtype) * s.to(dtype)[:, None]
         ),
-        "packed bf16 copy": lambda x, packed, s: packed_product(x, packed) * s,
+        "packed copy": lambda x, packed, s: packed_product(x.to(dtype), packed) * s.to(dtype),
     }
-    if not native_bfloat16():
-        del contenders["packed bf16 copy"]  # no oneDNN bfloat16 products on this CPU (AVX2)
     print(f"prompt_dtype: {dtype}; ms per product")
     print(f"{'weight [out, in]':>16} {'rows':>5} " + " ".join(f"{n:>20}" for n in contenders))
     for out, inp in SHAPES[:1] + SHAPES[2:]:
         q, scales = quantize_int8(torch.randn(out, inp))
         copies = [q.clone() for _ in range(-(-(2**28) // q.numel()))]  # past the L3
-        packed = [pack(w.bfloat16()) for w in copies] if native_bfloat16() else []
+        packed = [pack(w.to(dtype)) for w in copies]
         for rows in INT8_ROWS:
             x = torch.randn(rows, inp, dtype=torch.bfloat16)
             times = {}
             for name, fn in contenders.items():
-                operands = packed if name == "packed bf16 copy" else copies
+                operands = packed if name == "packed copy" else copies
 
                 def each():
                     for w in operands:

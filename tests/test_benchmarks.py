@@ -115,6 +115,7 @@ def test_decode_profile_step_options_and_gemv_refuse_bad_flags_in_one_line(tmp_p
         (profile, "--gguf", str(text)): f"decode_profile.py: error: {text} is not a readable",
         (profile, "--gguf", missing, "--shape", "thin"): "decode_profile.py: error: give --gguf",
         (profile, "--compile", "--kernels", "--split"): "decode_profile.py: error: give --kernels",
+        (profile, "--prompt", "--split"): "decode_profile.py: error: --prompt times the prompt",
         (gemv, "--rows", "0"): "gemv.py: error: --rows must be >= 1",
         (options, "--rounds", "0"): "step_options.py: error: --rounds must be >= 1",
         (options, "--new-tokens", "1"): "step_options.py: error: --rounds must be >= 1",
@@ -155,6 +156,36 @@ def test_decode_profile_split_times_each_decoded_token_and_restores_the_loop(mon
     assert list(rows) == names, rows
     whole, step, chosen, rest = (float(rows[n].removesuffix(" ms")) for n in names)
     assert 0 < step < whole and 0 < chosen < whole and rest < whole, rows
+
+
+def test_decode_profile_prompt_times_a_pass_that_fills_a_new_cache(monkeypatch, capsys):
+    # --prompt times steps.prefill itself: each timed pass must fill a cache of its own
+    # (a pass into a cache left full would fail or time a different pass), 3 + 15 + 5 of
+    # them, and the tokens/s line must name the prompt's length
+    import importlib
+
+    import torch
+
+    from decoderlm import DecoderLM, ModelConfig
+    from decoderlm.generation import steps
+
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    bench = importlib.import_module("decode_profile")
+    model = DecoderLM(ModelConfig(vocab_size=64, block_size=64, n_layers=2, n_heads=2,
+                                  d_model=32)).eval()  # fmt: skip
+    lengths, prefill = [], steps.prefill
+
+    def counted(*args, **kwargs):
+        cache, positions, logits = prefill(*args, **kwargs)
+        lengths.append(cache.length)
+        return cache, positions, logits
+
+    monkeypatch.setattr(steps, "prefill", counted)
+    bench.prompt_pass(model, torch.tensor([[1, 2, 3, 4, 5]]), rows=3)
+    out = capsys.readouterr().out
+    assert lengths == [5] * 23
+    rate = float(out.splitlines()[0].removeprefix("prompt of 5 tokens: ").split()[0])
+    assert rate > 0 and "Self CPU" in out
 
 
 def test_the_serve_load_test_passes_a_short_run():

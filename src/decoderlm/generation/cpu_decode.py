@@ -23,8 +23,8 @@ eagerly); `DecodeLinear` keeps a packed copy beside its weight (`packed_linear`)
 eager passes of a model whose decoding step is compiled (its prompt), where the plain
 weight is what the compiled step freezes; that is one more copy of each matrix in memory.
 Such a model's float32 prompts read a packed copy too (`install(model, pack_float32=True)`),
-where oneDNN wins (`onednn_wins_here`), and so do its bfloat16 and int8 ones on such a CPU
-without native bfloat16: a packed float32 copy, not the weight converted at every prompt
+where oneDNN wins (`onednn_wins_here`), and so do its bfloat16 ones on such a CPU without
+native bfloat16: a packed float32 copy, not the weight converted at every prompt
 (`prompt_copy_dtype`).
 
 `install(model)` turns every nn.Linear of a model into a `DecodeLinear`, which uses these
@@ -114,13 +114,16 @@ def prompt_dtype() -> torch.dtype:
 def prompt_copy_dtype(weight: torch.Tensor) -> torch.dtype | None:
     """The dtype of the packed copy (`packed_copy`) from which a compiled model's prompt
     multiplies a bfloat16 or int8 weight [out, in]: bfloat16 where it is native
-    (`native_bfloat16`); float32 elsewhere for a weight of 2^18 elements or more where
-    oneDNN wins (`onednn_wins_here`: an AVX2 AMD CPU), the product `many_row_linear` takes on
-    the weight converted to float32 at every prompt, bit for bit; None where neither holds
-    (the weight is converted at every prompt, `prompt_dtype`)."""
+    (`native_bfloat16`); elsewhere float32 for a bfloat16 weight of 2^18 elements or more
+    where oneDNN wins (`onednn_wins_here`: an AVX2 AMD CPU), bit for bit the product
+    `many_row_linear` takes on the weight converted to float32 at every prompt; None
+    otherwise (the weight is converted at every prompt, `prompt_dtype`). An int8 weight gets
+    no float32 copy: converting it costs about as little as the copy would save (`python
+    benchmarks/gemv.py --int8`, benchmarks/README.md), for four times its bytes."""
     if native_bfloat16():
         return torch.bfloat16
-    if weight.numel() >= ROWWISE_MIN_WEIGHT and onednn_wins_here():
+    large = weight.numel() >= ROWWISE_MIN_WEIGHT
+    if weight.dtype == torch.bfloat16 and large and onednn_wins_here():
         return torch.float32
     return None
 

@@ -116,11 +116,10 @@ class Int8Linear(nn.Module):
     step. A layer that packs its prompts
     (`packs_prompts`, set by `prepare_for_decoding` for a model whose decoding step is
     compiled) multiplies them, eagerly on the CPU without autograd
-    (`cpu_decode.eager_inference`), by oneDNN's packed copy of the weight
-    (`cpu_decode.packed_copy`, exact: |q| <= 127) in bfloat16 where it is native, in float32
-    on an AMD CPU without it (`cpu_decode.prompt_copy_dtype`): the same sums as
-    `dequantised_product`'s, without converting the weight at every prompt, for one copy of
-    the weight in memory.
+    (`cpu_decode.eager_inference`) where bfloat16 is native, by oneDNN's packed copy of the
+    weight in bfloat16 (`cpu_decode.packed_copy`, `cpu_decode.prompt_copy_dtype`; exact:
+    |q| <= 127): the same sums as `dequantised_product`'s, without converting the weight at
+    every prompt, for one bfloat16 copy of the weight in memory.
 
     Buffers: weight [out, in] int8, scales [out] bfloat16; bias [out] (the activation dtype)
     or None.
@@ -383,8 +382,8 @@ def prepare_for_decoding(
             each float32 block matrix where oneDNN wins (`cpu_decode.install`'s
             pack_float32), and of each int8 matrix in bfloat16 (`Int8Linear`'s
             packs_prompts); on an AMD CPU without native bfloat16 (AVX2) a float32 copy of
-            each bfloat16 and int8 block matrix (`cpu_decode.prompt_copy_dtype`): one more
-            copy of the matrices in memory.
+            each bfloat16 block matrix (`cpu_decode.prompt_copy_dtype`): one more copy of
+            the matrices in memory.
 
     Returns:
         The model. In float32 its weights and state dict are unchanged (on the CPU its
