@@ -27,10 +27,11 @@ float32 the block products and the unembedding are aten::bmm / aten::addmm / ate
 bfloat16 mkldnn::_linear_pointwise (oneDNN's packed products); with int8
 aten::_weight_int8pack_mm; with w8a8 onednn::qlinear_pointwise.
 
---prompt, instead: the 32-token prompt's pass alone (`steps.prefill` into a new cache, as
-`generate` runs it: eagerly, with --compile too, whose model then multiplies from the
-packed copies `prepare_for_decoding(..., compile=True)` makes; the step is not compiled),
-its tokens/s (the median of 15 passes after 3 warm-ups), then the profile of 5 more.
+--prompt, instead: the 32-token prompt's pass alone (`steps.prefill` into a new cache of
+the capacity `generate` gives it for 256 new tokens, without autograd, as `generate` runs
+it: eagerly, with --compile too, whose model then multiplies from the packed copies
+`prepare_for_decoding(..., compile=True)` makes; the step is not compiled), its tokens/s
+(the median of 15 passes after 3 warm-ups), then the profile of 5 more.
 """
 
 from __future__ import annotations
@@ -101,13 +102,16 @@ def split(model, prompt: torch.Tensor, rounds: int = 3, new: int = 128) -> None:
         print(f"{name}: {sorted(values)[len(values) // 2] * 1e3:.3f} ms")
 
 
-def prompt_pass(model, prompt: torch.Tensor, rows: int) -> None:
-    """Print the prompt's pass's tokens/s and its operators (module docstring, --prompt)."""
-    from decoderlm.generation.steps import prefill
+def prompt_pass(model, prompt: torch.Tensor, rows: int, compiled: bool = False) -> None:
+    """Print the prompt's pass's tokens/s and its operators (module docstring, --prompt);
+    compiled: the cache sized as for a compiled step (`steps.fixed_capacity`)."""
+    from decoderlm.generation.steps import fixed_capacity, prefill
+
+    capacity = fixed_capacity(model, prompt.size(1) + 256) if compiled else None
 
     def once():
-        with torch.inference_mode():
-            prefill(model, prompt, capacity=prompt.size(1) + 1)
+        with torch.no_grad():
+            prefill(model, prompt, capacity=capacity)
 
     for _ in range(3):
         once()
@@ -169,7 +173,7 @@ def main() -> None:
     model = prepare_for_decoding(model, args.dtype, args.quantize, args.compile)
     prompt = torch.randint(0, model.config.vocab_size, (1, 32))
     if args.prompt:
-        prompt_pass(model, prompt, args.rows)
+        prompt_pass(model, prompt, args.rows, args.compile)
         return
     for _ in range(2):
         loop.generate(model, prompt, 64, do_sample=False)

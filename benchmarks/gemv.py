@@ -7,7 +7,10 @@ product in float32, oneDNN's in bfloat16), `decoderlm.generation.cpu_decode.oned
 `decoderlm.generation.cpu_decode.reduction_linear` under torch.compile (one fused
 multiply-and-sum kernel), against torch.sum over the same weights (a pure read), for the
 unembeddings and block matrices of the decoding benchmark, float32 and bfloat16 (on a CPU
-without native bfloat16, AVX2, torch's oneDNN has no bfloat16 product: those cells are "-").
+without native bfloat16, AVX2, torch's oneDNN has no bfloat16 product: there the bfloat16
+rows' oneDNN cells are a bfloat16 prompt's products, run in float32: "oneDNN" on the weight
+converted at each call, "oneDNN packed" on a packed float32 copy made beforehand, what a
+compiled model's prompt reads there).
 
 Each shape cycles through enough copies of its weight (>= 256 MiB) that every product reads
 it from memory, not from the 32 MiB L3, as decoding a real model does. Prints milliseconds
@@ -46,6 +49,16 @@ from decoderlm.generation.cpu_decode import (
 from decoderlm.generation.precision import dequantised_product, quantize_int8
 
 SHAPES = [(50257, 768), (50257, 256), (3072, 768), (768, 3072), (2304, 768)]  # [out, in]
+# a bfloat16 prompt's products where bfloat16 is not native: the weight converted to
+# float32 at each call (`DecodeLinear` in prompt_dtype()), or a packed float32 copy of it
+# (a compiled model's, `cpu_decode.prompt_copy_dtype`)
+IN_FLOAT32 = {
+    "oneDNN": (lambda x, w: onednn_linear(x.float(), w.float()).bfloat16(), None),
+    "oneDNN packed": (
+        lambda x, packed: packed_product(x.float(), packed).bfloat16(),
+        lambda w: pack(w.float()),
+    ),
+}
 
 
 def best_ms(fn, n=30) -> float:
@@ -91,8 +104,7 @@ def main() -> None:
             row = f"{str(dtype)[6:]:>9} {str([out, inp]):>16}"
             for name, (fn, prepare) in contenders.items():
                 if name.startswith("oneDNN") and dtype == torch.bfloat16 and not native_bfloat16():
-                    row += f" {'-':>22} {'-':>5}"  # torch's oneDNN has no bfloat16 here (AVX2)
-                    continue
+                    fn, prepare = IN_FLOAT32[name]  # no oneDNN bfloat16 product here (AVX2)
                 operands = [prepare(w) for w in weights] if prepare else weights
 
                 def each():
@@ -118,12 +130,14 @@ def int8_rows() -> None:
         ),
         "packed copy": lambda x, packed, s: packed_product(x.to(dtype), packed) * s.to(dtype),
     }
+    if not torch.backends.mkldnn.is_available():
+        del contenders["packed copy"]
     print(f"prompt_dtype: {dtype}; ms per product")
     print(f"{'weight [out, in]':>16} {'rows':>5} " + " ".join(f"{n:>20}" for n in contenders))
     for out, inp in SHAPES[:1] + SHAPES[2:]:
         q, scales = quantize_int8(torch.randn(out, inp))
         copies = [q.clone() for _ in range(-(-(2**28) // q.numel()))]  # past the L3
-        packed = [pack(w.to(dtype)) for w in copies]
+        packed = [pack(w.to(dtype)) for w in copies] if "packed copy" in contenders else []
         for rows in INT8_ROWS:
             x = torch.randn(rows, inp, dtype=torch.bfloat16)
             times = {}

@@ -116,6 +116,7 @@ def test_decode_profile_step_options_and_gemv_refuse_bad_flags_in_one_line(tmp_p
         (profile, "--gguf", missing, "--shape", "thin"): "decode_profile.py: error: give --gguf",
         (profile, "--compile", "--kernels", "--split"): "decode_profile.py: error: give --kernels",
         (profile, "--prompt", "--split"): "decode_profile.py: error: --prompt times the prompt",
+        (profile, "--prompt", "--compile", "--kernels"): "decode_profile.py: error: --prompt ",
         (gemv, "--rows", "0"): "gemv.py: error: --rows must be >= 1",
         (options, "--rounds", "0"): "step_options.py: error: --rounds must be >= 1",
         (options, "--new-tokens", "1"): "step_options.py: error: --rounds must be >= 1",

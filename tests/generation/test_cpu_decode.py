@@ -168,29 +168,31 @@ def test_a_compiled_models_float32_prompt_reads_a_packed_copy_bit_for_bit(monkey
         assert made not in cpu_decode._packed
 
 
-def test_without_native_bfloat16_a_compiled_models_prompt_reads_a_float32_copy(monkeypatch):
+@pytest.mark.parametrize("onednn", [True, False])
+def test_without_native_bfloat16_a_compiled_models_prompt_reads_a_float32_copy(monkeypatch, onednn):
     # on an AMD CPU without native bfloat16 (AVX2), a compiled model's bfloat16 prompts are
     # multiplied in float32 from a packed float32 copy of each block-sized weight, made at
     # the first prompt: bit for bit the sums of converting the weight to float32 at every
-    # prompt (what an eagerly decoded model does); a small weight, and an int8 one (cheap to
-    # convert, four times its bytes as a copy), keep being converted
+    # prompt (what an eagerly decoded model does); a weight under 2^18 elements, an int8 one
+    # (cheap to convert, four times its bytes as a copy), and any weight where oneDNN does
+    # not win (Intel's CPUs, MKL's product) keep being converted
     from decoderlm.generation import cpu_decode
     from decoderlm.generation.precision import Int8Linear
 
     if not torch.backends.mkldnn.is_available():
         pytest.skip("this torch has no oneDNN")
     monkeypatch.setattr(cpu_decode, "native_bfloat16", lambda: False)
-    monkeypatch.setattr(cpu_decode, "onednn_wins_here", lambda: True)
+    monkeypatch.setattr(cpu_decode, "onednn_wins_here", lambda: onednn)
     layer = cpu_decode.DecodeLinear(768, 2304, dtype=torch.bfloat16)
     int8 = Int8Linear(torch.nn.Linear(768, 2304), torch.bfloat16)
-    small = cpu_decode.DecodeLinear(64, 48, dtype=torch.bfloat16)
+    small = cpu_decode.DecodeLinear(256, 256, dtype=torch.bfloat16)  # 2^16 elements
     x = torch.randn(2, 16, 768, dtype=torch.bfloat16)
     with torch.no_grad():
-        converted = [layer(x), int8(x), small(x[..., :64])]
+        converted = [layer(x), int8(x), small(x[..., :256])]
         assert not {layer, int8, small} & set(cpu_decode._packed)
         layer.packs_float32 = small.packs_float32 = int8.packs_prompts = True
-        copied = [layer(x), int8(x), small(x[..., :64])]
-    for layer_of, held in [(layer, True), (int8, False), (small, False)]:
+        copied = [layer(x), int8(x), small(x[..., :256])]
+    for layer_of, held in [(layer, onednn), (int8, False), (small, False)]:
         assert (layer_of in cpu_decode._packed) == held
         if held:
             assert cpu_decode._packed[layer_of][1][1] == torch.float32

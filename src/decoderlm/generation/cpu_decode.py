@@ -24,8 +24,8 @@ eager passes of a model whose decoding step is compiled (its prompt), where the 
 weight is what the compiled step freezes; that is one more copy of each matrix in memory.
 Such a model's float32 prompts read a packed copy too (`install(model, pack_float32=True)`),
 where oneDNN wins (`onednn_wins_here`), and so do its bfloat16 ones on such a CPU without
-native bfloat16: a packed float32 copy, not the weight converted at every prompt
-(`prompt_copy_dtype`).
+native bfloat16: a packed float32 copy (twice the bfloat16 weight's bytes), not the weight
+converted at every prompt (`prompt_copy_dtype`).
 
 `install(model)` turns every nn.Linear of a model into a `DecodeLinear`, which uses these
 for products without autograd on the CPU and is exactly nn.Linear everywhere else (training
@@ -112,18 +112,22 @@ def prompt_dtype() -> torch.dtype:
 
 
 def prompt_copy_dtype(weight: torch.Tensor) -> torch.dtype | None:
-    """The dtype of the packed copy (`packed_copy`) from which a compiled model's prompt
-    multiplies a bfloat16 or int8 weight [out, in]: bfloat16 where it is native
-    (`native_bfloat16`); elsewhere float32 for a bfloat16 weight of 2^18 elements or more
-    where oneDNN wins (`onednn_wins_here`: an AVX2 AMD CPU), bit for bit the product
-    `many_row_linear` takes on the weight converted to float32 at every prompt; None
-    otherwise (the weight is converted at every prompt, `prompt_dtype`). An int8 weight gets
-    no float32 copy: converting it costs about as little as the copy would save (`python
-    benchmarks/gemv.py --int8`, benchmarks/README.md), for four times its bytes."""
-    if native_bfloat16():
-        return torch.bfloat16
+    """The dtype of the packed copy (`packed_copy`) kept beside a compiled model's int8 or
+    bfloat16 weight [out, in] for its prompts, or None (no copy: the weight is converted
+    to `prompt_dtype()` at every prompt).
+
+    int8: bfloat16 where it is native (`native_bfloat16`; exact: |q| <= 127), else None: a
+    float32 copy would hold four times the weight's bytes and save little, converting int8
+    being cheap (`python benchmarks/gemv.py --int8`, benchmarks/README.md).
+    bfloat16: float32 for a weight of 2^18 elements or more where bfloat16 is not native
+    and oneDNN wins (`onednn_wins_here`: an AVX2 AMD CPU), bit for bit the product
+    `many_row_linear` takes on the weight converted at every prompt, for twice the weight's
+    bytes; else None (where bfloat16 is native, `DecodeLinear` multiplies every eager
+    product from a packed bfloat16 copy, compiled or not)."""
+    if weight.dtype == torch.int8:
+        return torch.bfloat16 if native_bfloat16() else None
     large = weight.numel() >= ROWWISE_MIN_WEIGHT
-    if weight.dtype == torch.bfloat16 and large and onednn_wins_here():
+    if weight.dtype == torch.bfloat16 and large and not native_bfloat16() and onednn_wins_here():
         return torch.float32
     return None
 
@@ -256,7 +260,8 @@ def packed_linear(
     """layer(x) as `packed_product` on `packed_copy` of layer.weight in dtype (None: the
     weight's own, bfloat16 or float32), x and the bias converted to it: x [..., in] ->
     [..., out] in dtype. Without autograd only."""
-    dtype = dtype or layer.weight.dtype
+    if dtype is None:
+        dtype = layer.weight.dtype
     packed = packed_copy(layer, layer.weight, dtype)
     bias = None if layer.bias is None else layer.bias.to(dtype)
     return eager_only(packed_product)(x.to(dtype), packed, bias)
@@ -276,10 +281,12 @@ class DecodeLinear(nn.Linear):
 
     packs_float32: False unless `install` was asked to pack float32 (a model whose decoding
     step is compiled: its eager passes are its prompts). The packed copy is bit for bit the
-    same product as oneDNN's on the weight as stored (as converted to float32, for a
-    bfloat16 weight), 1.2-1.3x faster for 32 rows of GPT-2 small's block matrices on a
-    2-core AVX-512 AMD EPYC (`python benchmarks/gemv.py --rows 32`), and one more float32
-    copy of each block matrix in memory (benchmarks/README.md).
+    same product as oneDNN's on the weight as stored, 1.2-1.3x faster for 32 rows of GPT-2
+    small's float32 block matrices on a 2-core AVX-512 AMD EPYC (`python benchmarks/gemv.py
+    --rows 32`); for a bfloat16 weight it is the same product as oneDNN's on the weight
+    converted to float32. Either is one more float32 copy in memory of each matrix that a
+    product of that many rows multiplies: the block matrices, and in an evaluation or a
+    prompt's logprobs the unembedding too (benchmarks/README.md).
     """
 
     packs_float32 = False

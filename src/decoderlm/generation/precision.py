@@ -143,17 +143,17 @@ class Int8Linear(nn.Module):
         elif torch.compiler.is_compiling():  # a compiled step of many rows (see above)
             y = F.linear(flat, self.weight.to(torch.bfloat16)) * self.scales
         else:  # a prompt or an evaluation: the kernel's time grows with the rows
-            y = self._many_rows(flat, cpu_decode.eager_inference(x))
+            y = self._many_rows(flat, x)
         y = y.view(*x.shape[:-1], self.out_features).to(x.dtype)
         return y if self.bias is None else y + self.bias
 
-    def _many_rows(self, flat: torch.Tensor, eager: bool) -> torch.Tensor:
-        """The product of many rows flat [rows, in] bfloat16 -> [rows, out] (class
-        docstring): from the packed copy where the layer packs its prompts, runs eagerly
-        (`cpu_decode.eager_inference`) and the CPU has a copy dtype
+    def _many_rows(self, flat: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """The product of many rows flat [rows, in] bfloat16 (x reshaped) -> [rows, out]
+        (class docstring): from the packed copy where the layer packs its prompts, x is
+        multiplied eagerly (`cpu_decode.eager_inference`) and the CPU keeps a copy
         (`cpu_decode.prompt_copy_dtype`), else `dequantised_product`; the same sums."""
         dtype = cpu_decode.prompt_copy_dtype(self.weight) if self.packs_prompts else None
-        if dtype is None or not eager:
+        if dtype is None or not cpu_decode.eager_inference(x):
             return dequantised_product(flat, self.weight, self.scales)
         packed = cpu_decode.packed_copy(self, self.weight, dtype)
         return cpu_decode.packed_product(flat.to(dtype), packed) * self.scales.to(dtype)
@@ -380,10 +380,11 @@ def prepare_for_decoding(
             it would run outside the compiled graph); the eager prompt pass multiplies a
             packed copy of each (`cpu_decode.packed_linear`) where bfloat16 is native, of
             each float32 block matrix where oneDNN wins (`cpu_decode.install`'s
-            pack_float32), and of each int8 matrix in bfloat16 (`Int8Linear`'s
-            packs_prompts); on an AMD CPU without native bfloat16 (AVX2) a float32 copy of
-            each bfloat16 block matrix (`cpu_decode.prompt_copy_dtype`): one more copy of
-            the matrices in memory.
+            pack_float32), and of each int8 matrix in bfloat16 where that is native
+            (`Int8Linear`'s packs_prompts); on an AMD CPU without native bfloat16 (AVX2)
+            a float32 copy of each bfloat16 matrix of 2^18 elements or more that a prompt
+            multiplies by 16 rows or more (`cpu_decode.prompt_copy_dtype`), twice its
+            bytes: one more copy of the matrices in memory.
 
     Returns:
         The model. In float32 its weights and state dict are unchanged (on the CPU its
