@@ -440,7 +440,7 @@ def _lower_precision(model: nn.Module, target: torch.dtype, quantize, compile: b
         kind = {"int8": Int8Linear, "w8a8": W8A8Linear}.get(quantize)
         new = [(p, n, kind(x, target) if kind else PackedLinear(x)) for p, n, x in linears]
         for _, _, layer in new if quantize == "int8" and compile else []:
-            layer.packs_prompts = True  # a compiled model's prompts: a packed bfloat16 copy
+            layer.packs_prompts = True  # a compiled model's prompts: a packed copy, where kept
     model.to(target)  # embeddings, norms, biases, position tables: the activation dtype
     for parent, name, layer in new if quantize or pack else []:
         setattr(parent, name, layer)
