@@ -32,7 +32,7 @@ from .data.prepare import encode_source, source_files
 from .errors import UserError
 from .files import json_text, read_json
 from .generation.loading import load_for_decoding
-from .model.model import DecoderLM
+from .model.model import DecoderLM, eval_mode
 from .model.weights import CONFIG_NAME
 from .options import DecodeDtypeName, ModelSource, Precision
 from .tokenizers import CharTokenizer, Tokenizer
@@ -83,10 +83,8 @@ def evaluate(
     n_windows = len(starts)
     if max_windows is not None and n_windows > max_windows:
         starts = starts[torch.linspace(0, n_windows - 1, max_windows).long()]
-    was_training = model.training
-    model.eval()
     total, count = 0.0, 0
-    try:
+    with eval_mode(model):
         device = model.device
         for chunk in starts.split(batch_size):
             x, y = windows(data, chunk, T)
@@ -95,8 +93,6 @@ def evaluate(
             scored = int((y != -1).sum())  # every target, but a conversation's replies' only
             total += float(loss) * scored
             count += scored
-    finally:
-        model.train(was_training)
     return total / count
 
 
@@ -141,9 +137,7 @@ def token_logprobs(
     logprobs = torch.empty(max(n - 1, 0))
     top_values = torch.empty(max(n - 1, 0), top_k)
     top_ids = torch.empty(max(n - 1, 0), top_k, dtype=torch.long)
-    was_training = model.training
-    model.eval()
-    try:
+    with eval_mode(model):
         done = 0  # ids[1 : done + 1] are scored
         for s in score_window_starts(n, T) if n > 1 else []:
             width = min(T, n - 1 - s)
@@ -155,8 +149,6 @@ def token_logprobs(
                 top = lp[keep].topk(top_k, dim=-1)
                 top_values[done : s + width], top_ids[done : s + width] = top
             done = s + width
-    finally:
-        model.train(was_training)
     return logprobs, top_values, top_ids
 
 

@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from decoderlm import DecoderLM, ModelConfig
 from decoderlm.model import reference
 from decoderlm.model.analysis import count_parameters
+from decoderlm.model.model import eval_mode
 
 from conftest import (
     assert_matches_reference,
@@ -307,6 +308,39 @@ def test_dropout_is_off_in_eval_mode():
     assert torch.equal(model(idx, idx)[1], no_dropout(idx, idx)[1])
     model.train()
     assert not torch.equal(model(idx)[0], model(idx)[0])  # and on in train mode
+
+
+def test_eval_mode_turns_dropout_off_and_gives_the_mode_back_even_after_an_error():
+    # inside the block every module is in eval mode (same logits twice); after it, and after
+    # an error raised in it, the model is back in train mode, dropout on again
+    model = tiny_model(dropout=0.3).train()
+    idx = torch.randint(0, 65, (1, 16))
+    with eval_mode(model) as same:
+        assert same is model and not any(m.training for m in model.modules())
+        assert torch.equal(model(idx)[0], model(idx)[0])
+    assert all(m.training for m in model.modules())
+    with pytest.raises(RuntimeError, match="inside"), eval_mode(model):
+        raise RuntimeError("inside")
+    assert all(m.training for m in model.modules())
+    model.eval().blocks[0].train()  # one module left in train mode: all in eval inside
+    with eval_mode(model):
+        assert not any(m.training for m in model.modules())
+    assert not any(m.training for m in model.modules())  # the model's own mode: eval
+
+
+def test_eval_mode_leaves_a_model_in_eval_mode_untouched(monkeypatch):
+    # a model already in eval mode throughout is not walked by nn.Module.train/eval again
+    # (that walk sets every submodule, and decoding enters eval_mode at every request)
+    model = tiny_model().eval()
+    calls = []
+    monkeypatch.setattr(torch.nn.Module, "train", lambda self, mode=True: calls.append(mode))
+    with eval_mode(model):
+        pass
+    assert calls == []
+    model.blocks[0].training = True
+    with eval_mode(model):
+        pass
+    assert calls == [False, False]  # eval() on entry, train(False) on exit
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])

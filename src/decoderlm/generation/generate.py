@@ -15,6 +15,7 @@ import torch
 
 from ..errors import UserError
 from ..model.kv_cache import KVCache
+from ..model.model import eval_mode
 from .params import SamplingParams
 from .precision import decoding_setup
 from .prefix_cache import PrefixCache
@@ -203,48 +204,48 @@ def stream_generate(
     one_token = decode_step(compiled)
     # a compiled step's cache: sized to the tokens it will hold (`fixed_capacity`)
     capacity = fixed_capacity(model, T0 + params.max_new_tokens) if compiled else None
-    was_training = model.training
-    model.eval()
     stops = _stop_sequences(model, params)
     finished, generated = [False] * B, [[] for _ in range(B)]  # per row, for the stops
     cache, positions, window = None, None, limit
-    try:
-        for step in range(params.max_new_tokens):
-            if cache is not None and cache.length >= limit:  # full: slide (see slide_by)
-                cache, window = None, limit + 1 - slide_by
-            if cache is None:  # the prompt, a slid window; without use_cache, every step
-                lo = max(0, n - window)
-                past = _kept_prefix(model, prefixes, ids[0, :n], capacity) if step == 0 else None
-                lo = lo if past is None else past.length
-                cache, positions, logits = prefill(
-                    model,
-                    ids[:, lo:n],
-                    None if mask is None else mask[:, lo:n],
-                    capacity,
-                    past=past,
-                )
-                cache, positions = cache if use_cache else None, positions[:, -1:]
-            else:  # one new token
-                positions = positions + 1
-                key_mask = None if mask is None else mask[:, n - cache.length - 1 : n]
-                logits = one_token(model, ids[:, n - 1 : n], cache, positions, key_mask)[:, -1]
-            nxt, chosen = _sample_checked(logits, step, params, generator)
-            ids[:, n] = nxt
-            n += 1
-            if any(finished):
-                nxt = nxt.masked_fill(torch.tensor(finished, device=nxt.device), pad_token_id)
-            yield nxt
-            if stops:
-                for row, token in enumerate(chosen):
-                    generated[row].append(token)
-                    finished[row] = finished[row] or _ends_with_stop(generated[row], stops)
-                if all(finished):
-                    return
-    finally:
-        model.train(was_training)
-        if prefixes is not None and cache is not None and cache.length == n - 1:  # not slid
-            kept = KVCache.holding(model.config, cache.k, cache.v, 0, n - 1, n - 1)
-            prefixes.keep(ids[0, : n - 1].tolist(), kept)
+    with eval_mode(model):
+        try:
+            for step in range(params.max_new_tokens):
+                if cache is not None and cache.length >= limit:  # full: slide (see slide_by)
+                    cache, window = None, limit + 1 - slide_by
+                if cache is None:  # the prompt, a slid window; without use_cache, every step
+                    lo = max(0, n - window)
+                    past = (
+                        _kept_prefix(model, prefixes, ids[0, :n], capacity) if step == 0 else None
+                    )
+                    lo = lo if past is None else past.length
+                    cache, positions, logits = prefill(
+                        model,
+                        ids[:, lo:n],
+                        None if mask is None else mask[:, lo:n],
+                        capacity,
+                        past=past,
+                    )
+                    cache, positions = cache if use_cache else None, positions[:, -1:]
+                else:  # one new token
+                    positions = positions + 1
+                    key_mask = None if mask is None else mask[:, n - cache.length - 1 : n]
+                    logits = one_token(model, ids[:, n - 1 : n], cache, positions, key_mask)[:, -1]
+                nxt, chosen = _sample_checked(logits, step, params, generator)
+                ids[:, n] = nxt
+                n += 1
+                if any(finished):
+                    nxt = nxt.masked_fill(torch.tensor(finished, device=nxt.device), pad_token_id)
+                yield nxt
+                if stops:
+                    for row, token in enumerate(chosen):
+                        generated[row].append(token)
+                        finished[row] = finished[row] or _ends_with_stop(generated[row], stops)
+                    if all(finished):
+                        return
+        finally:
+            if prefixes is not None and cache is not None and cache.length == n - 1:  # not slid
+                kept = KVCache.holding(model.config, cache.k, cache.v, 0, n - 1, n - 1)
+                prefixes.keep(ids[0, : n - 1].tolist(), kept)
 
 
 def _kept_prefix(model, prefixes, prompt: torch.Tensor, capacity) -> KVCache | None:

@@ -20,7 +20,7 @@ from torch import Tensor
 
 from ..errors import UserError
 from ..model.hooks import hooks, run_with_cache
-from ..model.model import DecoderLM
+from ..model.model import DecoderLM, eval_mode
 from ..tokenizers import ByteTokenizer, GPT2Tokenizer, Tokenizer
 
 __all__ = [
@@ -245,17 +245,13 @@ def probe_metrics(model: DecoderLM, probe: Tensor) -> dict[str, list[float] | fl
     probe, each of which followed the same token in the first half (token S cannot be
     predicted from the context and is left out).
     """
-    was_training = model.training
-    model.eval()
-    try:
+    with eval_mode(model):
         idx = probe.to(model.device)
         S = idx.size(1) // 2
         (logits, _), cache = run_with_cache(model, idx, ["hook_pattern"])
         att = cache.stack("hook_pattern")
         score = pattern_score(att, detection_patterns(idx)["induction"]).amax(-1)
         loss = F.cross_entropy(logits[:, S:-1].float().flatten(0, 1), idx[:, S + 1 :].flatten())
-    finally:
-        model.train(was_training)
     return {
         "induction_score": [round(float(v), 4) for v in score],
         "probe_second_half_loss": float(loss),

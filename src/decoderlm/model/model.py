@@ -17,6 +17,7 @@ Activations are reachable by name through `HookPoint`s (listed in `DecoderLM`).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 from pathlib import Path
@@ -47,6 +48,7 @@ __all__ = [
     "attention_scores",
     "attention_pattern",
     "one_query_attention",
+    "eval_mode",
 ]
 
 
@@ -738,6 +740,25 @@ class DecoderLM(nn.Module):
         self.eos_token_ids = ids
         self.eos_token_id = ids[0] if ids else None
         return self
+
+
+@contextlib.contextmanager
+def eval_mode(model: nn.Module):
+    """A with-block that runs `model` in eval mode (dropout off) and puts its mode back after
+    (`model.train(mode)` with the mode it had): what decoding, evaluation and the lens do
+    around a forward pass. A model whose modules are all in eval mode already (a model
+    prepared for decoding, a served one) is left untouched: `nn.Module.eval` and `train`
+    walk and set every submodule, which costs more than checking them (a model of 30 blocks
+    has about 1,000 modules). Yields the model."""
+    changed = any(module.training for module in model.modules())
+    was_training = model.training
+    if changed:
+        model.eval()
+    try:
+        yield model
+    finally:
+        if changed:
+            model.train(was_training)
 
 
 def _fixed_tables(config: ModelConfig) -> dict[str, Tensor]:
