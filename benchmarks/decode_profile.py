@@ -31,7 +31,9 @@ aten::_weight_int8pack_mm; with w8a8 onednn::qlinear_pointwise.
 the capacity `generate` gives it for 256 new tokens, without autograd, as `generate` runs
 it: eagerly, with --compile too, whose model then multiplies from the packed copies
 `prepare_for_decoding(..., compile=True)` makes; the step is not compiled), its tokens/s
-(the median of 15 passes after 3 warm-ups), then the profile of 5 more.
+(the median of 15 passes after 3 warm-ups), the same for the time `generate` takes to its
+first token (the pass, sampling, and the work around them: tokens/s of the prompt's tokens),
+then the profile of 5 more passes.
 """
 
 from __future__ import annotations
@@ -102,6 +104,18 @@ def split(model, prompt: torch.Tensor, rounds: int = 3, new: int = 128) -> None:
         print(f"{name}: {sorted(values)[len(values) // 2] * 1e3:.3f} ms")
 
 
+def median_seconds(fn, warm: int = 3, timed: int = 15) -> float:
+    """The median wall time of `timed` calls of fn(), after `warm` untimed ones."""
+    for _ in range(warm):
+        fn()
+    times = []
+    for _ in range(timed):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return sorted(times)[len(times) // 2]
+
+
 def prompt_pass(model, prompt: torch.Tensor, rows: int, compiled: bool = False) -> None:
     """Print the prompt's pass's tokens/s and its operators (module docstring, --prompt);
     compiled: the cache sized as for a compiled step (`steps.fixed_capacity`)."""
@@ -113,15 +127,13 @@ def prompt_pass(model, prompt: torch.Tensor, rows: int, compiled: bool = False) 
         with torch.no_grad():
             prefill(model, prompt, capacity=capacity)
 
-    for _ in range(3):
-        once()
-    times = []
-    for _ in range(15):
-        start = time.perf_counter()
-        once()
-        times.append(time.perf_counter() - start)
-    median = sorted(times)[len(times) // 2]
-    print(f"prompt of {prompt.size(1)} tokens: {prompt.size(1) / median:.1f} tokens/s")
+    def first_token():  # generate's own work around the pass included
+        for _ in loop.stream_generate(model, prompt, SamplingParams(1, temperature=0.0)):
+            pass
+
+    T = prompt.size(1)
+    print(f"prompt of {T} tokens: {T / median_seconds(once):.1f} tokens/s")
+    print(f"the first token of generate: {T / median_seconds(first_token):.1f} tokens/s")
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         for _ in range(5):
             once()

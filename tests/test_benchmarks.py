@@ -187,6 +187,10 @@ def test_decode_profile_prompt_times_a_pass_that_fills_a_new_cache(monkeypatch, 
     assert lengths == [5] * 23
     rate = float(out.splitlines()[0].removeprefix("prompt of 5 tokens: ").split()[0])
     assert rate > 0 and "Self CPU" in out
+    # the second line times generate's first token (15 + 3 calls, each through its own
+    # prefill, not the counted one: generate took steps.prefill at import)
+    first = out.splitlines()[1].removeprefix("the first token of generate: ")
+    assert float(first.split()[0]) > 0 and first.endswith(" tokens/s")
 
 
 def test_the_serve_load_test_passes_a_short_run():
