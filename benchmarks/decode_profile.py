@@ -43,7 +43,7 @@ import time
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from common import arguments, load_gguf, refuse, require_file
+from common import arguments, load_gguf, median_seconds, refuse, require_file
 from decoderlm import DecoderLM, ModelConfig
 from decoderlm.generation import generate as loop
 from decoderlm.generation.params import SamplingParams
@@ -104,18 +104,6 @@ def split(model, prompt: torch.Tensor, rounds: int = 3, new: int = 128) -> None:
         print(f"{name}: {sorted(values)[len(values) // 2] * 1e3:.3f} ms")
 
 
-def median_seconds(fn, warm: int = 3, timed: int = 15) -> float:
-    """The median wall time of `timed` calls of fn(), after `warm` untimed ones."""
-    for _ in range(warm):
-        fn()
-    times = []
-    for _ in range(timed):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return sorted(times)[len(times) // 2]
-
-
 def prompt_pass(model, prompt: torch.Tensor, rows: int, compiled: bool = False) -> None:
     """Print the prompt's pass's tokens/s and its operators (module docstring, --prompt);
     compiled: the cache sized as for a compiled step (`steps.fixed_capacity`)."""
@@ -132,8 +120,9 @@ def prompt_pass(model, prompt: torch.Tensor, rows: int, compiled: bool = False) 
             pass
 
     T = prompt.size(1)
-    print(f"prompt of {T} tokens: {T / median_seconds(once):.1f} tokens/s")
-    print(f"the first token of generate: {T / median_seconds(first_token):.1f} tokens/s")
+    pass_s, first_s = (median_seconds(fn, rounds=15, warmups=3) for fn in (once, first_token))
+    print(f"prompt of {T} tokens: {T / pass_s:.1f} tokens/s")
+    print(f"the first token of generate: {T / first_s:.1f} tokens/s")
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         for _ in range(5):
             once()
