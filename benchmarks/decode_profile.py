@@ -29,8 +29,9 @@ aten::_weight_int8pack_mm; with w8a8 onednn::qlinear_pointwise.
 
 --prompt, instead: the 32-token prompt's pass alone (`steps.prefill` into a new cache of
 the capacity `generate` gives it for 256 new tokens, without autograd, as `generate` runs
-it: eagerly, with --compile too, whose model then multiplies from the packed copies
-`prepare_for_decoding(..., compile=True)` makes; the step is not compiled), its tokens/s
+it: eagerly, or with --compile the compiled prompt pass, compiled at the first warm-up,
+whose products are the layers' eager ones on the packed copies `prepare_for_decoding(...,
+compile=True)` makes; the one-token step is not compiled), its tokens/s
 (the median of 15 passes after 3 warm-ups), the same for the time `generate` takes to its
 first token (the pass, sampling, and the work around them: tokens/s of the prompt's tokens),
 then the profile of 5 more passes.

@@ -27,6 +27,11 @@ where oneDNN wins (`onednn_wins_here`), and so do its bfloat16 ones on such a CP
 native bfloat16: a packed float32 copy (twice the bfloat16 weight's bytes), not the weight
 converted at every prompt (`prompt_copy_dtype`).
 
+A compiled model's prompt pass is compiled too (`steps.prefill`): its norms, rotations,
+activations and residual additions fused by inductor, its products each the layer's own
+eager product as above, called from the graph as one opaque operator
+(`eager_product`, while `prompt_graph` is entered).
+
 `install(model)` turns every nn.Linear of a model into a `DecodeLinear`, which uses these
 for products without autograd on the CPU and is exactly nn.Linear everywhere else (training
 included). `decoderlm.generation.precision.prepare_for_decoding` installs them on a CPU model
@@ -35,6 +40,7 @@ included). `decoderlm.generation.precision.prepare_for_decoding` installs them o
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import weakref
 
@@ -53,6 +59,9 @@ __all__ = [
     "packed_product",
     "eager_only",
     "eager_inference",
+    "prompt_graph",
+    "in_prompt_graph",
+    "eager_product",
     "packed_copy",
     "packed_linear",
     "DecodeLinear",
@@ -222,6 +231,65 @@ def eager_only(fn):
     return disabled
 
 
+_layers: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # id -> layer
+_in_prompt = False  # True while `prompt_graph` is entered
+
+
+@contextlib.contextmanager
+def prompt_graph(model: nn.Module):
+    """A with-block inside which a compiled prompt pass of `model` is traced and run: each
+    layer of the model whose class sets `eager_in_prompt_graph` (`DecodeLinear`,
+    `precision.Int8Linear`) then multiplies through `eager_product` under torch.compile
+    (`in_prompt_graph`), so its product is the one it takes eagerly (a packed copy, say),
+    which inductor cannot lower. TorchDynamo guards on the flag this sets: a graph traced
+    inside the block (the prompt pass) and one traced outside it (the decoding step) each
+    run only where they were traced."""
+    global _in_prompt
+    _eager_product_op()
+    for module in model.modules():
+        if getattr(module, "eager_in_prompt_graph", False):
+            _layers[id(module)] = module
+    _in_prompt = True
+    try:
+        yield
+    finally:
+        _in_prompt = False
+
+
+def in_prompt_graph() -> bool:
+    """Whether a layer's forward is being traced into a compiled prompt pass
+    (`prompt_graph`), where its product is `eager_product`."""
+    return _in_prompt and torch.compiler.is_compiling()
+
+
+def eager_product(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """layer.forward(x) run eagerly from inside a graph that torch.compile traces: one opaque
+    operator (torch.ops.decoderlm.eager_product, defined at the first `prompt_graph`) that
+    inductor calls as it is. x [..., in_features] -> [..., out_features] in x's dtype, as
+    the layer's own forward gives it. Only for a layer registered by `prompt_graph`."""
+    return torch.ops.decoderlm.eager_product(x, id(layer))
+
+
+def _run_layer(x: torch.Tensor, layer: int) -> torch.Tensor:
+    return _layers[layer].forward(x).contiguous()  # the layout `_product_shape` promises
+
+
+def _product_shape(x: torch.Tensor, layer: int) -> torch.Tensor:
+    return x.new_empty(*x.shape[:-1], _layers[layer].out_features)
+
+
+@functools.cache
+def _eager_product_op() -> torch.library.Library:
+    """Define torch.ops.decoderlm.eager_product(Tensor x, int layer) -> Tensor (once; the
+    library returned, kept by the cache, holds the definition): `_run_layer` computes it on
+    the CPU, `_product_shape` gives torch.compile its output."""
+    library = torch.library.Library("decoderlm", "DEF")
+    library.define("eager_product(Tensor x, int layer) -> Tensor")
+    library.impl("eager_product", _run_layer, "CPU")
+    torch.library.register_fake("decoderlm::eager_product", _product_shape, lib=library)
+    return library
+
+
 def packed_product(
     x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None = None
 ) -> torch.Tensor:
@@ -276,8 +344,10 @@ class DecodeLinear(nn.Linear):
     where bfloat16 is native (`native_bfloat16`), and elsewhere with 16 rows or more (a
     prompt) in float32 (`prompt_dtype()`): as `packed_linear` on a float32 copy where the
     layer packs float32 and `prompt_copy_dtype` says float32, else through
-    `many_row_linear` on the weight converted. Everything else, and everything under
-    torch.compile, is nn.Linear (`benchmarks/gemv.py --rows N` measures where each wins).
+    `many_row_linear` on the weight converted. Traced into a compiled prompt pass
+    (`in_prompt_graph`) it is all of that, run eagerly from the graph (`eager_product`).
+    Everything else, and everything else under torch.compile (the decoding step), is
+    nn.Linear (`benchmarks/gemv.py --rows N` measures where each wins).
 
     packs_float32: False unless `install` was asked to pack float32 (a model whose decoding
     step is compiled: its eager passes are its prompts). The packed copy is bit for bit the
@@ -290,8 +360,11 @@ class DecodeLinear(nn.Linear):
     """
 
     packs_float32 = False
+    eager_in_prompt_graph = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if in_prompt_graph():
+            return eager_product(self, x)
         if not eager_inference(x):
             return super().forward(x)
         rows = x.numel() // x.size(-1)

@@ -113,7 +113,8 @@ class Int8Linear(nn.Module):
     where the CPU multiplies it natively, else float32); under torch.compile (a compiled
     step of more than 8 rows) it is F.linear on the weight in bfloat16, as asking the CPU for
     prompt_dtype() would break the graph, and inductor cannot compile the rest of such a
-    step. A layer that packs its prompts
+    step; traced into a compiled prompt pass (`cpu_decode.in_prompt_graph`) it is what it
+    is eagerly, run from the graph (`cpu_decode.eager_product`). A layer that packs its prompts
     (`packs_prompts`, set by `prepare_for_decoding` for a model whose decoding step is
     compiled) multiplies them, eagerly on the CPU without autograd
     (`cpu_decode.eager_inference`) where bfloat16 is native, by oneDNN's packed copy of the
@@ -126,6 +127,7 @@ class Int8Linear(nn.Module):
     """
 
     packs_prompts = False
+    eager_in_prompt_graph = True  # a compiled prompt pass runs forward eagerly (cpu_decode)
 
     def __init__(self, linear: nn.Linear, bias_dtype: torch.dtype):
         super().__init__()
@@ -137,6 +139,8 @@ class Int8Linear(nn.Module):
         self.register_buffer("bias", bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if cpu_decode.in_prompt_graph():
+            return cpu_decode.eager_product(self, x)
         flat = x.reshape(-1, self.in_features).to(torch.bfloat16)
         if flat.size(0) <= INT8_GEMV_MAX_ROWS:  # decoding: one pass over the int8 weight
             y = torch.ops.aten._weight_int8pack_mm(flat, self.weight, self.scales)
@@ -373,11 +377,13 @@ def prepare_for_decoding(
             module docstring); "w8a8": the same int8 weights, multiplied with activations
             quantised to 8 bits on the fly (`W8A8Linear`, x86 CPUs).
         compile: decode with the torch.compile'd one-token step (`steps.decode_step`; the
-            first steps compile). On a CPU without a C++ compiler (`compiler_available`)
-            it says so in one line on stderr and decodes eagerly (the setup records
-            compile=False). bfloat16 matrices stay plain tensors, which the compiled
-            step freezes and packs for inductor's own products (a weight packed outside
-            it would run outside the compiled graph); the eager prompt pass multiplies a
+            first steps compile), and on the CPU a prompt's pass compiled too
+            (`steps.prefill`; the first prompt compiles it). On a CPU without a C++
+            compiler (`compiler_available`) it says so in one line on stderr and decodes
+            eagerly (the setup records compile=False). bfloat16 matrices stay plain
+            tensors, which the compiled step freezes and packs for inductor's own products
+            (a weight packed outside it would run outside the compiled graph); a prompt's
+            products (each the layer's eager one, in its compiled pass too) multiply a
             packed copy of each (`cpu_decode.packed_linear`) where bfloat16 is native, of
             each float32 block matrix where oneDNN wins (`cpu_decode.install`'s
             pack_float32), and of each int8 matrix in bfloat16 where that is native

@@ -23,7 +23,8 @@ import torch
 
 from ..allocator import give_back_freed_memory
 from ..model.kv_cache import KVCache
-from .precision import activation_dtype
+from . import cpu_decode
+from .precision import activation_dtype, decoding_setup
 
 __all__ = ["prefill", "slide", "decode_step", "fixed_capacity"]
 
@@ -44,6 +45,7 @@ def prefill(
         attention_mask: [B, T] bool, False for left padding (positions then count real
             tokens only), or None (no padding); None with past.
         capacity: the new cache's positions (`KVCache`), >= T; None: max_positions + 1.
+            The compiled prompt pass (`_prompt_compiles`) takes at least T + 1.
         past: a KVCache of B rows holding the past.length tokens before ids in every row
             (a prefix whose keys and values were kept, `prefix_cache.PrefixCache`), with room
             for T more; it is the cache returned. None: a new cache.
@@ -58,11 +60,40 @@ def prefill(
         positions = torch.arange(start, start + T, device=ids.device).expand(B, -1)
     else:
         positions = (attention_mask.long().cumsum(1) - 1).clamp(min=0)
+    compiled = past is None and attention_mask is None and _prompt_compiles(model, ids)
+    if compiled and capacity is not None:  # a spare position, as `fixed_capacity` explains
+        capacity = max(capacity, T + 1)
     cache = past
     if cache is None:
         cache = KVCache(model.config, B, ids.device, activation_dtype(model), capacity)
-    logits = model.forward_cached(ids, cache, positions, attention_mask, last_only=True)
+    if compiled:
+        # ids copied: a window of a longer row (`slide`) keeps that row's strides, and the
+        # graph would be traced again for them
+        ids = ids.clone(memory_format=torch.contiguous_format)
+        with cpu_decode.prompt_graph(model):
+            logits = _timed_first_call(model, "prompt", ids, cache, positions)
+        cache.advance(T)
+    else:
+        logits = model.forward_cached(ids, cache, positions, attention_mask, last_only=True)
     return cache, positions, logits[:, -1]
+
+
+def _prompt_compiles(model, ids: torch.Tensor) -> bool:
+    """Whether `prefill` runs ids through the model's compiled prompt pass: a CPU model
+    whose decoding step is compiled (`precision.DecodingSetup`), one prompt of two tokens or
+    more into a new cache, without padding, autograd or forward hooks. Its tokens are
+    traced as a dynamic length, so every other such prompt runs the same graph (one of a
+    single token would compile another: it runs eagerly)."""
+    setup = decoding_setup(model)
+    return (
+        setup is not None
+        and setup.compile
+        and model.device.type == "cpu"
+        and ids.size(0) == 1
+        and ids.size(1) > 1
+        and not torch.is_grad_enabled()
+        and not _hooked(model)
+    )
 
 
 def slide(
@@ -103,6 +134,10 @@ def _fixed_one_token(model, idx, cache, positions, key_mask=None):
     return model.forward_cached(idx, cache, positions, key_mask, last_only=True, advance=False)
 
 
+def _prompt_pass(model, ids, cache, positions):
+    return model.forward_cached(ids, cache, positions, None, last_only=True, advance=False)
+
+
 _compiled: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {kind: step}
 
 # inductor's options for a CPU model's step: the weights frozen into the graph as constants,
@@ -129,11 +164,15 @@ CPU_OPTIONS = {
 def _compiled_step(model, kind: str):
     """The torch.compile'd form of a step function for this model, built on first use.
 
-    Both kinds, "fixed" (a `KVCache`'s: `generate`'s) and "slots" (a `SlotKVCache`'s: the
+    Two kinds, "fixed" (a `KVCache`'s: `generate`'s) and "slots" (a `SlotKVCache`'s: the
     server's), are fixed-shape steps, traced without duck sizing and, on the CPU, compiled
     with `CPU_OPTIONS` (`_configured`): the weights are frozen into the graph (a packed copy
     of each matrix where a template wants one), each product the fastest that max-autotune
-    times (benchmarks/README.md, "The compiled step on an AVX2 CPU").
+    times (benchmarks/README.md, "The compiled step on an AVX2 CPU"). The third, "prompt"
+    (`prefill`'s, on the CPU), is one prompt's pass with its length traced as a symbol and
+    inductor's default options (nothing frozen), called inside `cpu_decode.prompt_graph`:
+    each product is the layer's own eager one (`cpu_decode.eager_product`), and inductor
+    fuses what lies between them (benchmarks/README.md, "The compiled prompt pass").
 
     Its guards on the model's modules are left out (torch's
     `skip_guard_on_all_nn_modules_unsafe`): thousands for a model of 30 layers, checked at
@@ -145,10 +184,11 @@ def _compiled_step(model, kind: str):
     """
     steps = _compiled.setdefault(model, {})
     if kind not in steps:
-        code, names = _fixed_one_token.__code__.replace(), _fixed_one_token.__globals__
+        function = _prompt_pass if kind == "prompt" else _fixed_one_token
+        code, names = function.__code__.replace(), function.__globals__
         own = types.FunctionType(code, names, kind)
         options = {"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe}
-        inductor = CPU_OPTIONS if model.device.type == "cpu" else {}
+        inductor = CPU_OPTIONS if model.device.type == "cpu" and kind != "prompt" else {}
         options |= {key: value for key, value in inductor.items() if key != "freezing"}
         compiled = torch.compile(own, dynamic=True, options=options)
         steps[kind] = _configured(compiled, inductor.get("freezing", False))
@@ -249,16 +289,14 @@ def _timed_first_call(model, kind: str, *args):
     step = _compiled_step(model, kind)
     if not first:
         return step(model, *args)
-    print(
-        "decoderlm: compiling the decoding step (once per model in this process)...",
-        file=sys.stderr,
-    )
+    name = "prompt pass" if kind == "prompt" else "decoding step"
+    print(f"decoderlm: compiling the {name} (once per model in this process)...", file=sys.stderr)
     start = time.perf_counter()
     with warnings.catch_warnings():  # inductor's autotuning reads a deprecated storage API
         warnings.filterwarnings("ignore", message="TypedStorage is deprecated")
         out = step(model, *args)
     seconds = time.perf_counter() - start
-    print(f"decoderlm: decoding step compiled in {seconds:.1f} s", file=sys.stderr)
+    print(f"decoderlm: {name} compiled in {seconds:.1f} s", file=sys.stderr)
     give_back_freed_memory()  # the traced graphs, autotuning's buffers and the like
     return out
 

@@ -214,10 +214,11 @@ def _sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout_p: float
     [B, n_kv_heads, S, head_dim] -> [B, n_heads, T, head_dim]; under mask (bool [B, 1, T, S],
     True where allowed), or causal where mask is None and T > 1."""
     grouped = {"enable_gqa": True} if k.size(1) != q.size(1) else {}
-    causal = mask is None and q.size(2) > 1
-    return F.scaled_dot_product_attention(
-        q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=causal, **grouped
-    )
+    if mask is None and q.size(2) > 1:  # a branch: traced with a symbolic T, a guard on it
+        return F.scaled_dot_product_attention(
+            q, k, v, dropout_p=dropout_p, is_causal=True, **grouped
+        )
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, **grouped)
 
 
 def one_query_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
