@@ -85,3 +85,25 @@ def test_prompts_the_compiled_pass_does_not_take_run_eagerly():
     assert "prompt" not in steps._compiled.get(compiled, {})
     assert "prompt" not in steps._compiled.get(eager, {})
     assert not cpu_decode._in_prompt  # the flag the graph is traced under is down again
+
+
+def test_each_layer_is_numbered_once_and_a_copy_gets_numbers_of_its_own():
+    # the graph calls each product by its layer's number; a copy of a numbered model (its
+    # numbers copied with it) must not call the original's layers
+    model = prepare_for_decoding(halved_random_model(2, **GQA), compile=True)
+
+    def numbered(m):
+        cpu_decode.number_layers(m)
+        layers = [x for x in m.modules() if getattr(x, "eager_in_prompt_graph", False)]
+        return layers, [layer.prompt_key for layer in layers]
+
+    layers, keys = numbered(model)
+    assert len(layers) == 5 * model.config.n_layers + 1  # qkv, proj, gate, up, down; the head
+    assert keys == list(range(keys[0], keys[0] + len(layers)))  # in the modules' order
+    assert numbered(model)[1] == keys  # kept
+    copied, copied_keys = numbered(copy.deepcopy(model))
+    assert not set(keys) & set(copied_keys)
+    with torch.no_grad():
+        for layer in layers + copied:
+            x = torch.randn(3, layer.in_features)
+            assert torch.equal(cpu_decode._run_layer(x, layer.prompt_key), layer(x))

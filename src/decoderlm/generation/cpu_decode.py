@@ -30,7 +30,7 @@ converted at every prompt (`prompt_copy_dtype`).
 A compiled model's prompt pass is compiled too (`steps.prefill`): its norms, rotations,
 activations and residual additions fused by inductor, its products each the layer's own
 eager product as above, called from the graph as one opaque operator
-(`eager_product`, while `prompt_graph` is entered).
+(`eager_product`, while `prompt_graph` is entered, on layers numbered by `number_layers`).
 
 `install(model)` turns every nn.Linear of a model into a `DecodeLinear`, which uses these
 for products without autograd on the CPU and is exactly nn.Linear everywhere else (training
@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import weakref
 
 import torch
@@ -59,6 +60,7 @@ __all__ = [
     "packed_product",
     "eager_only",
     "eager_inference",
+    "number_layers",
     "prompt_graph",
     "in_prompt_graph",
     "eager_product",
@@ -231,24 +233,36 @@ def eager_only(fn):
     return disabled
 
 
-_layers: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # id -> layer
+_layers: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # prompt_key -> layer
+_keys = itertools.count()  # the next prompt_key
 _in_prompt = False  # True while `prompt_graph` is entered
 
 
-@contextlib.contextmanager
-def prompt_graph(model: nn.Module):
-    """A with-block inside which a compiled prompt pass of `model` is traced and run: each
-    layer of the model whose class sets `eager_in_prompt_graph` (`DecodeLinear`,
-    `precision.Int8Linear`) then multiplies through `eager_product` under torch.compile
-    (`in_prompt_graph`), so its product is the one it takes eagerly (a packed copy, say),
-    which inductor cannot lower. TorchDynamo guards on the flag this sets: a graph traced
-    inside the block (the prompt pass) and one traced outside it (the decoding step) each
-    run only where they were traced."""
-    global _in_prompt
+def number_layers(model: nn.Module) -> None:
+    """Give each layer of `model` whose class sets `eager_in_prompt_graph` (`DecodeLinear`,
+    `precision.Int8Linear`) a key of its own (its `prompt_key`: 0, 1, ... in the order of
+    model.modules(), counted on across the models of a process), by which `eager_product`
+    finds it, and define torch.ops.decoderlm.eager_product. A layer keeps its key (a copy
+    of it, which shares the number, gets another). The same model numbered first in two
+    processes traces to the same graph, which torch's graph cache then serves."""
     _eager_product_op()
     for module in model.modules():
         if getattr(module, "eager_in_prompt_graph", False):
-            _layers[id(module)] = module
+            key = getattr(module, "prompt_key", None)
+            if key is None or _layers.get(key) is not module:
+                module.prompt_key = key = next(_keys)
+                _layers[key] = module
+
+
+@contextlib.contextmanager
+def prompt_graph():
+    """A with-block inside which a compiled prompt pass is traced and run: each layer
+    numbered by `number_layers` then multiplies through `eager_product` under
+    torch.compile (`in_prompt_graph`), so its product is the one it takes eagerly (a packed
+    copy, say), which inductor cannot lower. TorchDynamo guards on the flag this sets: a
+    graph traced inside the block (the prompt pass) and one traced outside it (the decoding
+    step) each run only where they were traced."""
+    global _in_prompt
     _in_prompt = True
     try:
         yield
@@ -266,8 +280,8 @@ def eager_product(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """layer.forward(x) run eagerly from inside a graph that torch.compile traces: one opaque
     operator (torch.ops.decoderlm.eager_product, defined at the first `prompt_graph`) that
     inductor calls as it is. x [..., in_features] -> [..., out_features] in x's dtype, as
-    the layer's own forward gives it. Only for a layer registered by `prompt_graph`."""
-    return torch.ops.decoderlm.eager_product(x, id(layer))
+    the layer's own forward gives it. Only for a layer numbered by `number_layers`."""
+    return torch.ops.decoderlm.eager_product(x, layer.prompt_key)
 
 
 def _run_layer(x: torch.Tensor, layer: int) -> torch.Tensor:
@@ -327,12 +341,13 @@ def packed_linear(
 ) -> torch.Tensor:
     """layer(x) as `packed_product` on `packed_copy` of layer.weight in dtype (None: the
     weight's own, bfloat16 or float32), x and the bias converted to it: x [..., in] ->
-    [..., out] in dtype. Without autograd only."""
+    [..., out] in dtype. Eagerly without autograd only (`eager_inference`): called from
+    a traced graph, it is `eager_product`'s to call."""
     if dtype is None:
         dtype = layer.weight.dtype
     packed = packed_copy(layer, layer.weight, dtype)
     bias = None if layer.bias is None else layer.bias.to(dtype)
-    return eager_only(packed_product)(x.to(dtype), packed, bias)
+    return packed_product(x.to(dtype), packed, bias)
 
 
 class DecodeLinear(nn.Linear):

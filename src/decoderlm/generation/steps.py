@@ -70,7 +70,7 @@ def prefill(
         # ids copied: a window of a longer row (`slide`) keeps that row's strides, and the
         # graph would be traced again for them
         ids = ids.clone(memory_format=torch.contiguous_format)
-        with cpu_decode.prompt_graph(model):
+        with cpu_decode.prompt_graph():
             logits = _timed_first_call(model, "prompt", ids, cache, positions)
         cache.advance(T)
     else:
@@ -180,7 +180,9 @@ def _compiled_step(model, kind: str):
     safe here because the modules of a prepared model do not change but for hooks, which
     `_compiled_one_token` checks itself, and because each model's step is a copy of the
     function with its own code object, where torch.compile keeps its graphs: a graph is
-    never run on another model.
+    never run on another model. The prompt pass's graph holds no weights (they are its
+    inputs, and its products find their layers by number, `cpu_decode.number_layers`), so
+    torch's graph cache may serve it to a later process compiling the same model.
     """
     steps = _compiled.setdefault(model, {})
     if kind not in steps:
@@ -190,6 +192,8 @@ def _compiled_step(model, kind: str):
         options = {"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe}
         inductor = CPU_OPTIONS if model.device.type == "cpu" and kind != "prompt" else {}
         options |= {key: value for key, value in inductor.items() if key != "freezing"}
+        if kind == "prompt":  # its products: the layers' eager ones, called by number
+            cpu_decode.number_layers(model)
         compiled = torch.compile(own, dynamic=True, options=options)
         steps[kind] = _configured(compiled, inductor.get("freezing", False))
         # every module's hook dicts (registering a hook adds to them in place), for
