@@ -240,11 +240,12 @@ _in_prompt = False  # True while `prompt_graph` is entered
 
 def number_layers(model: nn.Module) -> None:
     """Give each layer of `model` whose class sets `eager_in_prompt_graph` (`DecodeLinear`,
-    `precision.Int8Linear`) a key of its own (its `prompt_key`: 0, 1, ... in the order of
-    model.modules(), counted on across the models of a process), by which `eager_product`
-    finds it, and define torch.ops.decoderlm.eager_product. A layer keeps its key (a copy
-    of it, which shares the number, gets another). The same model numbered first in two
-    processes traces to the same graph, which torch's graph cache then serves."""
+    `precision.Int8Linear`, `precision.W8A8Linear`) a key of its own (its `prompt_key`: 0,
+    1, ... in the order of model.modules(), counted on across the models of a process), by
+    which `eager_product` finds it, and define torch.ops.decoderlm.eager_product. A layer
+    keeps its key (a copy of it, which shares the number, gets another). The same model
+    numbered first in two processes traces to the same graph, which torch's graph cache
+    then serves."""
     _eager_product_op()
     for module in model.modules():
         if getattr(module, "eager_in_prompt_graph", False):
@@ -278,7 +279,7 @@ def in_prompt_graph() -> bool:
 
 def eager_product(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """layer.forward(x) run eagerly from inside a graph that torch.compile traces: one opaque
-    operator (torch.ops.decoderlm.eager_product, defined at the first `prompt_graph`) that
+    operator (torch.ops.decoderlm.eager_product, defined by `number_layers`) that
     inductor calls as it is. x [..., in_features] -> [..., out_features] in x's dtype, as
     the layer's own forward gives it. Only for a layer numbered by `number_layers`."""
     return torch.ops.decoderlm.eager_product(x, layer.prompt_key)
@@ -341,8 +342,8 @@ def packed_linear(
 ) -> torch.Tensor:
     """layer(x) as `packed_product` on `packed_copy` of layer.weight in dtype (None: the
     weight's own, bfloat16 or float32), x and the bias converted to it: x [..., in] ->
-    [..., out] in dtype. Eagerly without autograd only (`eager_inference`): called from
-    a traced graph, it is `eager_product`'s to call."""
+    [..., out] in dtype. Eagerly without autograd only (`eager_inference`; a compiled
+    prompt pass runs it eagerly through `eager_product`)."""
     if dtype is None:
         dtype = layer.weight.dtype
     packed = packed_copy(layer, layer.weight, dtype)

@@ -180,9 +180,14 @@ class W8A8Linear(nn.Module):
     written out, each row quantised with its own scale, then multiplied by the weight
     (`dequantised_product`; oneDNN's int8 product takes one scale for all rows).
 
+    Traced into a compiled prompt pass (`cpu_decode.in_prompt_graph`) it is what it is
+    eagerly, run from the graph (`cpu_decode.eager_product`).
+
     Buffers: weight [out, in] int8, scales [out] float32, bias [out] (the activation dtype) or
     None; `packed` is oneDNN's copy of weight (an opaque layout).
     """
+
+    eager_in_prompt_graph = True  # a compiled prompt pass runs forward eagerly (cpu_decode)
 
     def __init__(self, linear: nn.Linear, bias_dtype: torch.dtype):
         super().__init__()
@@ -197,6 +202,8 @@ class W8A8Linear(nn.Module):
         self.register_buffer("bias", bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if cpu_decode.in_prompt_graph():
+            return cpu_decode.eager_product(self, x)
         flat = x.reshape(-1, self.in_features).float()
         if flat.size(0) <= INT8_GEMV_MAX_ROWS:
             product = cpu_decode.eager_only(_w8a8_product)  # opaque to torch.compile
